@@ -1,0 +1,36 @@
+# The README's two commands: `make demo` and `make test`. `make setup` creates .venv only.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned resolve would pull a CUDA build of several GB.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_PIN)
+	$(PIP) install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	@echo "--- ddpdoctor check on the bundled buggy example (fixtures/demo/train.py) ---"
+	-$(VENV)/bin/ddpdoctor check fixtures/demo/train.py --base-lr 0.1 --base-batch 32
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Skips the multi-rank tests (seconds each); `make test` runs everything.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/bench_static.py
+	$(PY) benchmarks/bench_probe.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,153 @@
+"""`ddpdoctor check`: static analysis, then the probe, then analyses, then one ranked report.
+
+The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipeline and the filtering
+(select/ignore, inline suppressions) that every report goes through.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ddpdoctor.catalog import select_codes
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import Finding, merge_findings
+from ddpdoctor.report import Report
+
+_SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
+
+
+def inline_suppressions(source: str) -> dict[int, set[str]]:
+    """Line number → code prefixes suppressed by `# ddpdoctor: ignore[DD301]` comments on that line."""
+    out: dict[int, set[str]] = {}
+    for lineno, text in enumerate(source.splitlines(), start=1):
+        m = _SUPPRESS.search(text)
+        if m:
+            out[lineno] = {c.strip().upper() for c in m.group(1).split(",") if c.strip()}
+    return out
+
+
+def filter_findings(
+    findings: list[Finding],
+    *,
+    select: tuple[str, ...] = (),
+    ignore: tuple[str, ...] = (),
+    base_dir: Path | None = None,
+) -> list[Finding]:
+    """Apply --select/--ignore (prefix match) and inline suppressions in the files findings point at."""
+    try:
+        selected = select_codes(select) if select else None
+        ignored = select_codes(ignore) if ignore else set()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cache: dict[str, dict[int, set[str]]] = {}
+
+    def suppressed(f: Finding) -> bool:
+        if not f.file or not f.line:
+            return False
+        if f.file not in cache:
+            path = Path(f.file)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            try:
+                cache[f.file] = inline_suppressions(path.read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                cache[f.file] = {}
+        codes = cache[f.file].get(f.line, set())
+        return any(f.rule.startswith(c) for c in codes)
+
+    return [
+        f
+        for f in findings
+        if (selected is None or f.rule in selected) and f.rule not in ignored and not suppressed(f)
+    ]
+
+
+def validate_script(script: Path) -> Path:
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    if not script.is_file():
+        raise UsageError(f"{script}: not a file")
+    return script
+
+
+def run_check(cfg: CheckConfig) -> Report:
+    from ddpdoctor.static import analyze_file
+
+    script = validate_script(cfg.script)
+    findings: list[Finding] = list(analyze_file(script))
+    environment: dict = {"nproc": cfg.nproc}
+    notes: list[str] = []
+    tables: dict = {}
+    if not cfg.static_only:
+        from ddpdoctor.analyses import analyze_run
+        from ddpdoctor.probe.launcher import run_probe
+
+        run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+        try:
+            run_probe(cfg, run_dir, static_findings=findings)
+            analysis = analyze_run(run_dir, cfg)
+        finally:
+            if cfg.keep_run is None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        findings.extend(analysis.findings)
+        environment = analysis.environment
+        notes.extend(analysis.notes)
+        tables.update(analysis.tables)
+    else:
+        environment = {"nproc": cfg.nproc, "static_only": True}
+    merged = merge_findings(findings)
+    kept = filter_findings(
+        merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
+    )
+    return Report(
+        script=str(cfg.script),
+        args=cfg.script_args,
+        environment=environment,
+        findings=tuple(kept),
+        notes=tuple(notes),
+        tables=tables,
+    )
+
+
+
+def report_run(
+    run_dir: Path,
+    *,
+    select: tuple[str, ...] = (),
+    ignore: tuple[str, ...] = (),
+    base_lr: float | None = None,
+    base_batch: int | None = None,
+    lr_scaling: str | None = None,
+) -> Report:
+    """`ddpdoctor report DIR`: redo analysis and reporting of a recorded run without running anything.
+
+    The run directory holds the static findings of the check that recorded it, so the merged report is the same
+    as the one `check` printed; options given here override those recorded with the run.
+    """
+    from ddpdoctor.analyses import analyze_run, load_static_findings
+
+    if not run_dir.exists():
+        raise UsageError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory")
+    overrides = {
+        k: v
+        for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))
+        if v is not None
+    }
+    analysis = analyze_run(run_dir, None, overrides=overrides)
+    findings = load_static_findings(run_dir) + list(analysis.findings)
+    merged = merge_findings(findings)
+    kept = filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir)
+    return Report(
+        script=analysis.script,
+        args=tuple(analysis.args),
+        environment=analysis.environment,
+        findings=tuple(kept),
+        notes=tuple(analysis.notes),
+        tables=analysis.tables,
+    )

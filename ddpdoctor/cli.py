@@ -1,0 +1,297 @@
+"""Thin command line: parse options, build a config, call one library function, render, return an exit code.
+
+Bad input of any kind ends as one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ddpdoctor import __version__
+from ddpdoctor.errors import InternalError, UsageError
+
+app = typer.Typer(
+    name="ddpdoctor",
+    help="Find out why a DistributedDataParallel / SyncBatchNorm run trains worse than it should.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddpdoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """ddpdoctor: ranked causes, with evidence and fixes, for DDP accuracy regressions."""
+
+
+def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+    v = value.strip().lower()
+    if v not in allowed:
+        raise UsageError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
+    return v
+
+
+def _emit(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        if not text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
+    try:
+        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--output {output}: {exc.strerror or exc}") from None
+
+
+def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on) -> None:
+    from ddpdoctor.report.render import render
+
+    color = output is None and fmt == "text" and sys.stdout.isatty()
+    _emit(render(report, fmt, color=color), output)
+    raise typer.Exit(report.exit_code(fail_on))
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def check(
+    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`.", show_default=False
+    ),
+    static: bool = typer.Option(False, "--static", help="AST analysis only: never imports torch or runs the script."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: int = typer.Option(2, "--epochs", min=1, help="Epochs observed."),
+    steps: int = typer.Option(4, "--steps", min=1, help="Steps kept per epoch."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for the whole probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
+) -> None:
+    """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
+    from ddpdoctor.check import run_check
+    from ddpdoctor.config import (
+        DEVICES,
+        LR_SCALINGS,
+        OUTPUT_FORMATS,
+        CheckConfig,
+        find_pyproject,
+        load_tool_table,
+        split_codes,
+    )
+    from ddpdoctor.findings import Severity
+
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    dev = _choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    pyproject = find_pyproject(script)
+    table = load_tool_table(pyproject)
+
+    def pick(cli_value, key, default):
+        return cli_value if cli_value is not None else table.get(key, default)
+
+    try:
+        fail = Severity.parse(str(pick(fail_on, "fail_on", "medium")))
+        scaling = _choice(str(pick(lr_scaling, "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
+        n = int(pick(nproc, "nproc", 2))
+        blr = pick(base_lr, "base_lr", None)
+        bbatch = pick(base_batch, "base_batch", None)
+        cfg = CheckConfig(
+            script=script,
+            script_args=tuple(script_args or ()),
+            static_only=static,
+            nproc=n,
+            epochs=epochs,
+            steps=steps,
+            timeout=timeout,
+            device=dev,
+            base_lr=float(blr) if blr is not None else None,
+            base_batch=int(bbatch) if bbatch is not None else None,
+            lr_scaling=scaling,
+            output_format=fmt,
+            output=output,
+            fail_on=fail,
+            select=split_codes(select) or tuple(table.get("select", ())),
+            ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
+            keep_run=keep_run,
+            small_bn_batch=int(table.get("small_bn_batch", 16)),
+            pyproject=pyproject,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if cfg.nproc < 1:
+        raise UsageError("--nproc must be >= 1")
+    if (cfg.base_lr is None) != (cfg.base_batch is None):
+        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    report = run_check(cfg)
+    _render_and_exit(report, fmt, output, fail)
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: str = typer.Option("medium", "--fail-on", help="info|low|medium|high|critical."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+) -> None:
+    """Re-analyse a recorded probe run directory without running anything."""
+    from ddpdoctor.check import report_run
+    from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes
+    from ddpdoctor.findings import Severity
+
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    try:
+        fail = Severity.parse(fail_on)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if (base_lr is None) != (base_batch is None):
+        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    rep = report_run(
+        run_dir,
+        select=split_codes(select),
+        ignore=split_codes(ignore),
+        base_lr=base_lr,
+        base_batch=base_batch,
+        lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else None,
+    )
+    _render_and_exit(rep, fmt, output, fail)
+
+
+@app.command()
+def rules(
+    output_format: str = typer.Option("text", "--format", help="text | json."),
+) -> None:
+    """List the rule catalog."""
+    from ddpdoctor.report.render import render_rules
+
+    fmt = _choice(output_format, ("text", "json"), "--format")
+    _emit(render_rules(fmt, color=sys.stdout.isatty()), None)
+
+
+@app.command()
+def explain(code: str = typer.Argument(..., help="A rule code, e.g. DD101.")) -> None:
+    """Print one rule's documentation: what it detects, why it hurts accuracy, an example, the fix."""
+    from ddpdoctor.catalog import get_rule
+
+    try:
+        rule = get_rule(code)
+    except KeyError:
+        raise UsageError(f"unknown rule {code!r} (see `ddpdoctor rules`)") from None
+    _emit(rule.documentation(), None)
+
+
+@app.command("compare-bn")
+def compare_bn(
+    model: Optional[str] = typer.Option(None, "--model", help="MODULE:FACTORY returning an nn.Module."),
+    data: Optional[str] = typer.Option(None, "--data", help="MODULE:FACTORY returning a map-style Dataset."),
+    nproc: int = typer.Option(2, "--nproc", min=1, help="Ranks."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Per-rank batch size."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Train-mode forwards."),
+    shard: str = typer.Option("iid", "--shard", help="iid | sorted | FILE (per-rank index lists, JSON)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    output_format: str = typer.Option("text", "--format", help="text | json."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
+) -> None:
+    """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
+    from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+
+    cfg = CompareConfig(
+        model=model,
+        data=data,
+        nproc=nproc,
+        batch_size=batch_size,
+        steps=steps,
+        shard=shard,
+        seed=seed,
+        device=_choice(device, ("auto", "cpu", "cuda"), "--device"),
+        timeout=timeout,
+    )
+    fmt = _choice(output_format, ("text", "json"), "--format")
+    result = run_compare(cfg)
+    color = output is None and fmt == "text" and sys.stdout.isatty()
+    _emit(render_compare(result, fmt, color=color), output)
+    raise typer.Exit(0)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"ddpdoctor: error: {message}\n")
+    sys.stderr.flush()
+    return 2
+
+
+def _click_exception(exc: Exception) -> int:
+    """Click's exceptions, recognised by shape: typer vendors click in recent releases and depends on it in
+    older ones, so the classes live in different modules."""
+    kind = type(exc).__name__
+    if kind == "Exit":
+        return int(getattr(exc, "exit_code", 0) or 0)
+    if kind == "NoArgsIsHelpError":
+        sys.stdout.write(exc.format_message().rstrip() + "\n")
+        return 0
+    if kind == "Abort":
+        return _fail("aborted")
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+        lines = [ln for ln in exc.format_message().splitlines() if ln.strip()]
+        return _fail(lines[0] if lines else kind)
+    # an internal failure still gets one line, never a traceback
+    return _fail(f"internal error: {kind}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input."""
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
+        code = 0
+    except UsageError as exc:
+        code = _fail(str(exc))
+    except InternalError as exc:
+        code = _fail(f"internal error: {exc}")
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        code = _fail("aborted")
+    except KeyboardInterrupt:
+        code = _fail("interrupted")
+    except BrokenPipeError:
+        code = 0
+    except Exception as exc:
+        code = _click_exception(exc)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The finding model: one frozen record per diagnosed cause, and how findings rank and merge.
+
+Every producer (static rules, probe analyses, compare-bn) returns `Finding`s; every consumer (ranking,
+suppression, text/JSON/SARIF) reads them. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+
+class Severity(enum.IntEnum):
+    """How much a cause can cost accuracy. Ordered: info < low < medium < high < critical."""
+
+    INFO = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Severity":
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown severity {text!r} (expected one of: {', '.join(s.label for s in cls)})"
+            ) from None
+
+
+class Confidence(enum.IntEnum):
+    """How sure we are. certain = observed on the ranks or certain from syntax; likely = inferred through
+    names/aliases/data flow; possible = heuristic."""
+
+    POSSIBLE = 0
+    LIKELY = 1
+    CERTAIN = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Confidence":
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown confidence {text!r}") from None
+
+
+SOURCES = ("static", "probe", "compare-bn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One diagnosed cause.
+
+    `message` is one sentence with the measured numbers; `evidence` holds the raw numbers as JSON values;
+    `magnitude` is the measured size used to rank findings of equal severity and confidence (e.g. the overlap
+    fraction for DD302): bigger ranks first.
+    """
+
+    rule: str
+    severity: Severity
+    confidence: Confidence
+    message: str
+    fix: str
+    sources: tuple[str, ...] = ("static",)
+    file: str | None = None
+    line: int | None = None
+    ranks: tuple[int, ...] = ()
+    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    magnitude: float = 0.0
+
+    def __post_init__(self) -> None:
+        for src in self.sources:
+            if src not in SOURCES:
+                raise ValueError(f"unknown finding source {src!r}")
+        if not isinstance(self.severity, Severity) or not isinstance(self.confidence, Confidence):
+            raise TypeError("severity/confidence must be Severity/Confidence members")
+
+    @property
+    def name(self) -> str:
+        from ddpdoctor.catalog import get_rule
+
+        return get_rule(self.rule).name
+
+    @property
+    def source(self) -> str:
+        """Compact label: "static", "probe", "static+probe"."""
+        return "+".join(self.sources)
+
+    @property
+    def location(self) -> str:
+        if self.file is None:
+            return "-"
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "name": self.name,
+            "severity": self.severity.label,
+            "confidence": self.confidence.label,
+            "source": self.source,
+            "sources": list(self.sources),
+            "file": self.file,
+            "line": self.line,
+            "ranks": list(self.ranks),
+            "message": self.message,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Finding":
+        return cls(
+            rule=data["rule"],
+            severity=Severity.parse(data["severity"]),
+            confidence=Confidence.parse(data["confidence"]),
+            message=data["message"],
+            fix=data["fix"],
+            sources=tuple(data.get("sources") or data["source"].split("+")),
+            file=data.get("file"),
+            line=data.get("line"),
+            ranks=tuple(data.get("ranks") or ()),
+            evidence=dict(data.get("evidence") or {}),
+        )
+
+
+def sort_key(f: Finding) -> tuple:
+    """Severity, then confidence, then measured size, then rule, then location."""
+    return (-f.severity, -f.confidence, -f.magnitude, f.rule, f.file or "", f.line or 0)
+
+
+def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=sort_key)
+
+
+def _merge_pair(static: Finding, probe: Finding) -> Finding:
+    """A rule seen from the source and on the ranks: the probe's measurement speaks for severity and message
+    (it measured the consequence), the static finding supplies the source line when the probe has none."""
+    sources = tuple(s for s in SOURCES if s in static.sources or s in probe.sources)
+    evidence = {**static.evidence, **probe.evidence}
+    if static.evidence:
+        evidence.setdefault("static", static.evidence)
+    return replace(
+        probe,
+        sources=sources,
+        confidence=Confidence.CERTAIN,
+        file=probe.file or static.file,
+        line=static.line if static.line else probe.line,
+        evidence=evidence,
+        magnitude=max(static.magnitude, probe.magnitude),
+    )
+
+
+def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Merge the same rule seen statically and on the probe into one finding.
+
+    Pairs are matched on (rule, file, line) first; then, per rule and file, a single remaining static finding
+    and a single remaining probe finding are the same cause seen twice (their lines can differ: the probe may
+    attribute a sampler bug to the loop, the linter to the constructor). Exact duplicates are dropped.
+    """
+    static = [f for f in findings if "probe" not in f.sources]
+    probe = [f for f in findings if "probe" in f.sources]
+    out: list[Finding] = []
+    used_static: set[int] = set()
+    pending_probe: list[Finding] = []
+    for p in probe:
+        match = next(
+            (
+                i
+                for i, s in enumerate(static)
+                if i not in used_static and s.rule == p.rule and s.file == p.file and s.line == p.line
+            ),
+            None,
+        )
+        if match is None:
+            pending_probe.append(p)
+        else:
+            used_static.add(match)
+            out.append(_merge_pair(static[match], p))
+    for p in pending_probe:
+        same_rule_static = [
+            i
+            for i, s in enumerate(static)
+            if i not in used_static and s.rule == p.rule and (p.file is None or s.file == p.file)
+        ]
+        same_rule_probe = [q for q in pending_probe if q.rule == p.rule]
+        if len(same_rule_static) == 1 and len(same_rule_probe) == 1:
+            used_static.add(same_rule_static[0])
+            out.append(_merge_pair(static[same_rule_static[0]], p))
+        else:
+            out.append(p)
+    out.extend(s for i, s in enumerate(static) if i not in used_static)
+    seen: set[tuple] = set()
+    unique: list[Finding] = []
+    for f in out:
+        key = (f.rule, f.file, f.line, f.sources, f.message)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return rank_findings(unique)
+
+
+def summarize(findings: Iterable[Finding]) -> dict[str, int]:
+    counts = {s.label: 0 for s in sorted(Severity, reverse=True)}
+    for f in findings:
+        counts[f.severity.label] += 1
+    return counts

@@ -1,0 +1,43 @@
+"""Reports: the ranked, filtered list of findings plus context, rendered as text, JSON or SARIF."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor import __version__
+from ddpdoctor.findings import Finding, Severity, rank_findings, summarize
+
+REPORT_SCHEMA = "ddpdoctor.report/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    script: str
+    args: tuple[str, ...] = ()
+    environment: dict[str, Any] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    notes: tuple[str, ...] = ()  # one-line remarks for the text report (e.g. "CUDA was emulated on CPU")
+    tables: dict[str, Any] = field(default_factory=dict)  # extra tables for the text report (e.g. BN errors)
+
+    def ranked(self) -> list[Finding]:
+        return rank_findings(self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        ranked = self.ranked()
+        out: dict[str, Any] = {
+            "schema": REPORT_SCHEMA,
+            "tool": {"name": "ddpdoctor", "version": __version__},
+            "target": {"script": self.script, "args": list(self.args)},
+            "environment": self.environment,
+            "findings": [f.to_json() for f in ranked],
+            "summary": summarize(ranked),
+        }
+        if self.notes:
+            out["notes"] = list(self.notes)
+        if self.tables:
+            out["tables"] = self.tables
+        return out
+
+    def exit_code(self, fail_on: Severity) -> int:
+        return 1 if any(f.severity >= fail_on for f in self.findings) else 0
