@@ -116,6 +116,7 @@ class Finding:
             "message": self.message,
             "evidence": self.evidence,
             "fix": self.fix,
+            "magnitude": self.magnitude,
         }
 
     @classmethod
@@ -131,6 +132,7 @@ class Finding:
             line=data.get("line"),
             ranks=tuple(data.get("ranks") or ()),
             evidence=dict(data.get("evidence") or {}),
+            magnitude=float(data.get("magnitude") or 0.0),
         )
 
 
@@ -145,7 +147,8 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 def _merge_pair(static: Finding, probe: Finding) -> Finding:
     """A rule seen from the source and on the ranks: the probe's measurement speaks for severity and message
-    (it measured the consequence), the static finding supplies the source line when the probe has none."""
+    (it measured the consequence); the static finding's line wins when it has one, since it points at the
+    construct to change and is where an inline `# ddpdoctor: ignore[...]` sits."""
     sources = tuple(s for s in SOURCES if s in static.sources or s in probe.sources)
     evidence = {**static.evidence, **probe.evidence}
     if static.evidence:
@@ -168,6 +171,7 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     and a single remaining probe finding are the same cause seen twice (their lines can differ: the probe may
     attribute a sampler bug to the loop, the linter to the constructor). Exact duplicates are dropped.
     """
+    findings = list(findings)  # iterated twice below; a generator would lose every probe finding
     static = [f for f in findings if "probe" not in f.sources]
     probe = [f for f in findings if "probe" in f.sources]
     out: list[Finding] = []

@@ -1,0 +1,336 @@
+"""The human report: header, notes, findings grouped by severity, extra tables, a one-line summary.
+
+Rendered with rich into a string, so the same code serves a colour terminal, a pipe and `--output FILE`.
+Without colour the output is plain text (no escape codes, no trailing blanks, 100 columns), readable in CI logs.
+Every string that comes from a finding is printed as `Text`, never as markup: messages and evidence contain
+brackets (`ranks [0, 1]`, `ignore[DD301]`) that rich would otherwise swallow as style tags.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import shutil
+from typing import Any, Iterable
+
+from rich import box
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor import __version__
+from ddpdoctor.catalog import RULES, get_rule
+from ddpdoctor.findings import Finding, Severity, summarize
+from ddpdoctor.report import Report
+
+PLAIN_WIDTH = 100
+INDENT = 4
+SEVERITY_STYLE = {
+    Severity.CRITICAL: "bold white on red",
+    Severity.HIGH: "bold red",
+    Severity.MEDIUM: "bold yellow",
+    Severity.LOW: "bold cyan",
+    Severity.INFO: "bold blue",
+}
+# Evidence is shown in the text report only as far as it stays readable; --format json has all of it.
+MAX_EVIDENCE_ITEMS = 8
+MAX_SCALAR_CHARS = 60
+MAX_LIST_ITEMS = 8
+MAX_BLOCK_LINES = 12
+MAX_BLOCKS = 4
+
+
+def make_console(*, color: bool, width: int | None = None) -> Console:
+    """A console writing into a string. Colour means a terminal: use its width; otherwise 100 columns."""
+    if width is None:
+        width = shutil.get_terminal_size((PLAIN_WIDTH, 24)).columns if color else PLAIN_WIDTH
+    return Console(
+        file=io.StringIO(),
+        width=max(width, 40),
+        color_system="auto" if color else None,
+        force_terminal=color,
+        markup=False,
+        highlight=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+
+
+def console_text(console: Console, *, color: bool) -> str:
+    """The console's output; without colour, trailing blanks (table padding) are removed line by line."""
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    if not color:
+        out = "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
+    return out
+
+
+def render_text(report: Report, *, color: bool, width: int | None = None) -> str:
+    """The whole text report."""
+    console = make_console(color=color, width=width)
+    _header(console, report)
+    findings = report.ranked()
+    if findings:
+        number = 0
+        for severity in sorted(Severity, reverse=True):
+            group = [f for f in findings if f.severity == severity]
+            if not group:
+                continue
+            console.print()
+            console.print(
+                Text(f"{severity.label.upper()} ({len(group)})", style=SEVERITY_STYLE[severity]),
+            )
+            for i, f in enumerate(group):
+                if i:
+                    console.print()
+                number += 1
+                _finding(console, number, f)
+    else:
+        console.print()
+        console.print(Text(_nothing_found(report), style="bold green"))
+    for name, spec in (report.tables or {}).items():
+        table = _table(spec)
+        if table is not None:
+            title = spec.get("title") or name
+            console.print()
+            console.print(Text(str(title), style="bold"))
+            console.print(table)
+            if spec.get("caption"):
+                console.print(Text(str(spec["caption"]), style="dim"))
+    console.print()
+    console.print(_summary_line(findings))
+    return console_text(console, color=color)
+
+
+def render_rules_text(*, color: bool, width: int | None = None) -> str:
+    """`ddpdoctor rules`: the catalog as a table, one section per category."""
+    console = make_console(color=color, width=width)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("code", no_wrap=True, style="bold")
+    table.add_column("name", no_wrap=True)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("static", no_wrap=True)
+    table.add_column("probe", no_wrap=True)
+    table.add_column("summary", ratio=1, overflow="fold")
+    previous = None
+    for rule in RULES:
+        if previous is not None and rule.category != previous:
+            table.add_section()
+        previous = rule.category
+        table.add_row(
+            rule.code,
+            rule.name,
+            Text(rule.severity.label, style=SEVERITY_STYLE[rule.severity]),
+            "yes" if rule.static else "-",
+            "yes" if rule.probe else "-",
+            rule.summary,
+        )
+    console.print(table)
+    console.print()
+    console.print(
+        f"{len(RULES)} rules. `ddpdoctor explain CODE` prints one rule's documentation; "
+        "--select/--ignore take codes or prefixes (DD3 = all data rules)."
+    )
+    return console_text(console, color=color)
+
+
+def _header(console: Console, report: Report) -> None:
+    title = Text()
+    title.append(f"ddpdoctor {__version__}", style="bold")
+    title.append("  ")
+    title.append(" ".join([report.script, *(shlex.quote(a) for a in report.args)]))
+    console.print(title)
+    console.print(Text(environment_line(report.environment), style="dim"))
+    for note in report.notes:
+        console.print(Padding(Text(f"note: {note}"), (0, 0, 0, 2)))
+
+
+def environment_line(env: dict[str, Any]) -> str:
+    """One line describing where the script ran; tolerant of missing keys (static-only reports have few)."""
+    env = env or {}
+    parts: list[str] = []
+    if env.get("static_only"):
+        parts.append("static analysis only (the script was not run)")
+    for key, label in (("torch", "torch"), ("python", "python")):
+        if env.get(key):
+            parts.append(f"{label} {env[key]}")
+    if env.get("nproc") is not None and not env.get("static_only"):
+        n = env["nproc"]
+        parts.append(f"{n} rank" + ("" if n == 1 else "s"))
+    if env.get("backend"):
+        parts.append(f"backend {env['backend']}")
+    if env.get("device"):
+        device = f"device {env['device']}"
+        if env.get("cuda_emulated"):
+            device += " (CUDA emulated on CPU)"
+        parts.append(device)
+    elif env.get("cuda_emulated"):
+        parts.append("CUDA emulated on CPU")
+    return "environment: " + (", ".join(parts) if parts else "unknown")
+
+
+def _finding(console: Console, number: int, f: Finding) -> None:
+    head = Text()
+    head.append(f"{number:>2}. ")
+    head.append(f.rule, style="bold")
+    head.append(" ")
+    head.append(_rule_name(f.rule), style="bold")
+    head.append("  ")
+    head.append(f.severity.label, style=SEVERITY_STYLE[f.severity])
+    head.append(f", {f.confidence.label}, {f.source}", style="dim")
+    console.print(head)
+    where = []
+    if f.file is not None:
+        where.append(f.location)
+    if f.ranks:
+        where.append(f"{'rank' if len(f.ranks) == 1 else 'ranks'} {format_ranks(f.ranks)}")
+    if where:
+        console.print(Padding(Text("  ".join(where), style="cyan"), (0, 0, 0, INDENT)))
+    console.print(Padding(Text(f.message), (0, 0, 0, INDENT)))
+    fix = Text()
+    fix.append("fix: ", style="bold green")
+    fix.append(f.fix)
+    console.print(Padding(fix, (0, 0, 0, INDENT)))
+    for block in _evidence(f.evidence):
+        console.print(Padding(block, (0, 0, 0, INDENT)))
+
+
+def _rule_name(code: str) -> str:
+    try:
+        return get_rule(code).name
+    except KeyError:
+        return "unknown-rule"
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 6] → "0-3, 6": rank lists get long on 64 GPUs."""
+    values = sorted(set(ranks))
+    spans: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        spans.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(spans)
+
+
+def format_value(value: Any) -> str:
+    """A compact, readable cell or evidence value."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return str(value)
+        if value == 0 or 1e-3 <= abs(value) < 1e5:
+            return f"{value:.4g}"
+        return f"{value:.3e}"
+    if isinstance(value, (list, tuple)):
+        shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
+        more = len(value) - len(shown)
+        return "[" + ", ".join(shown) + (f", ... +{more}" if more > 0 else "") + "]"
+    return str(value)
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float)) or (
+        isinstance(value, str) and "\n" not in value and len(value) <= MAX_SCALAR_CHARS
+    )
+
+
+def _evidence(evidence: dict[str, Any]) -> list[Text]:
+    """The evidence as far as it fits a terminal: short values on one line, multi-line text (tracebacks,
+    per-rank stacks) as the tail of each block; the rest is left to --format json."""
+    if not evidence:
+        return []
+    inline: list[str] = []
+    blocks: list[tuple[str, str]] = []
+    hidden = 0
+    for key, value in evidence.items():
+        if _is_scalar(value) or (isinstance(value, (list, tuple)) and all(_is_scalar(v) for v in value)):
+            inline.append(f"{key}={format_value(value)}")
+        elif isinstance(value, str):
+            blocks.append((key, value))
+        elif isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+            blocks.extend((f"{key}[{k}]", v) for k, v in value.items())
+        else:
+            hidden += 1
+    out: list[Text] = []
+    if len(inline) > MAX_EVIDENCE_ITEMS:
+        hidden += len(inline) - MAX_EVIDENCE_ITEMS
+        inline = inline[:MAX_EVIDENCE_ITEMS]
+    if inline:
+        line = Text("evidence: ", style="dim")
+        line.append(", ".join(inline))
+        out.append(line)
+    if len(blocks) > MAX_BLOCKS:
+        hidden += len(blocks) - MAX_BLOCKS
+        blocks = blocks[:MAX_BLOCKS]
+    for key, value in blocks:
+        lines = value.rstrip("\n").splitlines()
+        skipped = len(lines) - MAX_BLOCK_LINES
+        block = Text(f"{key}:", style="dim")
+        if skipped > 0:
+            block.append(f" (last {MAX_BLOCK_LINES} of {len(lines)} lines)", style="dim")
+            lines = lines[-MAX_BLOCK_LINES:]
+        for ln in lines:
+            block.append("\n  " + ln)
+        out.append(block)
+    if hidden:
+        out.append(Text(f"(+{hidden} more evidence item{'s' if hidden > 1 else ''} in --format json)", style="dim"))
+    return out
+
+
+def _table(spec: Any) -> Table | None:
+    """A `report.tables` entry ({"columns": [...], "rows": [[...]], "title": str}) as a rich table; entries of
+    another shape are skipped rather than crash the report after a successful run."""
+    if not isinstance(spec, dict):
+        return None
+    columns = [str(c) for c in spec.get("columns") or []]
+    rows = [list(r) for r in spec.get("rows") or [] if isinstance(r, (list, tuple))]
+    if not columns and rows:
+        columns = [""] * max(len(r) for r in rows)
+    if not columns:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(columns):
+        cells = [r[i] for r in rows if i < len(r) and r[i] is not None]
+        numeric = bool(cells) and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells)
+        table.add_column(col, justify="right" if numeric else "left", overflow="fold")
+    for r in rows:
+        cells = [format_value(c) for c in r[: len(columns)]]
+        cells += [""] * (len(columns) - len(cells))
+        table.add_row(*(Text(c) for c in cells))
+    return table
+
+
+def _nothing_found(report: Report) -> str:
+    env = report.environment or {}
+    if env.get("static_only"):
+        how = "static analysis"
+    elif env.get("nproc"):
+        how = f"static analysis and a {env['nproc']}-rank probe run"
+    else:
+        how = "the analysis"
+    return f"No findings: {how} found nothing to report."
+
+
+def _summary_line(findings: list[Finding]) -> Text:
+    counts = summarize(findings)
+    line = Text("summary: ", style="bold")
+    if not findings:
+        line.append("no findings")
+        return line
+    parts = []
+    for severity in sorted(Severity, reverse=True):
+        n = counts[severity.label]
+        parts.append((f"{n} {severity.label}", SEVERITY_STYLE[severity] if n else "dim"))
+    for i, (txt, style) in enumerate(parts):
+        if i:
+            line.append(", ")
+        line.append(txt, style=style)
+    line.append(f" ({len(findings)} finding{'s' if len(findings) != 1 else ''})")
+    return line

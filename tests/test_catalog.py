@@ -1,0 +1,183 @@
+"""The rule catalog: every code of the contract exactly once, fully documented, and the README table generated
+from it. Codes are stable forever, so the expected table is frozen here (CI has no ../shared) and checked
+against SPEC.md whenever SPEC.md sits beside the clone."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.catalog import RULES, Rule, catalog_markdown_table, get_rule, select_codes
+from ddpdoctor.findings import Severity
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = Path(__file__).resolve().parents[2] / "shared" / "SPEC.md"
+
+# code, name, default severity, static, probe: the catalog table of SPEC.md
+EXPECTED = [
+    ("DD101", "sync-bn-after-ddp", "medium", True, True),
+    ("DD102", "forward-bypasses-ddp", "critical", True, True),
+    ("DD103", "replicas-diverged", "critical", False, True),
+    ("DD104", "hardcoded-rank", "critical", True, True),
+    ("DD105", "device-not-bound", "high", True, True),
+    ("DD106", "data-parallel", "medium", True, True),
+    ("DD107", "moved-after-wrap", "medium", True, False),
+    ("DD108", "legacy-local-rank-arg", "medium", True, True),
+    ("DD109", "single-node-world-size", "low", True, False),
+    ("DD201", "bn-stats-diverge", "medium", False, True),
+    ("DD202", "small-bn-batch", "medium", False, True),
+    ("DD203", "non-iid-shards", "high", False, True),
+    ("DD204", "syncbn-large-batch", "low", False, True),
+    ("DD205", "syncbn-needs-cuda", "info", True, True),
+    ("DD206", "collective-on-subset", "high", True, True),
+    ("DD207", "eval-in-train-mode", "medium", True, True),
+    ("DD301", "sampler-not-reshuffled", "high", True, True),
+    ("DD302", "missing-distributed-sampler", "high", True, True),
+    ("DD303", "eval-sampler-padding", "low", True, True),
+    ("DD304", "identical-rng-streams", "low", False, True),
+    ("DD305", "dataset-differs-across-ranks", "high", False, True),
+    ("DD306", "uneven-batches", "medium", False, True),
+    ("DD401", "lr-not-scaled", "high", True, True),
+    ("DD402", "no-warmup", "low", True, True),
+    ("DD403", "accumulation-without-no-sync", "low", True, True),
+    ("DD404", "grads-reduced-twice", "high", True, True),
+    ("DD405", "no-learning-signal", "high", False, True),
+    ("DD406", "non-finite", "high", False, True),
+    ("DD501", "module-prefix-checkpoint", "medium", True, True),
+    ("DD502", "save-on-every-rank", "low", True, True),
+    ("DD503", "non-strict-load", "medium", True, True),
+    ("DD504", "unreduced-metric", "low", True, False),
+    ("DD901", "probe-hang", "critical", False, True),
+    ("DD902", "rank-failed", "critical", False, True),
+    ("DD903", "not-distributed", "info", False, True),
+]
+
+DOC_PARTS = ("summary", "what", "why", "example", "fix")
+
+
+def _spec_rows() -> list[tuple[str, str, str, bool, bool]]:
+    rows = []
+    for line in SPEC.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\|\s*(DD\d{3})\s*\|\s*([a-z0-9-]+)\s*\|\s*(\w+)\s*\|\s*(\S+)\s*\|\s*(\S+)\s*\|", line)
+        if m:
+            code, name, sev, static, probe = m.groups()
+            rows.append((code, name, sev, static == "yes", probe == "yes"))
+    return rows
+
+
+def test_catalog_matches_the_frozen_contract():
+    actual = [(r.code, r.name, r.severity.label, r.static, r.probe) for r in RULES]
+    assert actual == EXPECTED
+
+
+def test_frozen_contract_matches_spec_md():
+    if not SPEC.is_file():
+        pytest.skip("SPEC.md is not beside this clone (../shared)")
+    assert _spec_rows() == EXPECTED
+
+
+def test_codes_and_names_are_unique_and_well_formed():
+    codes = [r.code for r in RULES]
+    names = [r.name for r in RULES]
+    assert len(set(codes)) == len(codes) == 35
+    assert len(set(names)) == len(names)
+    assert codes == sorted(codes)
+    for r in RULES:
+        assert re.fullmatch(r"DD[1-59]\d\d", r.code), r.code
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", r.name), r.name
+        assert isinstance(r.severity, Severity)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_every_documentation_part_is_written(rule: Rule):
+    for part in DOC_PARTS:
+        text = getattr(rule, part)
+        assert text.strip(), f"{rule.code}.{part} is empty"
+        assert "TODO" not in text.upper(), f"{rule.code}.{part} is a placeholder"
+    assert "\n" not in rule.summary
+    assert "\n" not in rule.fix
+    assert len(rule.fix) <= 220, "fix is a short imperative (finding fix, SARIF fix title)"
+    assert len(rule.what) >= 120 and len(rule.why) >= 250, "what/why explain the detection and the mechanism"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_what_says_how_the_rule_is_found(rule: Rule):
+    # "what" describes exactly the detectors the rule has: no static description for a probe-only rule
+    assert ("Static analysis" in rule.what or "static analysis" in rule.what) == rule.static
+    assert ("The probe" in rule.what) == rule.probe
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_example_is_python_with_bad_then_good(rule: Rule):
+    ast.parse(rule.example)
+    comments = [ln.strip() for ln in rule.example.splitlines() if ln.strip().startswith("#")]
+    bad = [i for i, c in enumerate(comments) if c.startswith("# Bad")]
+    good = [i for i, c in enumerate(comments) if c.startswith("# Good")]
+    assert bad and good and bad[0] < good[0], rule.code
+    assert max(len(ln) for ln in rule.example.splitlines()) <= 96
+
+
+def test_documentation_has_the_four_sections_in_order():
+    doc = get_rule("DD301").documentation()
+    positions = [doc.index(h) for h in ("What it detects\n", "Why it hurts accuracy\n", "Example\n", "Fix\n")]
+    assert positions == sorted(positions)
+    assert doc.startswith("DD301 sampler-not-reshuffled\n")
+    assert "default severity: high" in doc
+    assert "    sampler.set_epoch(epoch)" in doc  # the example is indented as code
+    assert max(len(ln) for ln in doc.splitlines()) <= 100
+
+
+def test_markdown_documentation_fences_the_example():
+    md = get_rule("DD101").markdown()
+    assert "```python\n# Bad" in md
+    assert "### Why it hurts accuracy" in md
+
+
+def test_dd101_documentation_matches_the_measured_facts():
+    # FACTS.md: on torch >= 1.8 the late conversion still syncs (shared Parameters); it broke on <= 1.7 / apex
+    why = get_rule("DD101").why
+    assert "same" in why and "Parameter" in why
+    assert "1.7" in why and "apex" in why
+    assert "has_sync_bn" in why and "mixed_precision" in why
+
+
+def test_categories_follow_the_code_ranges():
+    assert {r.category for r in RULES} == {"setup", "batchnorm", "data", "optimisation", "checkpoints", "probe"}
+    assert get_rule("DD301").category == "data"
+    assert get_rule("DD903").category == "probe"
+
+
+def test_get_rule_is_case_insensitive_and_rejects_unknown_codes():
+    assert get_rule(" dd204 ").name == "syncbn-large-batch"
+    with pytest.raises(KeyError):
+        get_rule("DD999")
+
+
+def test_select_codes_prefix_match():
+    assert select_codes(["DD3"]) == {"DD301", "DD302", "DD303", "DD304", "DD305", "DD306"}
+    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903"}
+    assert select_codes(["DD"]) == {r.code for r in RULES}
+    with pytest.raises(ValueError):
+        select_codes(["DD7"])
+
+
+def test_markdown_table_has_one_row_per_rule():
+    lines = catalog_markdown_table().splitlines()
+    assert lines[0] == "| code | name | default severity | static | probe | summary |"
+    rows = lines[2:]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [r.code for r in RULES]
+    dd107 = next(row for row in rows if row.startswith("| DD107 "))
+    assert dd107.split(" | ")[2:5] == ["medium", "yes", "–"]
+
+
+def test_readme_rule_table_is_generated_from_the_catalog():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = "<!-- rules:start -->", "<!-- rules:end -->"
+    assert readme.count(start) == 1 and readme.count(end) == 1
+    section = readme[readme.index(start) + len(start) : readme.index(end)]
+    assert section.strip("\n") == catalog_markdown_table().strip("\n"), (
+        "README rule table is stale: regenerate it from ddpdoctor.catalog.catalog_markdown_table()"
+    )

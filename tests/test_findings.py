@@ -1,0 +1,189 @@
+"""The finding model: ranking order, static+probe merging, de-duplication, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpdoctor.findings import (
+    Confidence,
+    Finding,
+    Severity,
+    merge_findings,
+    rank_findings,
+    summarize,
+)
+from ddpdoctor.report import Report
+
+
+def make(rule: str = "DD301", **kw) -> Finding:
+    base = dict(
+        rule=rule,
+        severity=Severity.HIGH,
+        confidence=Confidence.CERTAIN,
+        message=f"{rule} message",
+        fix=f"{rule} fix",
+        sources=("static",),
+        file="train.py",
+        line=10,
+    )
+    base.update(kw)
+    return Finding(**base)
+
+
+def test_severity_and_confidence_parse_and_order():
+    assert Severity.parse(" High ") is Severity.HIGH
+    assert Severity.INFO < Severity.LOW < Severity.MEDIUM < Severity.HIGH < Severity.CRITICAL
+    assert Confidence.POSSIBLE < Confidence.LIKELY < Confidence.CERTAIN
+    with pytest.raises(ValueError, match="unknown severity"):
+        Severity.parse("severe")
+    with pytest.raises(ValueError):
+        Confidence.parse("sure")
+
+
+def test_finding_rejects_unknown_source_and_untyped_levels():
+    with pytest.raises(ValueError):
+        make(sources=("runtime",))
+    with pytest.raises(TypeError):
+        make(severity="high")
+
+
+def test_ranking_severity_then_confidence_then_magnitude_then_rule_then_location():
+    findings = [
+        make("DD504", severity=Severity.LOW),
+        make("DD302", confidence=Confidence.LIKELY),
+        make("DD301", line=30),
+        make("DD301", line=12),
+        make("DD302", magnitude=0.5),
+        make("DD102", severity=Severity.CRITICAL, confidence=Confidence.POSSIBLE),
+        make("DD401", file="a.py", line=99),
+    ]
+    ranked = rank_findings(findings)
+    assert [(f.rule, f.file, f.line) for f in ranked] == [
+        ("DD102", "train.py", 10),  # critical beats any high
+        ("DD302", "train.py", 10),  # certain, magnitude 0.5 beats magnitude 0
+        ("DD301", "train.py", 12),  # then by rule, then by location
+        ("DD301", "train.py", 30),
+        ("DD401", "a.py", 99),
+        ("DD302", "train.py", 10),  # likely after every certain
+        ("DD504", "train.py", 10),
+    ]
+    assert ranked[1].magnitude == 0.5
+
+
+def test_static_and_probe_on_the_same_line_merge_into_one_certain_finding():
+    static = make(confidence=Confidence.LIKELY, evidence={"call": "DistributedSampler(ds)"})
+    probe = make(
+        sources=("probe",),
+        severity=Severity.HIGH,
+        confidence=Confidence.LIKELY,
+        message="epochs 0 and 1 iterated the same order on ranks 0 and 1",
+        evidence={"epochs_identical": [0, 1]},
+        ranks=(0, 1),
+    )
+    merged = merge_findings([static, probe])
+    assert len(merged) == 1
+    (f,) = merged
+    assert f.sources == ("static", "probe") and f.source == "static+probe"
+    assert f.confidence is Confidence.CERTAIN
+    assert f.message == probe.message  # the measurement speaks
+    assert f.ranks == (0, 1)
+    assert f.evidence["epochs_identical"] == [0, 1] and f.evidence["static"] == {"call": "DistributedSampler(ds)"}
+
+
+def test_single_static_and_probe_of_a_rule_merge_across_lines_and_the_static_line_wins():
+    static = make(line=41)
+    probe = make(sources=("probe",), line=57, severity=Severity.MEDIUM, magnitude=3.0)
+    (f,) = merge_findings([probe, static])
+    assert (f.file, f.line) == ("train.py", 41)
+    assert f.severity is Severity.MEDIUM  # the probe measured the consequence
+    assert f.magnitude == 3.0
+
+
+def test_probe_finding_without_location_takes_the_static_location():
+    (f,) = merge_findings([make(sources=("probe",), file=None, line=None), make(line=7)])
+    assert (f.file, f.line, f.sources) == ("train.py", 7, ("static", "probe"))
+
+
+def test_ambiguous_pairs_are_not_merged():
+    statics = [make(line=5), make(line=9)]
+    probe = make(sources=("probe",), line=20)
+    merged = merge_findings([*statics, probe])
+    assert len(merged) == 3
+    assert sorted(f.source for f in merged) == ["probe", "static", "static"]
+
+
+def test_different_rules_or_files_do_not_merge():
+    merged = merge_findings(
+        [make("DD301"), make("DD302", sources=("probe",)), make("DD301", sources=("probe",), file="other.py")]
+    )
+    assert sorted((f.rule, f.source, f.file) for f in merged) == [
+        ("DD301", "probe", "other.py"),
+        ("DD301", "static", "train.py"),
+        ("DD302", "probe", "train.py"),
+    ]
+
+
+def test_merge_accepts_a_generator():
+    # regression: the input used to be iterated twice, so a generator lost every probe finding
+    merged = merge_findings(f for f in [make(line=3), make(sources=("probe",), line=3, message="measured")])
+    assert [(f.source, f.message) for f in merged] == [("static+probe", "measured")]
+
+
+def test_exact_duplicates_are_dropped_but_distinct_findings_kept():
+    a = make(line=3)
+    merged = merge_findings([a, make(line=3), make(line=4)])
+    assert [(f.line, f.source) for f in merged] == [(3, "static"), (4, "static")]
+
+
+def test_json_round_trip_is_lossless():
+    f = make(
+        "DD203",
+        sources=("static", "probe"),
+        confidence=Confidence.LIKELY,
+        ranks=(0, 3),
+        evidence={"p_value": 1.5e-9, "layers": ["bn1", "layer2.0.bn1"], "n": 4},
+        magnitude=12.5,
+    )
+    data = json.loads(json.dumps(f.to_json()))
+    back = Finding.from_json(data)
+    assert back == f
+    assert back.evidence == f.evidence  # evidence is not part of equality; check it separately
+    assert back.magnitude == 12.5
+    assert data["name"] == "non-iid-shards" and data["source"] == "static+probe"
+    assert data["severity"] == "high" and data["confidence"] == "likely" and data["ranks"] == [0, 3]
+
+
+def test_from_json_accepts_the_minimal_spec_shape():
+    spec_finding = {
+        "rule": "DD301",
+        "name": "sampler-not-reshuffled",
+        "severity": "high",
+        "confidence": "certain",
+        "source": "probe",
+        "file": "train.py",
+        "line": 41,
+        "ranks": [0, 1],
+        "message": "one sentence",
+        "evidence": {},
+        "fix": "short imperative",
+    }
+    f = Finding.from_json(spec_finding)
+    assert f.sources == ("probe",) and f.line == 41 and f.ranks == (0, 1) and f.magnitude == 0.0
+
+
+def test_summary_counts_every_severity_in_order():
+    counts = summarize([make(severity=Severity.LOW), make(severity=Severity.LOW), make(severity=Severity.CRITICAL)])
+    assert list(counts) == ["critical", "high", "medium", "low", "info"]
+    assert counts == {"critical": 1, "high": 0, "medium": 0, "low": 2, "info": 0}
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "expected"),
+    [(Severity.INFO, 1), (Severity.LOW, 1), (Severity.MEDIUM, 1), (Severity.HIGH, 0), (Severity.CRITICAL, 0)],
+)
+def test_exit_code_follows_fail_on(fail_on, expected):
+    report = Report(script="train.py", findings=(make(severity=Severity.MEDIUM), make(severity=Severity.LOW)))
+    assert report.exit_code(fail_on) == expected
+    assert Report(script="train.py").exit_code(Severity.INFO) == 0
