@@ -110,6 +110,7 @@ def run_check(cfg: CheckConfig) -> Report:
         findings=tuple(kept),
         notes=tuple(notes),
         tables=tables,
+        base_dir=Path.cwd(),
     )
 
 
@@ -150,4 +151,5 @@ def report_run(
         findings=tuple(kept),
         notes=tuple(analysis.notes),
         tables=analysis.tables,
+        base_dir=analysis.base_dir,
     )

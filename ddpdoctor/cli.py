@@ -64,7 +64,7 @@ def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on) -> None:
     from ddpdoctor.report.render import render
 
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    _emit(render(report, fmt, color=color), output)
+    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output)
     raise typer.Exit(report.exit_code(fail_on))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor import __version__
@@ -19,6 +20,7 @@ class Report:
     findings: tuple[Finding, ...] = ()
     notes: tuple[str, ...] = ()  # one-line remarks for the text report (e.g. "CUDA was emulated on CPU")
     tables: dict[str, Any] = field(default_factory=dict)  # extra tables for the text report (e.g. BN errors)
+    base_dir: Path | None = None  # what relative finding paths are relative to (the user's cwd of the run)
 
     def ranked(self) -> list[Finding]:
         return rank_findings(self.findings)
