@@ -31,6 +31,7 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/bench_static.py
 	$(PY) benchmarks/bench_probe.py
+	$(PY) benchmarks/bench_compare_bn.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -272,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
-        code = 0
+        rv = command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
+        # non-standalone click returns (not raises) the code of Exit, and turns Ctrl-C into 130
+        code = _fail("interrupted") if rv == 130 else (rv if isinstance(rv, int) else 0)
     except UsageError as exc:
         code = _fail(str(exc))
     except InternalError as exc:
