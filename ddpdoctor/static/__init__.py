@@ -1,0 +1,71 @@
+"""Static analysis: find DDP/SyncBN accuracy bugs in a training script from its source alone.
+
+Never imports torch and never runs the script. `analyze_file` reads and parses the script, builds one semantic
+model of it (`ScriptModel`: what the script does to models, data and process groups, in execution order) and runs
+every rule of `ddpdoctor.static.rules.RULES` over that model.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ddpdoctor.errors import InternalError, UsageError
+from ddpdoctor.findings import Finding, rank_findings
+from ddpdoctor.static.model import ScriptModel
+from ddpdoctor.static.rules import RULES
+
+__all__ = ["analyze_file", "analyze_source", "build_model", "ScriptModel", "RULES"]
+
+
+def analyze_file(path: Path) -> list[Finding]:
+    """Findings for one script file; `Finding.file` is `str(path)` exactly as given."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: not a file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        source = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return analyze_source(source, str(path))
+
+
+def build_model(source: str, filename: str) -> ScriptModel:
+    """Parse `source` and build its semantic model; a syntax error becomes a one-line UsageError."""
+    if source.startswith("\ufeff"):
+        source = source[1:]
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        raise UsageError(f"{filename}:{exc.lineno or 0}: syntax error: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
+        raise UsageError(f"{filename}: cannot parse: {exc}") from None
+    return ScriptModel.build(tree, source, filename)
+
+
+def analyze_source(source: str, filename: str) -> list[Finding]:
+    """Findings for a script given as text; `filename` is what findings report as their file."""
+    model = build_model(source, filename)
+    findings: list[Finding] = []
+    for rule in RULES:
+        try:
+            findings.extend(rule.check(model))
+        except Exception as exc:  # a bug in one rule: say which, in one line, instead of a traceback
+            raise InternalError(f"static rule {rule.CODE} failed on {filename}: {type(exc).__name__}: {exc}") from exc
+    return rank_findings(_one_per_line(findings))
+
+
+def _one_per_line(findings: list[Finding]) -> list[Finding]:
+    """A helper called from two places walks twice and may report one line twice: keep the strongest."""
+    best: dict[tuple[str, int | None], Finding] = {}
+    for f in findings:
+        key = (f.rule, f.line)
+        kept = best.get(key)
+        if kept is None or (f.severity, f.confidence) > (kept.severity, kept.confidence):
+            best[key] = f
+    return list(best.values())

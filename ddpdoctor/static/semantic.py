@@ -1,0 +1,187 @@
+"""The vocabulary of the semantic model: abstract objects, the contexts code runs in, and recorded events.
+
+A value in the model is a tuple of `Obj` — every object the expression may hold at that point (both sides of
+`if args.distributed: model = DDP(model)` give `model` two possible objects). Objects carry a `kind` in the
+user's vocabulary (module, wrapper, optimizer, sampler, loader…), `tags` that say where a number came from
+(rank, local_rank, world_size, device_count, a literal…), and fields for attributes and dict items.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple
+
+Value = tuple["Obj", ...]
+EMPTY: Value = ()
+
+# Tags that vary from one process to the next; a branch on them runs on a subset of ranks.
+PER_RANK_TAGS = frozenset({"rank", "local_rank"})
+# Tags of values that grow with the number of processes (the global batch grows with them).
+WORLD_TAGS = frozenset({"world_size", "device_count"})
+
+
+@dataclass(eq=False)
+class Family:
+    """One model, whichever handle the script holds: the nn.Module and the DDP/DataParallel wrappers around it.
+
+    Train/eval mode, BatchNorm presence and SyncBN conversion belong to the model, not to a handle: `model.eval()`
+    on the wrapper and `model.module.eval()` change the same layers.
+    """
+
+    mode: str | None = "train"  # "train" | "eval" | None (unknown)
+    has_bn: bool | None = None
+    syncbn_line: int | None = None
+    members: list["Obj"] = field(default_factory=list)
+
+    @property
+    def wrappers(self) -> list["Obj"]:
+        return [m for m in self.members if m.kind == "wrapper"]
+
+    @property
+    def wrapped(self) -> bool:
+        return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
+
+
+@dataclass(eq=False)
+class Obj:
+    """An abstract object: what a name or expression may hold.
+
+    kind: qual (an imported API, `qual` = its canonical name) | const | value (a number/string derived from
+    others) | unknown | function | bound | class | instance | module | wrapper | optimizer | scheduler | sampler |
+    loader | dataset | params | param | state_dict | dict | tuple | device | ctx | cli_args | parser | builtin…
+    """
+
+    kind: str
+    line: int = 0
+    node: ast.AST | None = None
+    qual: str | None = None
+    label: str | None = None
+    tags: frozenset[str] = frozenset()
+    const: bool = False
+    value: Any = None
+    fields: dict[str, Value] = field(default_factory=dict)
+    items: tuple[Value, ...] | None = None
+    props: dict[str, Any] = field(default_factory=dict)
+    family: Family | None = None
+
+    @property
+    def is_module(self) -> bool:
+        return self.kind in ("module", "wrapper") or self.family is not None
+
+    @property
+    def wrapper_kind(self) -> str | None:
+        return self.props.get("wrapper") if self.kind == "wrapper" else None
+
+    def __repr__(self) -> str:  # compact, for debugging and test failure messages
+        extra = self.qual or self.label or ""
+        return f"<{self.kind} {extra} L{self.line}>"
+
+
+def union(*values: Iterable[Obj]) -> Value:
+    """Concatenate values, dropping repeated objects, keeping first-seen order (messages stay deterministic)."""
+    seen: set[int] = set()
+    out: list[Obj] = []
+    for v in values:
+        for o in v:
+            if id(o) not in seen:
+                seen.add(id(o))
+                out.append(o)
+    return tuple(out)
+
+
+def tags_of(value: Iterable[Obj]) -> frozenset[str]:
+    out: set[str] = set()
+    for o in value:
+        out |= o.tags
+    return frozenset(out)
+
+
+def is_constant(value: Value) -> bool:
+    """True when every possible object is a literal or computed only from literals."""
+    return bool(value) and all(o.const for o in value)
+
+
+def constant_values(value: Value) -> list[Any]:
+    return [o.value for o in value if o.kind == "const"]
+
+
+class Ctx(NamedTuple):
+    """One level of the context a statement runs in.
+
+    kind: rank (branch taken by a subset of ranks; info = "main" | "nonmain" | "other") | cond (any other branch;
+    info = the test's source text) | loop (info = dict with the loaders it iterates) | grad (info = "off" | "on" |
+    None) | no_sync | accumulate | join | try
+    """
+
+    kind: str
+    node: ast.AST | None
+    info: Any
+    frame: int
+    branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
+
+
+@dataclass(eq=False)
+class Event:
+    """Something the script does, in execution order, with the context it happens in."""
+
+    kind: str
+    node: ast.AST
+    line: int
+    seq: int
+    ctx: tuple[Ctx, ...]
+    frames: tuple[int, ...]
+    func: str
+    reached: bool
+    data: dict[str, Any]
+
+    @property
+    def frame(self) -> int:
+        return self.frames[-1]
+
+    def in_ctx(self, kind: str) -> list[Ctx]:
+        return [c for c in self.ctx if c.kind == kind]
+
+    def exclusive_with(self, other: "Event") -> bool:
+        """True when the two events sit on different sides of the same branch in the same call, so one run
+        never executes both (`if distributed: model = DDP(model) else: model.cuda()`)."""
+        for a in self.ctx:
+            if a.kind not in ("cond", "rank"):
+                continue
+            for b in other.ctx:
+                if b.node is a.node and b.frame == a.frame and b.kind in ("cond", "rank") and b.branch != a.branch:
+                    return True
+        return False
+
+    @property
+    def rank_ctx(self) -> list[Ctx]:
+        return self.in_ctx("rank")
+
+    @property
+    def loops(self) -> list[Ctx]:
+        return self.in_ctx("loop")
+
+    @property
+    def grad_off(self) -> bool | None:
+        """Whether autograd is off here: the innermost no_grad/enable_grad/inference_mode decides."""
+        for c in reversed(self.ctx):
+            if c.kind == "grad":
+                return None if c.info is None else c.info == "off"
+        return False
+
+
+@dataclass(eq=False)
+class Frame:
+    """The local names of one function call (or of the module body, or of a class body)."""
+
+    id: int
+    name: str
+    locals: dict[str, Value]
+    lexical: "Frame | None"
+    node: ast.AST | None = None
+    returns: list[Value] = field(default_factory=list)
+    globals_declared: set[str] = field(default_factory=set)
+    nonlocal_declared: set[str] = field(default_factory=set)
+    cls: Obj | None = None
+    ctx_base: int = 0
+    is_class_body: bool = False

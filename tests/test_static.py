@@ -1,0 +1,510 @@
+"""Static analysis: the public API, its errors, the rule list, the semantic model it builds, and the bundled demo.
+
+The rules themselves are tested against the fixtures (tests/test_static_fixtures.py); here we test what the rules
+stand on — alias resolution, data flow through calls/attributes/returns, rank-conditional branches, exclusive
+paths — with small scripts whose expected model is known.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.catalog import RULES as CATALOG
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import Confidence, Severity
+from ddpdoctor.static import analyze_file, analyze_source, build_model
+from ddpdoctor.static import names as N
+from ddpdoctor.static.rules import RULES
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "fixtures" / "demo" / "train.py"
+SPEC_STATIC = {
+    "DD101", "DD102", "DD104", "DD105", "DD106", "DD107", "DD108", "DD109", "DD205", "DD206", "DD207",
+    "DD301", "DD302", "DD303", "DD401", "DD402", "DD403", "DD404", "DD501", "DD502", "DD503", "DD504",
+}  # fmt: skip
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def rules_of(text: str) -> list[tuple[str, int]]:
+    return sorted((f.rule, f.line) for f in analyze_source(src(text), "t.py"))
+
+
+# ---------------------------------------------------------------- API and errors
+
+
+def test_rule_list_is_the_static_column_of_the_catalog():
+    codes = [r.CODE for r in RULES]
+    assert len(codes) == len(set(codes))
+    assert set(codes) == SPEC_STATIC
+    assert set(codes) == {r.code for r in CATALOG if r.static}
+    for rule in RULES:
+        name = rule.__name__.rsplit(".", 1)[-1]
+        catalog_name = next(r.name for r in CATALOG if r.code == rule.CODE)
+        assert name == f"{rule.CODE.lower()}_{catalog_name.replace('-', '_')}", "module named after its rule"
+        assert rule.__doc__ and rule.__doc__.startswith(f"{rule.CODE} {catalog_name}")
+
+
+def test_file_is_reported_exactly_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(DEMO.parent)
+    findings = analyze_file(Path("train.py"))
+    assert findings and {f.file for f in findings} == {"train.py"}
+    assert all(f.sources == ("static",) for f in findings)
+
+
+def test_syntax_error_is_a_one_line_usage_error(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("import torch\n\ndef f(:\n    pass\n", encoding="utf-8")
+    with pytest.raises(UsageError) as info:
+        analyze_file(bad)
+    message = str(info.value)
+    assert message.startswith(f"{bad}:3: syntax error: ")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [(b"x = '\xff\xfe'\n", "not UTF-8"), (b"x = 1\x00\n", "")],
+    ids=["latin1", "nul-byte"],
+)
+def test_unreadable_source_is_a_usage_error(tmp_path, content, fragment):
+    bad = tmp_path / "weird.py"
+    bad.write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        analyze_file(bad)
+    assert str(info.value).startswith(str(bad)) and fragment in str(info.value)
+
+
+def test_missing_file_and_directory_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        analyze_file(tmp_path / "nope.py")
+    with pytest.raises(UsageError, match="not a file"):
+        analyze_file(tmp_path)
+
+
+def test_utf8_bom_and_non_ascii_identifiers_are_fine():
+    text = "\ufeffimport torch\nmodèle = torch.nn.Linear(2, 2)\n"
+    assert analyze_source(text, "bom.py") == []
+
+
+def test_findings_come_ranked_and_carry_catalog_fix():
+    findings = analyze_file(DEMO)
+    keys = [(-f.severity, -f.confidence) for f in findings]
+    assert keys == sorted(keys)
+    by_code = {r.code: r for r in CATALOG}
+    assert all(f.fix == by_code[f.rule].fix for f in findings)
+
+
+# ---------------------------------------------------------------- the bundled demo
+
+
+def test_demo_reports_the_four_classic_bugs_at_their_lines():
+    lines = DEMO.read_text(encoding="utf-8").splitlines()
+
+    def line_of(fragment: str) -> int:
+        return next(i for i, text in enumerate(lines, start=1) if fragment in text)
+
+    got = {(f.rule, f.line): f for f in analyze_file(DEMO)}
+    assert set(got) == {
+        ("DD104", line_of('init_process_group("nccl", rank=0')),
+        ("DD101", line_of("convert_sync_batchnorm(model)")),
+        ("DD302", line_of("train_loader = DataLoader(")),
+        ("DD401", line_of("optimizer = torch.optim.SGD(")),
+    }
+    assert got[("DD104", line_of("rank=0"))].confidence == Confidence.CERTAIN
+    assert got[("DD101", line_of("convert_sync_batchnorm"))].evidence["converted_is_wrapper"] is True
+    assert got[("DD401", line_of("torch.optim.SGD("))].evidence["lr"] == 0.1
+
+
+# ---------------------------------------------------------------- never torch
+
+
+def test_static_check_never_imports_torch():
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, json, sys
+        from ddpdoctor.cli import main
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["check", {str(DEMO)!r}, "--static", "--format", "json"])
+        report = json.loads(out.getvalue())
+        print(json.dumps({{"torch": "torch" in sys.modules, "rules": sorted(f["rule"] for f in report["findings"])}}))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"torch": False, "rules": ["DD101", "DD104", "DD302", "DD401"]}
+
+
+# ---------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize(
+    "spelling, canonical",
+    [
+        ("torch.nn.parallel.distributed.DistributedDataParallel", N.DDP),
+        ("torch.nn.DataParallel", N.DATA_PARALLEL),
+        ("torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm", N.CONVERT_SYNC_BN),
+        ("torch.utils.data.distributed.DistributedSampler", N.DISTRIBUTED_SAMPLER),
+        ("torch.utils.data.dataloader.DataLoader", N.DATA_LOADER),
+        ("torch.distributed.distributed_c10d.init_process_group", N.INIT_PROCESS_GROUP),
+        ("torch.optim.sgd.SGD", "torch.optim.SGD"),
+        ("torch.optim.lr_scheduler.LinearLR", "torch.optim.lr_scheduler.LinearLR"),
+        ("torch.autograd.grad_mode.no_grad", "torch.no_grad"),
+        ("torch.multiprocessing.spawn.spawn", N.SPAWN),
+    ],
+)
+def test_spellings_fold_to_one_name(spelling, canonical):
+    assert N.canonical(spelling) == canonical
+
+
+@pytest.mark.parametrize(
+    "name, tags",
+    [
+        ("local_rank", {"local_rank"}),
+        ("ddp_local_rank", {"local_rank"}),
+        ("gpu", {"local_rank"}),
+        ("rank", {"rank"}),
+        ("global_rank", {"rank"}),
+        ("node_rank", set()),
+        ("world_size", {"world_size"}),
+        ("ngpus_per_node", {"world_size"}),
+        ("global_batch_size", {"world_size"}),
+        ("is_main_process", {"rank_cond"}),
+        ("master_process", {"rank_cond"}),
+        ("lr", set()),
+    ],
+)
+def test_name_conventions(name, tags):
+    assert N.name_tags(name) - {"named"} == tags
+
+
+def test_env_vars_of_the_launchers():
+    assert "local_rank" in N.env_tags("LOCAL_RANK")
+    assert "rank" in N.env_tags("RANK") and "rank" in N.env_tags("SLURM_PROCID")
+    assert "world_size" in N.env_tags("WORLD_SIZE") and "world_size" in N.env_tags("SLURM_NTASKS")
+    assert "rank" not in N.env_tags("NODE_RANK") and "rank" not in N.env_tags("GROUP_RANK")
+
+
+# ---------------------------------------------------------------- the semantic model
+
+
+def test_aliases_resolve_to_the_same_wrap():
+    for imports, call in [
+        ("from torch.nn.parallel import DistributedDataParallel as DDP", "DDP(net)"),
+        ("import torch.nn as nn", "nn.parallel.DistributedDataParallel(net)"),
+        ("from torch import nn", "nn.parallel.DistributedDataParallel(net)"),
+        ("import torch", "torch.nn.parallel.distributed.DistributedDataParallel(net)"),
+        ("from torch.nn.parallel.distributed import DistributedDataParallel", "DistributedDataParallel(net)"),
+    ]:
+        model = build_model(f"import torch\n{imports}\nnet = torch.nn.Linear(2, 2)\nw = {call}\n", "t.py")
+        wraps = model.ddp_wraps
+        assert len(wraps) == 1 and not wraps[0].data["heuristic"], imports
+        assert wraps[0].data["inner"][0].qual == "torch.nn.Linear"
+
+
+def test_data_flow_through_helpers_returns_tuples_and_attributes():
+    model = build_model(
+        src(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            def build():
+                net = torch.nn.Linear(4, 2)
+                opt = torch.optim.SGD(net.parameters(), lr=0.1)
+                return net, opt
+
+            def wrap(m):
+                return DDP(m)
+
+            class Trainer:
+                def __init__(self):
+                    self.net, self.opt = build()
+                    self.model = wrap(self.net)
+
+                def step(self, x):
+                    return self.net(x)
+
+            Trainer().step(torch.randn(2, 4))
+            """
+        ),
+        "t.py",
+    )
+    (wrap,) = model.ddp_wraps
+    (forward,) = [ev for ev in model.of("forward")]
+    raw = forward.data["target"][0]
+    assert raw.kind == "module" and raw.family is wrap.data["wrapper"].family
+    assert model.wrap_event_before(raw, forward) is wrap
+    (opt,) = model.of("optimizer")
+    assert model.param_owners(opt.data["obj"].props["params"]) == [raw]
+    assert model.trained_families == [raw.family]
+
+
+def test_rank_conditions_and_their_polarity():
+    model = build_model(
+        src(
+            """
+            import os
+            import torch.distributed as dist
+            local_rank = int(os.environ.get("LOCAL_RANK", -1))
+            rank = dist.get_rank()
+            if rank == 0: dist.barrier()
+            if rank != 0: dist.barrier()
+            if local_rank in [-1, 0]: dist.barrier()
+            if local_rank != -1: dist.barrier()
+            if rank > 0: dist.barrier()
+            if not rank: dist.barrier()
+            if rank % 2 == 1: dist.barrier()
+            if rank >= 0: dist.barrier()
+            """
+        ),
+        "t.py",
+    )
+    polarity = [ev.rank_ctx[-1].info if ev.rank_ctx else None for ev in model.of("collective")]
+    assert polarity == ["main", "nonmain", "main", None, "nonmain", "main", "other", None]
+
+
+def test_early_return_guards_the_rest_of_the_function():
+    model = build_model(
+        src(
+            """
+            import torch
+            import torch.distributed as dist
+
+            def save(state):
+                if dist.get_rank() != 0:
+                    return
+                torch.save(state, "x.pt")
+
+            save({})
+            """
+        ),
+        "t.py",
+    )
+    (save,) = model.of("save")
+    assert [c.info for c in save.rank_ctx] == ["main"]
+
+
+def test_both_sides_of_an_if_are_exclusive_paths():
+    model = build_model(
+        src(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = torch.nn.Linear(2, 2)
+            if distributed:
+                model = DDP(model)
+            else:
+                model.cuda()
+            model.cuda()
+            """
+        ),
+        "t.py",
+    )
+    (wrap,) = model.ddp_wraps
+    in_else, after = model.of("move")
+    assert wrap.exclusive_with(in_else) and not wrap.exclusive_with(after)
+
+
+def test_values_made_on_one_side_of_a_test_are_dropped_on_the_other():
+    text = src(
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = torch.nn.Linear(2, 2)
+        ddp = world_size > 1
+        if ddp:
+            net = DDP(net)
+        raw = net.module if ddp else net
+        torch.save(raw.state_dict(), "m.pt")
+        """
+    )
+    assert [r for r, _ in rules_of(text) if r == "DD501"] == []
+    assert ("DD501", 8) in rules_of(text.replace("raw = net.module if ddp else net", "raw = net"))
+
+
+def test_spawn_enters_the_target_with_a_per_process_rank():
+    model = build_model(
+        src(
+            """
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def worker(index, world):
+                dist.init_process_group("gloo", rank=index, world_size=world)
+                if index == 0:
+                    print("main")
+
+            mp.spawn(worker, args=(4,), nprocs=4)
+            """
+        ),
+        "t.py",
+    )
+    (init,) = model.of("init_pg")
+    assert init.reached and "rank" in init.data["params"]["rank"][0].tags
+    assert [o.value for o in init.data["params"]["world_size"]] == [4]
+    (report,) = model.of("report")
+    assert report.rank_ctx[-1].info == "main"
+
+
+def test_functions_nobody_calls_are_still_walked_but_marked():
+    model = build_model(
+        src(
+            """
+            import torch
+
+            def save(model):
+                torch.save(model.state_dict(), "m.pt")
+            """
+        ),
+        "t.py",
+    )
+    (save,) = model.of("save")
+    assert save.reached is False
+
+
+def test_odd_syntax_is_understood_without_internal_errors():
+    text = src(
+        """
+        import asyncio, contextlib, functools
+        import torch
+        from torch import nn
+        from torch.nn import *
+
+        counter = 0
+
+        def outer():
+            total = 0
+            def inner(*args, key=None, **kw):
+                nonlocal total
+                global counter
+                total += sum(args)
+                counter += 1
+                return lambda x=total: x + 1
+            return inner(1, 2, key=3)()
+
+        @functools.lru_cache(maxsize=None)
+        def cached(n: int) -> int:
+            return n if n < 2 else cached(n - 1) + cached(n - 2)
+
+        class Meta(type):
+            pass
+
+        class Base(nn.Module, metaclass=Meta):
+            scale: float = 2.0
+            def __init__(self):
+                super().__init__()
+                self.inner = nn.Sequential(*[nn.Linear(2, 2) for _ in range(2)])
+            @property
+            def width(self):
+                return 2
+            @staticmethod
+            def make():
+                return Base()
+            def forward(self, x):
+                match x.dim():
+                    case 1:
+                        x = x[None]
+                    case _:
+                        pass
+                if (y := x.sum()) > 0:
+                    x = x * y
+                return {k: v for k, v in [("out", self.inner(x))]}["out"]
+
+        async def serve(model):
+            async with contextlib.AsyncExitStack() as stack:
+                async for item in stack:
+                    await asyncio.sleep(0)
+            try:
+                yield model
+            except* ValueError:
+                pass
+            finally:
+                del model
+
+        m = Base.make()
+        print(outer(), cached(10), m.width, m(torch.randn(2))[0], *[1, 2], **{"sep": " "})
+        x, *rest = [1, 2, 3]
+        assert rest, "non-empty"
+        with open(__file__) as f, torch.no_grad():
+            f.read()
+        """
+    )
+    model = build_model(text, "odd.py")
+    assert model.errors == [] and not model.truncated
+
+
+def test_deep_recursion_and_fan_out_stay_bounded():
+    funcs = "\n".join(f"def f{i}(x):\n    return f{i + 1}(x) + f{i + 1}(x)\n" for i in range(40))
+    text = funcs + "\ndef f40(x):\n    return x\n\nprint(f0(1))\n"
+    model = build_model(text, "fan.py")
+    assert model.errors == [] and not model.truncated
+    nested = "x = " + "(" * 150 + "1" + ")" * 150 + "\n"
+    assert build_model(nested, "deep.py").errors == []
+
+
+def test_severity_and_confidence_follow_the_evidence():
+    literal = rules_and_levels(
+        """
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(2, 2))
+        data = TensorDataset(torch.randn(8, 2))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=4, sampler=sampler)
+        opt = torch.optim.__OPTIM__(model.parameters(), lr=__LR__)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for (x,) in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+        """
+    )
+    assert literal("SGD", "0.1") == (Severity.HIGH, Confidence.LIKELY)
+    assert literal("AdamW", "1e-3") == (Severity.MEDIUM, Confidence.POSSIBLE)
+    assert literal("SGD", "0.1 * dist.get_world_size()") is None
+    # a warmup schedule next to a literal usually means the literal was scaled by hand
+    with_warmup = rules_and_levels(
+        """
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(2, 2))
+        data = TensorDataset(torch.randn(8, 2))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=4, sampler=sampler)
+        opt = torch.optim.__OPTIM__(model.parameters(), lr=__LR__)
+        warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=10)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for (x,) in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                warmup.step()
+        """
+    )
+    assert with_warmup("SGD", "0.4") == (Severity.MEDIUM, Confidence.POSSIBLE)
+
+
+def rules_and_levels(template: str):
+    def run(optim: str, lr: str):
+        text = src(template).replace("__OPTIM__", optim).replace("__LR__", lr)
+        found = [f for f in analyze_source(text, "t.py") if f.rule == "DD401"]
+        return (found[0].severity, found[0].confidence) if found else None
+
+    return run
