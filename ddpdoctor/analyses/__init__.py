@@ -1,0 +1,177 @@
+"""Analyses: pure functions from a recorded probe run (ddpdoctor.events) to findings. No torch here.
+
+One module per rule, named after it, each with `RULE` and `analyze(ctx) -> list[Finding]`; `ANALYSES` is the
+explicit list, run in order. Analyses are replay-tested from run directories recorded by the probe
+(fixtures/runs/<name>/).
+
+Extension point: the next rules (BN statistics DD201–DD204, data DD303–DD306, optimisation DD402–DD406,
+checkpoints DD501–DD503) add a module here and a line to `ANALYSES`; shared helpers belong in `context.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.analyses import (
+    dd101_sync_bn_after_ddp,
+    dd102_forward_bypasses_ddp,
+    dd103_replicas_diverged,
+    dd104_hardcoded_rank,
+    dd108_legacy_local_rank_arg,
+    dd201_bn_stats_diverge,
+    dd202_small_bn_batch,
+    dd203_non_iid_shards,
+    dd204_syncbn_large_batch,
+    dd205_syncbn_needs_cuda,
+    dd206_collective_on_subset,
+    dd207_eval_in_train_mode,
+    dd301_sampler_not_reshuffled,
+    dd302_missing_distributed_sampler,
+    dd303_eval_sampler_padding,
+    dd304_identical_rng_streams,
+    dd305_dataset_differs_across_ranks,
+    dd306_uneven_batches,
+    dd401_lr_not_scaled,
+    dd402_no_warmup,
+    dd403_accumulation_without_no_sync,
+    dd404_grads_reduced_twice,
+    dd405_no_learning_signal,
+    dd406_non_finite,
+    dd501_module_prefix_checkpoint,
+    dd502_save_on_every_rank,
+    dd503_non_strict_load,
+    dd901_probe_hang,
+    dd902_rank_failed,
+    dd903_not_distributed,
+    summary,
+)
+from ddpdoctor.analyses.context import RunContext, Settings
+from ddpdoctor.errors import UsageError
+from ddpdoctor.events import STATIC_FILE, read_run
+from ddpdoctor.findings import Finding
+
+ANALYSES = (
+    dd901_probe_hang,
+    dd902_rank_failed,
+    dd104_hardcoded_rank,
+    dd108_legacy_local_rank_arg,
+    dd101_sync_bn_after_ddp,
+    dd102_forward_bypasses_ddp,
+    dd103_replicas_diverged,
+    dd201_bn_stats_diverge,
+    dd202_small_bn_batch,
+    dd203_non_iid_shards,
+    dd204_syncbn_large_batch,
+    dd205_syncbn_needs_cuda,
+    dd206_collective_on_subset,
+    dd207_eval_in_train_mode,
+    dd301_sampler_not_reshuffled,
+    dd302_missing_distributed_sampler,
+    dd303_eval_sampler_padding,
+    dd304_identical_rng_streams,
+    dd305_dataset_differs_across_ranks,
+    dd306_uneven_batches,
+    dd401_lr_not_scaled,
+    dd402_no_warmup,
+    dd403_accumulation_without_no_sync,
+    dd404_grads_reduced_twice,
+    dd405_no_learning_signal,
+    dd406_non_finite,
+    dd501_module_prefix_checkpoint,
+    dd502_save_on_every_rank,
+    dd503_non_strict_load,
+    dd903_not_distributed,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalysisResult:
+    findings: tuple[Finding, ...] = ()
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    tables: dict[str, Any] = field(default_factory=dict)
+    script: str = ""
+    args: tuple[str, ...] = ()
+    base_dir: Path = Path(".")
+
+
+def _settings(meta: dict[str, Any], cfg: Any, overrides: dict[str, Any] | None) -> Settings:
+    s = Settings()
+    for key in ("nproc", "epochs", "steps", "base_lr", "base_batch", "lr_scaling", "small_bn_batch"):
+        if meta.get(key) is not None:
+            setattr(s, key, meta[key])
+        if cfg is not None and getattr(cfg, key, None) is not None:
+            setattr(s, key, getattr(cfg, key))
+    for key, value in (overrides or {}).items():
+        if value is not None and hasattr(s, key):
+            setattr(s, key, value)
+    return s
+
+
+def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | None = None) -> RunContext:
+    try:
+        run = read_run(Path(run_dir))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    meta = run.meta
+    if not meta and not run.processes:
+        raise UsageError(f"{run_dir}: the run directory holds no events")
+    start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
+    script_abs = meta.get("script_abs") or start.get("script") or ""
+    script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
+    if cfg is not None and getattr(cfg, "script", None) is not None:
+        script = str(cfg.script)
+    base_dir = Path(meta.get("cwd") or (run.processes[0].start.get("cwd") if run.processes else "") or ".")
+    return RunContext(
+        run=run,
+        settings=_settings(meta, cfg, overrides),
+        script=script,
+        script_abs=script_abs,
+        args=list(meta.get("args") or []),
+        base_dir=base_dir,
+    )
+
+
+def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | None = None) -> AnalysisResult:
+    """Findings, environment, notes and tables for a recorded run. A bad or non-run directory → UsageError."""
+    ctx = build_context(run_dir, cfg, overrides)
+    findings: list[Finding] = []
+    for module in ANALYSES:
+        try:
+            findings.extend(module.analyze(ctx))
+        except Exception as exc:  # one broken analysis must not hide the others' findings
+            ctx.notes.append(f"analysis {module.RULE} failed: {type(exc).__name__}: {exc}")
+    summary.add_notes_and_tables(ctx, findings)
+    return AnalysisResult(
+        findings=tuple(findings),
+        environment=summary.environment(ctx),
+        notes=tuple(ctx.notes),
+        tables=ctx.tables,
+        script=ctx.script,
+        args=tuple(ctx.args),
+        base_dir=ctx.base_dir,
+    )
+
+
+def load_static_findings(run_dir: Path) -> list[Finding]:
+    """The static findings recorded with the run (static.json), [] when there are none."""
+    path = Path(run_dir) / STATIC_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out = []
+        for item in data:
+            f = Finding.from_json(item)
+            if item.get("magnitude"):
+                from dataclasses import replace
+
+                f = replace(f, magnitude=float(item["magnitude"]))
+            out.append(f)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: unreadable static findings: {exc}") from None

@@ -1,0 +1,174 @@
+"""What every analysis needs from a recorded run: the events by rank, the settings, and how to name places.
+
+Pure: reads `ddpdoctor.events.RunData`; no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ddpdoctor.catalog import get_rule
+from ddpdoctor.events import ProcessLog, RunData
+from ddpdoctor.findings import Confidence, Finding, Severity
+
+# Errors a rank sees because a *peer* went away: consequences, never the root cause.
+PEER_ERROR_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "nccl communicator was aborted",
+    "ncclremoteerror",
+    "socket timeout",
+    "connection refused",
+    "received 0 bytes",
+    "processgroupnccl's watchdog",
+    "timed out after",
+)
+
+
+@dataclass
+class Settings:
+    nproc: int = 2
+    epochs: int = 2
+    steps: int = 4
+    base_lr: float | None = None
+    base_batch: int | None = None
+    lr_scaling: str = "auto"
+    small_bn_batch: int = 16
+
+
+@dataclass
+class RunContext:
+    run: RunData
+    settings: Settings
+    script: str  # as the user gave it
+    script_abs: str
+    args: list[str]
+    base_dir: Path
+    notes: list[str] = field(default_factory=list)
+    tables: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ places
+    def path(self, file: str | None) -> str | None:
+        """A recorded file path as the report shows it: the script as the user gave it, others relative to the
+        user's working directory when inside it."""
+        if not file:
+            return None
+        if os.path.isabs(file):
+            if self.script_abs and os.path.normpath(file) == os.path.normpath(self.script_abs):
+                return self.script
+            try:
+                rel = os.path.relpath(file, self.base_dir)
+            except ValueError:
+                return file
+            return file if rel.startswith("..") else rel
+        return file
+
+    def where(self, site: dict[str, Any] | None) -> tuple[str | None, int | None]:
+        if not site:
+            return self.script, None
+        return self.path(site.get("file")), site.get("line")
+
+    def at(self, site: dict[str, Any] | None) -> str:
+        file, line = self.where(site)
+        if file is None:
+            return "an unknown place"
+        return f"{file}:{line}" if line else file
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    def ranks(self) -> dict[int, ProcessLog]:
+        return self.run.rank_processes
+
+    @property
+    def world_size(self) -> int:
+        sizes = [e.get("world_size") for _, e in self.run.events("pg_init") if e.get("ok")]
+        sizes = [s for s in sizes if isinstance(s, int)]
+        if sizes:
+            return max(sizes)
+        return len(self.ranks) or self.settings.nproc
+
+    @property
+    def launcher(self) -> dict[str, Any]:
+        return self.run.launcher or {}
+
+    @property
+    def timed_out(self) -> bool:
+        return bool(self.launcher.get("timed_out"))
+
+    def rank_events(self, kind: str) -> dict[int, list[dict[str, Any]]]:
+        return {r: p.of(kind) for r, p in self.ranks.items()}
+
+    def steps_of(self, rank: int) -> int:
+        p = self.ranks.get(rank)
+        return len(p.of("optimizer_step")) if p else 0
+
+    def failed(self, p: ProcessLog) -> bool:
+        return bool(p.of("exception")) and p.done is None
+
+    # ------------------------------------------------------------------ findings
+    def finding(
+        self,
+        rule: str,
+        *,
+        message: str,
+        fix: str,
+        severity: Severity | None = None,
+        confidence: Confidence = Confidence.CERTAIN,
+        site: dict[str, Any] | None = None,
+        file: str | None = None,
+        line: int | None = None,
+        ranks: Iterable[int] = (),
+        evidence: dict[str, Any] | None = None,
+        magnitude: float = 0.0,
+    ) -> Finding:
+        if site is not None:
+            file, line = self.where(site)
+        return Finding(
+            rule=rule,
+            severity=severity if severity is not None else get_rule(rule).severity,
+            confidence=confidence,
+            message=message,
+            fix=fix,
+            sources=("probe",),
+            file=file if file is not None else self.script,
+            line=line,
+            ranks=tuple(sorted(set(ranks))),
+            evidence=evidence or {},
+            magnitude=float(magnitude),
+        )
+
+
+def fmt_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] → "ranks 0–2, 5"; [3] → "rank 3"."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "no rank"
+    parts: list[str] = []
+    start = prev = rs[0]
+    for r in rs[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else (f"{start}–{prev}" if prev > start + 1 else f"{start}, {prev}"))
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def fmt_num(x: float) -> str:
+    """Compact number for messages: 0.1, 0.0025, 1.2e-07, 64."""
+    if x == 0:
+        return "0"
+    if float(x).is_integer() and abs(x) < 1e9:
+        return str(int(x))
+    if 1e-3 <= abs(x) < 1e6:
+        return f"{x:.4g}"
+    return f"{x:.2e}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"

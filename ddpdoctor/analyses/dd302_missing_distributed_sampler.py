@@ -1,0 +1,130 @@
+"""DD302 missing-distributed-sampler: ranks iterate overlapping samples.
+
+What it does: for each training DataLoader (one during whose iteration optimizer steps ran), builds the set of
+dataset indices each rank visits in an epoch — the DistributedSampler's recorded order, the whole dataset for a
+RandomSampler/SequentialSampler (that is what they visit), otherwise the indices the loader drew — and measures
+the fraction of each rank's samples that another rank also visits. It also compares the batches the ranks drew:
+identical batches mean the ranks shuffle with the same seed and the global batch repeats every sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
+from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction
+from ddpdoctor.findings import Finding
+
+RULE = "DD302"
+THRESHOLD = 0.25
+
+
+def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001
+    starts = {e["it"]: e for e in p.of("loader_iter")}
+    out = []
+    for end in p.of("loader_iter_end"):
+        if end.get("training") and end.get("it") in starts:
+            out.append((starts[end["it"]], end))
+    return out
+
+
+def _key(start: dict[str, Any]) -> tuple:
+    site = start.get("created_site") or start.get("site") or {}
+    return site.get("file"), site.get("line")
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    if len(ctx.ranks) < 2:
+        return []
+    # loader creation site -> rank -> (first training iteration start, end)
+    groups: dict[tuple, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r, p in ctx.ranks.items():
+        for start, end in _training_iterations(p):
+            groups.setdefault(_key(start), {}).setdefault(r, (start, end))
+    findings = []
+    for key, per_rank in groups.items():
+        if len(per_rank) < 2:
+            continue
+        sets: dict[int, np.ndarray] = {}
+        how: dict[int, str] = {}
+        padding_share: dict[str, float] = {}
+        k = None
+        for r, (start, end) in per_rank.items():
+            p = ctx.ranks[r]
+            kind = start.get("sampler_kind")
+            created = next((e for e in p.of("sampler_created") if e.get("sampler") == start.get("sampler")), {})
+            if kind == "distributed":
+                it = next((e for e in p.of("sampler_iter") if e.get("sampler") == start.get("sampler")
+                           and e["t"] >= start["t"]), None)
+                arr = order(ctx, it.get("order")) if it else None
+                if arr is not None:
+                    sets[r], how[r] = arr, f"DistributedSampler(num_replicas={it.get('num_replicas')}, rank={it.get('sampler_rank')})"
+                    k = k or it.get("sample_mod")
+                    count, n, replicas = it.get("count") or 0, it.get("dataset_len") or 0, it.get("num_replicas") or 1
+                    if count and n:
+                        padded = max(0, count * replicas - n)
+                        padding_share["max"] = max(padding_share.get("max", 0.0), padded / count)
+                    continue
+            n = start.get("dataset_len")
+            full_pass = kind == "sequential" or (
+                kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
+            )
+            if full_pass and isinstance(n, int):
+                sets[r], how[r] = np.arange(n, dtype=np.int64), f"{start.get('sampler_cls')} over all {n} samples"
+                continue
+            arr = order(ctx, end.get("indices"))
+            if arr is not None:
+                sets[r], how[r] = arr, f"{start.get('sampler_cls')} (indices drawn by the loader)"
+        if len(sets) < 2:
+            continue
+        sets = {r: consistent(a, k) for r, a in sets.items()}
+        shared = {r: shared_fraction(a, [b for s, b in sets.items() if s != r]) for r, a in sets.items()}
+        overlap = float(np.mean(list(shared.values())))
+        if overlap < max(THRESHOLD, padding_share.get("max", 0.0) + 0.01):
+            continue  # a DistributedSampler's padding repeats a few samples by design (DD303's business)
+        drawn = {r: order(ctx, end.get("indices")) for r, (_, end) in per_rank.items()}
+        drawn = {r: a for r, a in drawn.items() if a is not None and len(a)}
+        identical = None
+        if len(drawn) >= 2:
+            ref = next(iter(drawn.values()))
+            identical = min(position_identity(ref, a) for a in drawn.values())
+        start0 = next(iter(per_rank.values()))[0]
+        site = start0.get("created_site") or start0.get("site")
+        sizes = {r: int(len(np.unique(a))) for r, a in sets.items()}
+        kinds = sorted({start.get("sampler_cls") for start, _ in per_rank.values()})
+        nranks = len(sets)
+        if all(start.get("sampler_kind") == "distributed" for start, _ in per_rank.values()):
+            lead = (
+                f"the DistributedSampler of the training DataLoader at {ctx.at(site)} gives {fmt_ranks(sets)} "
+                f"overlapping shards: {pct(overlap)} of the samples a rank sees are also seen by another rank"
+            )
+        else:
+            lead = (
+                f"the training DataLoader at {ctx.at(site)} has no DistributedSampler ({', '.join(k_ for k_ in kinds if k_)}): "
+                f"{pct(overlap)} of the samples each rank sees per epoch are also seen by another rank "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples), so the {nranks} ranks "
+                f"repeat each other's work"
+            )
+        if identical is not None and identical >= 0.99:
+            lead += f"; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds every sample {nranks}×"
+        findings.append(
+            ctx.finding(
+                RULE,
+                message=lead,
+                fix="Give the training DataLoader sampler=DistributedSampler(dataset) (shuffle in the sampler, not the loader) and call sampler.set_epoch(epoch) every epoch.",
+                site=site,
+                ranks=list(sets),
+                evidence={
+                    "overlap_fraction": overlap,
+                    "per_rank_shared_fraction": {str(r): v for r, v in shared.items()},
+                    "distinct_samples": {str(r): v for r, v in sizes.items()},
+                    "index_source": {str(r): v for r, v in how.items()},
+                    "identical_batches_fraction": identical,
+                    "consistent_sample_mod": k,
+                },
+                magnitude=overlap,
+            )
+        )
+    return findings

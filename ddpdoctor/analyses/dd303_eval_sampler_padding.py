@@ -1,0 +1,135 @@
+"""DD303 eval-sampler-padding: a DistributedSampler over evaluation data pads it with duplicates (or drops a tail).
+
+What it does: finds DistributedSamplers iterated only for evaluation (no optimizer step during any of their
+loader iterations, and gradients disabled or the rank training through another loader), and counts, over the
+orders every rank's sampler produced for the same pass, the indices evaluated more than once (drop_last=False:
+the sampler repeats indices from the start until the length divides by the world size) or never
+(drop_last=True). Where not every rank's order was recorded, the count follows from the sampler's own numbers:
+num_samples × num_replicas − len(dataset).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor.analyses.context import RunContext, pct
+from ddpdoctor.analyses.orders import order
+from ddpdoctor.catalog import get_rule
+from ddpdoctor.findings import Finding
+
+RULE = "DD303"
+
+
+def _key(site: dict[str, Any] | None) -> tuple[str, int]:
+    return (site or {}).get("file", "?"), (site or {}).get("line", 0)
+
+
+def _evaluation_samplers(p) -> dict[Any, bool]:  # noqa: ANN001
+    """sampler id -> True when every loader iteration over it was an evaluation pass."""
+    ends = {e.get("it"): e for e in p.of("loader_iter_end")}
+    trained_elsewhere = bool(p.of("optimizer_step"))
+    verdict: dict[Any, bool] = {}
+    for start in p.of("loader_iter"):
+        sid = start.get("sampler")
+        if start.get("sampler_kind") not in (None, "distributed") or sid is None:
+            continue
+        end = ends.get(start.get("it"), {})
+        evaluating = not end.get("training") and not end.get("steps") and (
+            start.get("grad_enabled") is False or trained_elsewhere
+        )
+        verdict[sid] = verdict.get(sid, True) and evaluating
+    return verdict
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    # sampler creation site -> rank -> (sampler_created, first sampler_iter)
+    groups: dict[tuple, dict[int, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
+    # Keyed by creation site and the sampler's rank among those created there: a helper that builds every
+    # loader creates the training and the evaluation samplers at the same line.
+    for r, p in ctx.ranks.items():
+        evaluation = _evaluation_samplers(p)
+        nth: dict[tuple[str, int], int] = {}
+        for created in p.of("sampler_created"):
+            sid = created.get("sampler")
+            if created.get("sampler_kind", created.get("kind")) != "distributed":
+                continue
+            site_key = _key(created.get("site"))
+            n = nth.get(site_key, 0)
+            nth[site_key] = n + 1
+            if not evaluation.get(sid):
+                continue
+            first = next((e for e in p.of("sampler_iter") if e.get("sampler") == sid), None)
+            groups.setdefault((site_key, n), {})[r] = (created, first)
+    findings = []
+    for per_rank in groups.values():
+        created0, _ = next(iter(per_rank.values()))
+        n = created0.get("len")
+        replicas = created0.get("num_replicas")
+        num_samples = created0.get("num_samples")
+        drop_last = bool(created0.get("drop_last"))
+        if not isinstance(n, int) or not isinstance(replicas, int) or not isinstance(num_samples, int) or n <= 0:
+            continue
+        expected = abs(num_samples * replicas - n)
+        orders = {}
+        for r, (_, it) in per_rank.items():
+            arr = order(ctx, it.get("order")) if it and it.get("sample_mod") is None else None
+            if arr is not None:
+                orders[r] = arr
+        measured = len(orders) == replicas and replicas > 1
+        duplicated_indices: list[int] = []
+        if measured:
+            allidx = np.concatenate(list(orders.values())).astype(np.int64)
+            counts = Counter(allidx.tolist())
+            if drop_last:
+                count = n - len(counts)
+            else:
+                count = int(sum(c - 1 for c in counts.values() if c > 1))
+                duplicated_indices = sorted(i for i, c in counts.items() if c > 1)[:10]
+        else:
+            count = expected
+        if count <= 0:
+            continue
+        how = "counted over the orders of all ranks" if measured else "from the sampler's num_samples × num_replicas"
+        if drop_last:
+            consequence = (
+                f"{count} of its {n} samples {'is' if count == 1 else 'are'} never evaluated (drop_last=True), "
+                f"so the metric covers {pct((n - count) / n)} of the evaluation set"
+            )
+        else:
+            shown = ", ".join(str(i) for i in duplicated_indices[:5])
+            consequence = (
+                f"{count} sample{' is' if count == 1 else 's are'} evaluated twice"
+                + (f" (index {shown})" if shown else "")
+                + f" to pad {n} samples to {num_samples} per rank, so a metric gathered over ranks counts "
+                f"{num_samples * replicas} results for {n} samples"
+            )
+        message = (
+            f"the evaluation DistributedSampler created at {ctx.at(created0.get('site'))} splits {n} samples over "
+            f"{replicas} ranks: {consequence} ({how})"
+        )
+        findings.append(
+            ctx.finding(
+                RULE,
+                message=message,
+                fix=get_rule(RULE).fix,
+                site=created0.get("site"),
+                ranks=list(per_rank),
+                evidence={
+                    "dataset_len": n,
+                    "num_replicas": replicas,
+                    "num_samples_per_rank": num_samples,
+                    "drop_last": drop_last,
+                    "duplicated" if not drop_last else "dropped": count,
+                    "duplicated_indices": duplicated_indices,
+                    "measured_from_orders": measured,
+                    "per_rank_order_length": {str(r): int(len(a)) for r, a in orders.items()},
+                },
+                magnitude=count / n,
+            )
+        )
+    return findings
+
+

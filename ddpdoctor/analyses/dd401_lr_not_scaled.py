@@ -1,0 +1,116 @@
+"""DD401 lr-not-scaled: the learning rate does not follow the global batch relative to the reference recipe.
+
+What it does: measures the global batch the ranks trained on — per-rank batch (the most common batch size of the
+training loader) × world size × batches per optimizer step (gradient accumulation) — and compares the
+optimizer's lr with the reference recipe (--base-lr / --base-batch) scaled by the rule for its family: linear
+for SGD-like optimizers, square root for Adam-family / LAMB / Adagrad / RMSprop (--lr-scaling auto). Without a
+reference recipe it only notes the global batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_num
+from ddpdoctor.events import rle_expand
+from ddpdoctor.findings import Finding
+
+RULE = "DD401"
+SQRT_FAMILY = ("adam", "lamb", "adagrad", "rmsprop", "adafactor", "adadelta")
+TOLERANCE = 1.25
+
+
+def scaling_rule(optimizer_cls: str, lr_scaling: str) -> str:
+    if lr_scaling in ("linear", "sqrt", "none"):
+        return lr_scaling
+    return "sqrt" if any(k in optimizer_cls.lower() for k in SQRT_FAMILY) else "linear"
+
+
+def measured_batch(ctx: RunContext) -> dict[str, Any] | None:
+    """Per-rank batch, accumulation, world size and global batch, from the training loaders and steps."""
+    sizes: list[int] = []
+    train_batches = steps = 0
+    for p in ctx.ranks.values():
+        for e in p.of("loader_iter_end"):
+            if e.get("training"):
+                s = [x for x in rle_expand(e.get("sizes")) if x > 0]
+                if e.get("reason") == "exhausted" and len(s) > 1:
+                    s = s[:-1]  # the last batch of an epoch may be partial
+                sizes.extend(s)
+        st = p.of("optimizer_step")
+        steps += len(st)
+        train_batches += sum(int(e.get("train_batches") or 0) for e in st)
+    if not sizes or not steps:
+        return None
+    per_rank = Counter(sizes).most_common(1)[0][0]
+    accumulation = max(1, round(train_batches / steps)) if train_batches else 1
+    world = ctx.world_size
+    return {"per_rank_batch": per_rank, "world_size": world, "accumulation": accumulation,
+            "global_batch": per_rank * world * accumulation}
+
+
+def main_optimizer(ctx: RunContext) -> dict[str, Any] | None:
+    """The optimizer that stepped most on the lowest rank, with the lr of its largest param group."""
+    for p in ctx.ranks.values():
+        inits = {e["opt"]: e for e in p.of("optimizer_init")}
+        counts = Counter(e.get("opt") for e in p.of("optimizer_step"))
+        if not counts:
+            continue
+        opt = inits.get(counts.most_common(1)[0][0])
+        if not opt or not opt.get("groups"):
+            continue
+        group = max(opt["groups"], key=lambda g: g.get("numel") or 0)
+        lr = group.get("initial_lr", group.get("lr"))
+        if isinstance(lr, (int, float)):
+            return {"cls": opt.get("cls"), "lr": float(lr), "site": opt.get("site"), "groups": len(opt["groups"])}
+    return None
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    batch = measured_batch(ctx)
+    opt = main_optimizer(ctx)
+    if batch is None or opt is None:
+        return []
+    breakdown = (
+        f"{batch['per_rank_batch']} per rank × {batch['world_size']} rank{'s' if batch['world_size'] != 1 else ''}"
+        f" × {batch['accumulation']} accumulation step{'s' if batch['accumulation'] != 1 else ''}"
+    )
+    s = ctx.settings
+    if s.base_lr is None or s.base_batch is None:
+        ctx.notes.append(
+            f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} lr {fmt_num(opt['lr'])} — pass "
+            "--base-lr/--base-batch (the single-process recipe) to check lr scaling"
+        )
+        return []
+    rule = scaling_rule(opt["cls"] or "", s.lr_scaling)
+    factor = batch["global_batch"] / float(s.base_batch)
+    expected = s.base_lr * (factor if rule == "linear" else math.sqrt(factor) if rule == "sqrt" else 1.0)
+    ratio = opt["lr"] / expected if expected else float("inf")
+    if 1 / TOLERANCE <= ratio <= TOLERANCE:
+        return []
+    rule_text = {"linear": "the linear scaling rule", "sqrt": "the square-root scaling rule (Adam family)",
+                 "none": "no scaling (--lr-scaling none)"}[rule]
+    if abs(opt["lr"] - s.base_lr) <= 1e-12 * max(1.0, abs(s.base_lr)):
+        what = "is the single-process value"
+    else:
+        what = f"is {fmt_num(ratio)}× the expected value"
+    message = (
+        f"{opt['cls']} lr {fmt_num(opt['lr'])} at {ctx.at(opt['site'])} {what}, but the global batch is "
+        f"{batch['global_batch']} ({breakdown}) vs the reference {s.base_batch} at lr {fmt_num(s.base_lr)}: "
+        f"{rule_text} expects lr {fmt_num(expected)}"
+    )
+    return [
+        ctx.finding(
+            RULE,
+            message=message,
+            fix=f"Set lr = {fmt_num(s.base_lr)} × {'(' if rule == 'sqrt' else ''}global_batch / {s.base_batch}"
+            f"{')^0.5' if rule == 'sqrt' else ''} = {fmt_num(expected)} (and warm up when scaling by 4× or more).",
+            site=opt["site"],
+            ranks=sorted(ctx.ranks),
+            evidence={**batch, "optimizer": opt["cls"], "lr": opt["lr"], "base_lr": s.base_lr,
+                      "base_batch": s.base_batch, "rule": rule, "expected_lr": expected, "ratio": ratio},
+            magnitude=abs(math.log2(ratio)) if ratio > 0 else 0.0,
+        )
+    ]

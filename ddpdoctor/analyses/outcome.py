@@ -1,0 +1,221 @@
+"""How each process of a run ended: finished, failed (and whether because of a peer), stuck, or killed.
+
+Shared by DD901/DD902/DD903 and the report's rank table. Follows elastic's "root cause (first observed
+failure)" idea: a rank that fails only because a peer went away (connection closed, SIGTERM from the agent) is
+a consequence, not the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor.analyses.context import PEER_ERROR_MARKERS, RunContext
+from ddpdoctor.events import ProcessLog, parse_stack_dump
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SPAWN_EXIT = re.compile(r"process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
+
+
+@dataclass
+class Failure:
+    rank: int | None
+    pid: int | None
+    t: float
+    kind: str  # exception | signal | exit
+    type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    user_frame: dict[str, Any] | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    peer_caused: bool = False
+    derived: bool = False  # the main process of a self-spawning script reporting a child's failure
+    stderr_tail: list[str] = field(default_factory=list)
+
+    @property
+    def signature(self) -> tuple:
+        return (self.kind, self.type, self.message.splitlines()[0] if self.message else "", self.signal, self.exitcode)
+
+
+def _peer_caused(text: str) -> bool:
+    low = text.lower()
+    return any(m in low for m in PEER_ERROR_MARKERS)
+
+
+def _signal_name(exitcode: int | None) -> str | None:
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def crash_text(lines: list[str]) -> str:
+    """The most telling line of a crashed rank's stderr (gloo/NCCL/C++ aborts print no Python exception)."""
+    for pattern in ("what():", "Error", "error", "Fatal Python error", "Segmentation fault", "terminate called"):
+        for line in reversed(lines):
+            if pattern in line:
+                return line.strip()[:400]
+    return lines[-1].strip()[:400] if lines else ""
+
+
+def crash_frame(ctx: RunContext, rank: int | None) -> dict[str, Any] | None:
+    """The user's frame in the Python stack a crashing rank printed (PYTHONFAULTHANDLER) to its stderr."""
+    path = ctx.run.output_file(rank, "stderr")
+    if path is None:
+        return None
+    try:
+        dumps = parse_stack_dump(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    for thread in reversed(dumps[-1] if dumps else []):
+        user = next((f for f in thread["frames"] if is_user_path(ctx, f["file"])), None)
+        if user is not None:
+            return user
+    return None
+
+
+def failures(ctx: RunContext) -> list[Failure]:
+    """Every failure seen in the run, root causes and consequences alike, in time order."""
+    out: list[Failure] = []
+    seen_ranks: set[int] = set()
+    rank_of = {id(p): r for r, p in ctx.ranks.items()}
+    for p in ctx.run.processes:
+        if p.done is not None:
+            continue
+        rank = rank_of.get(id(p), p.rank)
+        for e in p.of("exception"):
+            tail = ctx.run.output_tail(rank, "stderr", 30) if rank is not None else ctx.run.output_tail(None, "stderr", 30)
+            f = Failure(
+                rank=rank,
+                pid=p.pid,
+                t=float(e.get("t", 0.0)),
+                kind="exception",
+                type=e.get("type"),
+                message=str(e.get("message") or ""),
+                traceback=str(e.get("traceback") or ""),
+                user_frame=e.get("user_frame"),
+                exitcode=e.get("exit_code") if e.get("type") == "SystemExit" else None,
+                peer_caused=_peer_caused(str(e.get("message") or "")),
+                derived=p.role == "main" and rank is None,
+                stderr_tail=tail,
+            )
+            out.append(f)
+            if rank is not None:
+                seen_ranks.add(rank)
+            break
+    if not ctx.timed_out:
+        agent = ctx.launcher.get("agent") or {}
+        for item in agent.get("failures") or ():
+            rank = item.get("rank")
+            p = ctx.ranks.get(rank)
+            if rank in seen_ranks or (p is not None and p.done is not None):
+                continue
+            exitcode = item.get("exitcode")
+            sig = item.get("signal") or _signal_name(exitcode)
+            tail = ctx.run.output_tail(rank, "stderr", 30)
+            text = crash_text(tail)
+            out.append(
+                Failure(
+                    rank=rank,
+                    pid=item.get("pid"),
+                    t=float(item.get("timestamp") or (p.events[-1]["t"] if p and p.events else 0.0)),
+                    kind="signal" if sig else "exit",
+                    message=text,
+                    exitcode=exitcode,
+                    signal=sig,
+                    peer_caused=sig in ("SIGTERM", "SIGKILL", "SIGINT") or _peer_caused(text),
+                    user_frame=crash_frame(ctx, rank),
+                    stderr_tail=tail,
+                )
+            )
+            seen_ranks.add(rank)
+        # self-spawning scripts: mp.spawn tells which child died and how
+        for p in ctx.run.processes:
+            if p.role != "main":
+                continue
+            for e in p.of("exception"):
+                for m in _SPAWN_EXIT.finditer(str(e.get("message") or "")):
+                    index = int(m.group(1))
+                    child = ctx.ranks.get(index)
+                    if index in seen_ranks or (child is not None and child.done is not None):
+                        continue
+                    code = int(m.group(2)) if m.group(2) else None
+                    tail = ctx.run.output_tail(None, "stderr", 30)
+                    out.append(
+                        Failure(
+                            rank=index,
+                            pid=child.pid if child else None,
+                            t=float(child.events[-1]["t"]) if child and child.events else float(e.get("t", 0.0)),
+                            kind="signal" if m.group(3) else "exit",
+                            message=crash_text(tail),
+                            exitcode=code,
+                            signal=m.group(3),
+                            peer_caused=m.group(3) in ("SIGTERM", "SIGKILL", "SIGINT"),
+                            stderr_tail=tail,
+                        )
+                    )
+                    seen_ranks.add(index)
+    out.sort(key=lambda f: f.t)
+    return out
+
+
+def root_causes(fails: list[Failure]) -> list[Failure]:
+    """The first failure that is neither a peer's consequence nor the parent relaying a child's failure, plus
+    the other ranks that failed the same way (a bug every rank hits)."""
+    primary = [f for f in fails if not f.derived and not f.peer_caused]
+    if not primary:
+        primary = [f for f in fails if not f.derived] or list(fails)
+    if not primary:
+        return []
+    first = primary[0]
+    return [f for f in primary if f.signature == first.signature]
+
+
+# ---------------------------------------------------------------------------------------------- hangs
+
+
+@dataclass
+class StackView:
+    frames: list[dict[str, Any]]  # innermost first
+    user_frame: dict[str, Any] | None
+    blocked_in: dict[str, Any] | None  # innermost frame overall
+
+
+def is_user_path(ctx: RunContext, file: str) -> bool:
+    if not file or file.startswith("<"):
+        return False
+    norm = os.path.normpath(file)
+    if ctx.script_abs and norm == os.path.normpath(ctx.script_abs):
+        return True
+    if "site-packages" in norm or "dist-packages" in norm or norm.startswith(_PACKAGE_DIR + os.sep):
+        return False
+    if "/lib/python" in norm:
+        return False
+    try:
+        rel = os.path.relpath(norm, ctx.base_dir)
+    except ValueError:
+        return False
+    return not rel.startswith("..")
+
+
+def main_stack(ctx: RunContext, p: ProcessLog) -> StackView | None:
+    """The main thread's stack of the process's last dump (innermost first)."""
+    if not p.stack_text:
+        return None
+    dumps = parse_stack_dump(p.stack_text)
+    if not dumps:
+        return None
+    threads = dumps[-1]
+    main = str(p.start.get("main_thread") or "").lower()
+    chosen = next((t for t in threads if t["thread"] == main), None)
+    if chosen is None:
+        chosen = next((t for t in threads if any(is_user_path(ctx, f["file"]) for f in t["frames"])), threads[0])
+    frames = chosen["frames"]
+    user = next((f for f in frames if is_user_path(ctx, f["file"])), None)
+    return StackView(frames=frames, user_frame=user, blocked_in=frames[0] if frames else None)

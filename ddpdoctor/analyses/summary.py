@@ -1,0 +1,105 @@
+"""The run-level parts of the report: environment, one-line notes, and the per-rank table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_num
+from ddpdoctor.analyses.outcome import failures, root_causes
+from ddpdoctor.findings import Finding
+
+EMULATION_WORDS = {
+    "cuda_device": "cuda devices → cpu",
+    "nccl_to_gloo": "nccl→gloo",
+    "ddp_device_ids": "DDP device_ids dropped",
+    "syncbn_ddp_check": None,
+    "sync_batchnorm": "SyncBN exact over gloo",
+    "autocast_cuda": "autocast(cuda) → CPU autocast",
+    "grad_scaler": "GradScaler on CPU",
+    "map_location": "torch.load onto CPU",
+    "data_parallel": "DataParallel runs the module once",
+}
+
+
+def environment(ctx: RunContext) -> dict[str, Any]:
+    ready = next((e for _, e in ctx.run.events("torch_ready")), {})
+    start = next((p.start for p in ctx.run.processes if p.start), {})
+    backend = next((e.get("backend") for _, e in ctx.run.events("pg_init") if e.get("ok")), None)
+    return {
+        "torch": ready.get("torch"),
+        "python": start.get("python") or ctx.run.meta.get("python"),
+        "nproc": ctx.run.meta.get("nproc") or len(ctx.ranks) or ctx.settings.nproc,
+        "backend": backend,
+        "device": ready.get("device") or ctx.run.meta.get("device"),
+        "cuda_emulated": any(e.get("cuda_emulated") for _, e in ctx.run.events("torch_ready")),
+    }
+
+
+def _rank_status(ctx: RunContext, p, fails, roots) -> str:  # noqa: ANN001
+    if p.done is not None:
+        return "finished" if p.last("exit") else "finished (no clean exit)"
+    if any(f.pid == p.pid for f in roots):
+        return "failed (root cause)"
+    if any(f.pid == p.pid for f in fails):
+        return "failed"
+    if ctx.timed_out:
+        return "stuck"
+    return "stopped"
+
+
+def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
+    meta = ctx.run.meta
+    mode = meta.get("mode")
+    fails = failures(ctx)
+    roots = root_causes(fails)
+    emulated = sorted({e.get("what") for _, e in ctx.run.events("emulation") if e.get("what")})
+    if emulated:
+        words = [w for w in (EMULATION_WORDS.get(x, x) for x in emulated) if w]
+        n = meta.get("nproc") or len(ctx.ranks)
+        ctx.notes.insert(0, f"CUDA was emulated on CPU: {n} virtual devices" + (", " + ", ".join(words) if words else ""))
+    if mode == "spawn":
+        line = (meta.get("plan") or {}).get("spawn_line")
+        children = [p for p in ctx.run.processes if p.role in ("spawned", "forked") and p.is_rank_process]
+        ctx.notes.append(
+            f"the script starts its own ranks (line {line}): the probe started it once and instrumented its "
+            f"{len(children)} child process{'es' if len(children) != 1 else ''}"
+        )
+    if meta.get("legacy_local_rank_arg"):
+        ctx.notes.append(f"the script declares {meta['legacy_local_rank_arg']}: each rank got it, as torch.distributed.launch passed it")
+    steps = {r: len(p.of("optimizer_step")) for r, p in ctx.ranks.items()}
+    if steps:
+        epochs = max((p.done or {}).get("epochs", 0) or 0 for p in ctx.ranks.values())
+        wall = ctx.launcher.get("wall_seconds")
+        lim = f"limit {meta.get('epochs')} epochs × {meta.get('steps')} steps; " if meta.get("epochs") else ""
+        ctx.notes.append(
+            f"probe: {len(ctx.ranks)} rank{'s' if len(ctx.ranks) != 1 else ''} ({mode}), {lim}observed "
+            f"{epochs} epoch{'s' if epochs != 1 else ''}, {max(steps.values())} optimizer steps per rank"
+            + (f", {fmt_num(round(float(wall), 1))} s" if wall else "")
+        )
+    errors = [e for _, e in ctx.run.events("internal_error")]
+    if errors:
+        where = sorted({str(e.get("where")) for e in errors})
+        ctx.notes.append(f"the probe's recorder failed {len(errors)} time(s) ({', '.join(where)[:200]}); measurements there are missing")
+    missing_emulation = [e.get("emulation_error") for _, e in ctx.run.events("torch_ready") if e.get("emulation_error")]
+    if missing_emulation:
+        ctx.notes.append(missing_emulation[0])
+    rows = []
+    for r, p in ctx.ranks.items():
+        last = p.events[-1] if p.events else {}
+        rows.append(
+            [
+                r,
+                p.pid,
+                _rank_status(ctx, p, fails, roots),
+                len(p.of("optimizer_step")),
+                (p.done or {}).get("epochs", sum(1 for e in p.of("loader_iter_end") if e.get("training"))),
+                sum(int(e.get("train_batches") or 0) for e in p.of("optimizer_step")),
+                last.get("kind"),
+            ]
+        )
+    if rows:
+        ctx.tables["ranks"] = {
+            "title": "Ranks",
+            "columns": ["rank", "pid", "status", "steps", "epochs", "train batches", "last event"],
+            "rows": rows,
+        }

@@ -1,0 +1,892 @@
+"""The probe's event model: the one documented list of event kinds, and the run-directory reader.
+
+The data flows one way: code inside the ranks (ddpdoctor/probe) writes events; the analyses
+(ddpdoctor/analyses) read them through `read_run`. A recorded run directory is a complete input, so
+`ddpdoctor report DIR` redoes the analysis without running anything. Nothing here imports torch.
+
+Run directory layout (schema `SCHEMA`):
+
+    meta.json                  the probe's settings and the launch plan (see `META_KEYS`)
+    static.json                static findings of the `check` that recorded the run (absent in attach mode)
+    launcher.json              how the launch ended: exit codes per rank, timed out, interrupted, wall time
+    events/<host>-p<pid>.jsonl one append-only JSON-lines log per process (ranks, mp.spawn children, the main
+                               process of a self-spawning script)
+    events/<host>-p<pid>.bin   binary side file of that process: index orders and parameter vectors, referenced
+                               from events by a *blob reference* (see `BlobRef`)
+    events/<host>-p<pid>.stack Python stacks of every thread, dumped by faulthandler when the probe timed out
+    logs/                      the user's stdout/stderr per rank (launcher mode)
+
+Every event is one JSON object on one line with at least `kind`, `t` (seconds since the epoch), `pid`, `seq`
+(per process) and `rank` (null until the process knows it: a child of mp.spawn learns it in
+init_process_group). Events are data: JSON values only; tensors are reduced when recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA = "ddpdoctor.events/1"
+META_FILE = "meta.json"
+STATIC_FILE = "static.json"
+LAUNCHER_FILE = "launcher.json"
+EVENTS_DIR = "events"
+LOGS_DIR = "logs"
+
+# What meta.json holds (written by the launcher, or by the first rank in attach mode).
+META_KEYS = {
+    "schema": "SCHEMA",
+    "mode": "'torchrun' (N ranks through torch.distributed.run), 'spawn' (script started once, spawns its own "
+    "ranks) or 'attach' (python -m ddpdoctor.probe under the user's launcher)",
+    "script": "the script path as the user gave it",
+    "script_abs": "absolute script path",
+    "args": "script arguments",
+    "cwd": "the user's working directory (finding paths are relative to it)",
+    "nproc": "ranks requested",
+    "epochs": "epochs observed per run (0 = no limit)",
+    "steps": "optimizer steps kept per epoch (0 = no limit)",
+    "timeout": "seconds for the whole probe",
+    "device": "requested device: auto | cpu | cuda",
+    "base_lr": "lr of the single-process reference recipe, or null",
+    "base_batch": "batch size of the reference recipe, or null",
+    "lr_scaling": "auto | linear | sqrt | none",
+    "small_bn_batch": "per-rank BN batch below which local BN is too small",
+    "legacy_local_rank_arg": "option passed as --local_rank=N to legacy scripts, or null",
+    "python": "Python version of the launcher",
+    "host": "host name",
+    "started": "start time (seconds since the epoch)",
+}
+
+
+@dataclass(frozen=True)
+class EventKind:
+    kind: str
+    doc: str
+    fields: dict[str, str]
+
+
+def _k(kind: str, doc: str, /, **fields: str) -> EventKind:
+    return EventKind(kind, doc, fields)
+
+
+# The one list of event kinds. A recorder adding a kind documents it here first.
+EVENT_KINDS: dict[str, EventKind] = {
+    k.kind: k
+    for k in (
+        # --- process lifecycle (probe/session.py, probe/bootstrap.py)
+        _k(
+            "process_start",
+            "first event of every process's log",
+            role="'rank' (launched by torchrun), 'attached', 'main' (self-spawning script), 'spawned' (child of "
+            "multiprocessing started by spawn/forkserver), 'forked' (child started by fork)",
+            ppid="parent pid",
+            host="host name",
+            argv="sys.argv",
+            cwd="working directory",
+            env="launcher variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...",
+            python="Python version",
+            schema="SCHEMA",
+            main_thread="ident of the main thread as faulthandler prints it (0x...)",
+            stack_file="file that receives faulthandler dumps",
+            stack_signal="signal number that dumps the stacks",
+            mode="the probe's launch mode (meta.json `mode`)",
+        ),
+        _k(
+            "torch_ready",
+            "torch finished importing and the recorders are installed",
+            torch="torch version",
+            device="device the ranks run on: cpu | cuda",
+            cuda_emulated="CUDA emulated on CPU (install_cuda_emulation was applied)",
+            emulation_error="why emulation could not be installed, or null",
+            recorders="names of the installed recorders",
+            installed_now="those installed once torch was imported (the others needed no torch)",
+            cuda_available="torch.cuda.is_available() as the script sees it",
+            device_count="torch.cuda.device_count() as the script sees it",
+            install_seconds="time spent installing the emulation and the recorders",
+        ),
+        _k("emulation", "the CUDA emulation mapped something for the first time (its notify(what, detail))",
+           what="cuda_device | nccl_to_gloo | ddp_device_ids | syncbn_ddp_check | sync_batchnorm | autocast_cuda | ...",
+           detail="JSON details"),
+        _k(
+            "script_start",
+            "the bootstrap is about to run the user's script",
+            script="absolute path",
+            args="sys.argv[1:] as the script sees it",
+            injected="arguments the probe added (legacy --local_rank)",
+        ),
+        _k(
+            "done",
+            "the process finished its work; later deaths are teardown, not failures",
+            reason="'script returned' | 'sys.exit(0)' | 'epochs observed' | 'steps observed' | 'spawned function returned'",
+            steps="optimizer steps taken",
+            epochs="training epochs observed",
+        ),
+        _k(
+            "exception",
+            "the script (or a spawned function) raised; recorded before it propagates",
+            type="exception class",
+            message="str(exception)",
+            traceback="formatted traceback text",
+            frames="[[file, line, function], ...] innermost last",
+            user_frame="innermost frame in user code: {file, line, function}",
+            exit_code="for SystemExit",
+            where="'script' | 'spawned function' | 'process'",
+        ),
+        _k("spawned_function", "a child of torch.multiprocessing.spawn starts the user's function", index="process index",
+           function="qualified name"),
+        _k("peers_wait", "a finished rank waited for its peers before leaving", world="world size", seconds="waited",
+           complete="all peers arrived"),
+        _k("exit", "the process is leaving with os._exit after flushing", code="exit status"),
+        _k("internal_error", "the recorder itself failed; the user's run went on", where="recorder/patch",
+           error="exception text", traceback="text"),
+        # --- process group (probe/recorders/process_group.py)
+        _k(
+            "pg_init",
+            "init_process_group returned or raised",
+            site="{file, line} of the call in user code",
+            backend_requested="backend argument as the script passed it",
+            init_method="init_method argument",
+            rank_arg="rank argument (null when not passed)",
+            world_size_arg="world_size argument (null when not passed)",
+            env_rank="RANK from the launcher",
+            env_world_size="WORLD_SIZE from the launcher",
+            overridden="{argument: [given, used]} where the probe used the launcher's values",
+            ok="returned normally",
+            backend="backend in use (the rank in use is the event's `rank`)",
+            world_size="world size in use",
+            seconds="time spent in init_process_group",
+            error="exception text when it raised",
+        ),
+        _k("pg_init_begin", "init_process_group is about to rendezvous (fields as pg_init)", site="call site",
+           rank_arg="rank argument", world_size_arg="world_size argument", backend_requested="backend argument",
+           init_method="init_method argument", env_rank="RANK from the launcher", env_world_size="WORLD_SIZE",
+           overridden="{argument: [given, used]}"),
+        _k(
+            "collective",
+            "a torch.distributed collective called from Python (first calls per site only)",
+            op="all_reduce | broadcast | barrier | all_gather | ...",
+            site="call site",
+            call="per-process collective counter",
+            numel="elements of the first tensor argument",
+            dtype="its dtype",
+        ),
+        _k("collectives_summary", "per call site counts of collectives at the end", sites="[{op, site, count}]"),
+        # --- DDP (probe/recorders/ddp.py, forward.py, sync_bn.py)
+        _k(
+            "ddp_init",
+            "DistributedDataParallel constructor returned or raised",
+            ddp="probe id of the DDP object",
+            site="call site",
+            module_class="class of the wrapped module",
+            params="parameters of the wrapped module",
+            numel="their elements",
+            norm_layers="{class name: count} of normalisation layers inside",
+            broadcast_buffers="argument",
+            device_ids="argument (as text)",
+            output_device="argument (as text)",
+            find_unused_parameters="argument",
+            static_graph="argument",
+            mixed_precision="a mixed_precision config was passed",
+            world_size="size of its process group",
+            ok="constructed",
+            error="exception text when it raised",
+        ),
+        _k(
+            "forward_bypass",
+            "a training-mode forward (grad enabled) of a module owned by a DDP ran outside DDP's forward; "
+            "first occurrence per (ddp, module, site)",
+            ddp="probe id",
+            module_class="class",
+            module_path="qualified name inside the DDP module ('' = the wrapped module itself)",
+            site="call site",
+            step="optimizer steps taken before it",
+        ),
+        _k(
+            "sync_bn_convert",
+            "SyncBatchNorm.convert_sync_batchnorm returned",
+            site="call site",
+            arg_class="class of the argument",
+            arg_is_ddp="the argument was a DistributedDataParallel",
+            owned_by_ddp="probe id of a DDP that already owned the argument's parameters, or null",
+            converted="BatchNorm layers converted",
+            syncbn_layers="SyncBatchNorm layers in the result",
+        ),
+        _k("syncbn_registered_in_ddp", "a SyncBatchNorm was registered under a module already wrapped by DDP",
+           ddp="probe id", name="child name", parent_class="class of the parent module", site="call site"),
+        _k(
+            "model_check",
+            "what each DDP model looks like at the first optimizer step (what DD101 needs)",
+            ddp="probe id",
+            step="global step",
+            norm_layers="{class name: count} at this time",
+            syncbn_layers="SyncBatchNorm layers",
+            ddp_param_coverage="fraction of the module's current parameters that DDP registered for reduction",
+            optimizer_param_coverage="fraction of the module's parameters held by some optimizer",
+            syncbn_params_in_optimizer="fraction of SyncBN parameters held by some optimizer",
+            syncbn_params_in_ddp="fraction of SyncBN parameters registered with DDP",
+            mixed_precision="DDP mixed_precision in use",
+        ),
+        # --- optimizer (probe/recorders/optimizer.py)
+        _k(
+            "optimizer_init",
+            "a torch.optim.Optimizer was constructed",
+            opt="probe id",
+            cls="class name",
+            module="module defining the class",
+            site="call site",
+            groups="[{lr, params, numel, weight_decay, momentum, betas}]",
+            params_in_ddp="fraction of its parameters owned by a DDP module",
+        ),
+        _k(
+            "optimizer_step",
+            "an optimizer step finished (global post-step hook)",
+            opt="probe id",
+            step="global step counter of this process (1-based)",
+            opt_step="steps of this optimizer",
+            lrs="lr of each param group at this step",
+            ddp_forwards="training forwards through DDP since the previous step",
+            bypass_forwards="training forwards bypassing DDP since the previous step",
+            train_batches="batches drawn from training-mode loaders since the previous step",
+            epoch="training loader iterations started so far (0-based epoch of this step)",
+        ),
+        # --- parameters (probe/recorders/params.py)
+        _k(
+            "params",
+            "digest of the model parameters after an optimizer step",
+            step="global step",
+            digest="blake2b of the parameter bytes (or of a strided sample, see sampled)",
+            numel="elements covered",
+            sampled="digest covers a strided sample",
+            values="a fixed sample of parameter values (same positions on every rank)",
+            source="'ddp' (the DDP module) or 'optimizer'",
+            tensors="parameter tensors covered",
+        ),
+        _k("params_final", "the parameters after the last optimizer step (capped), written at the end",
+           step="global step it was taken after", digest="digest", numel="elements", sampled="digest is sampled",
+           vector="blob ref (float32): every vector_stride-th value of the concatenated parameters",
+           vector_stride="stride of the vector", source="'ddp' or 'optimizer'",
+           buffers="{layer name: digest} of the normalisation layers' running stats"),
+        # --- data (probe/recorders/data.py)
+        _k(
+            "sampler_created",
+            "a sampler was constructed",
+            sampler="probe id",
+            cls="class name",
+            sampler_kind="distributed | random | sequential | other",
+            site="call site",
+            len="dataset length",
+            num_replicas="DistributedSampler",
+            sampler_rank="DistributedSampler's rank argument",
+            shuffle="DistributedSampler",
+            seed="DistributedSampler",
+            drop_last="DistributedSampler",
+            replacement="RandomSampler",
+            num_samples="RandomSampler / DistributedSampler",
+            generator="a generator was passed",
+        ),
+        _k("set_epoch", "DistributedSampler.set_epoch was called", sampler="probe id", epoch="value", site="call site"),
+        _k(
+            "sampler_iter",
+            "a DistributedSampler produced its order for an epoch",
+            sampler="probe id",
+            iteration="iteration counter of this sampler (0-based)",
+            epoch="sampler.epoch at iteration",
+            count="indices in the order",
+            digest="blake2b of the whole order (int64)",
+            head="first indices",
+            order="blob ref (int64): the whole order, or a consistent sample (see sample_mod)",
+            sample_mod="null = whole order; K = only indices i with hash(i) % K == 0, in order",
+            num_replicas="at iteration",
+            sampler_rank="the sampler's rank at iteration",
+            shuffle="at iteration",
+            seed="at iteration",
+            dataset_len="len(dataset)",
+        ),
+        _k(
+            "loader_created",
+            "a DataLoader was constructed",
+            loader="probe id",
+            site="call site",
+            batch_size="batch_size",
+            drop_last="drop_last",
+            num_workers="num_workers",
+            sampler="probe id of its sampler",
+            sampler_cls="class of its sampler",
+            sampler_kind="distributed | random | sequential | other",
+            dataset_cls="dataset class",
+            dataset_len="len(dataset) or null",
+        ),
+        _k(
+            "loader_iter",
+            "iter(DataLoader): an epoch (or an evaluation pass) begins",
+            loader="probe id",
+            it="probe id of this iteration",
+            loader_seq="iterations of this loader before this one",
+            site="call site of the loop",
+            site_seq="iterations started at this site",
+            dataset_cls="dataset class",
+            dataset_len="len(dataset) or null",
+            batch_size="loader.batch_size",
+            drop_last="loader.drop_last",
+            num_workers="loader.num_workers",
+            sampler="probe id of loader.sampler",
+            sampler_cls="class of loader.sampler",
+            batch_sampler_cls="class of loader.batch_sampler or null",
+            grad_enabled="torch.is_grad_enabled() at iter()",
+            sampler_kind="distributed | random | sequential | other",
+            created_site="where the DataLoader was constructed",
+        ),
+        _k(
+            "loader_iter_end",
+            "a loader iteration ended",
+            loader="probe id",
+            it="iteration id",
+            batches="batches yielded",
+            sizes="run-length encoded batch sizes [[size, repeat], ...]",
+            steps="optimizer steps during the iteration",
+            training="optimizer steps happened during it",
+            grad_batches="batches drawn with grad enabled",
+            reason="'cut' (probe's step limit) | 'exhausted' | 'abandoned' | 'open at end'",
+            indices="blob ref (int64) of the indices drawn from the index sampler, in order (capped)",
+            indices_count="indices drawn",
+        ),
+        _k(
+            "local_rank_arg",
+            "the script's argparse parser declares --local_rank / --local-rank",
+            option_strings="declared spellings",
+            default="default value",
+            required="required=True",
+            value="value after parsing",
+            injected="the probe passed it (legacy launcher behaviour)",
+            dest="argparse destination",
+            site="where add_argument declared it",
+            env_local_rank="LOCAL_RANK in this process's environment",
+        ),
+        # --- BatchNorm (probe/recorders/batchnorm.py; issue 4 "BatchNorm" area: DD201-DD207 and the BN table)
+        _k(
+            "bn_layer",
+            "a BatchNorm layer of this process, described once (before its first bn_step)",
+            layer="index of the layer in this process (what bn_step / bn_final refer to)",
+            name="qualified name in the user's model (path inside the DDP-wrapped module, else inside the "
+            "outermost module it was called through); the same on every rank",
+            cls="class name",
+            bn_kind="'plain' (per-rank BatchNorm) | 'sync' (SyncBatchNorm) | 'emulated_sync' (SyncBatchNorm run by "
+            "ddpdoctor's CPU emulation: exact global statistics over gloo)",
+            num_features="channels",
+            momentum="momentum (null = cumulative average)",
+            eps="eps",
+            affine="affine",
+            track_running_stats="track_running_stats",
+            placed="device the script put the layer on as on a GPU machine: 'cuda:N' | 'cpu'",
+            group_size="SyncBN: size of its process group (null until it first synchronised)",
+            group_ranks="SyncBN: global ranks of its process group",
+            would_raise="SyncBN that PyTorch itself would refuse: a process group exists and the script kept the "
+            "layer on the CPU",
+            site="user line that called the outermost module at the layer's first forward",
+            initial="blob ref (float64): running_mean then running_var before the first forward, or null",
+            initial_batches_tracked="num_batches_tracked before the first forward",
+        ),
+        _k(
+            "bn_step",
+            "BatchNorm forwards of one step: every training-mode forward since the previous optimizer step",
+            step="optimizer steps completed before these forwards (0 = before the first step)",
+            forwards="columns over the training-mode forwards, in call order: layer, grad (gradients enabled), "
+            "samples (input.shape[0]), count (values per channel = samples x spatial), synced (SyncBN "
+            "synchronised), channels",
+            moments="blob ref (float64): for each forward in order, the input's per-channel mean then biased "
+            "variance (channels values each)",
+            modes="{layer: mode string} of the forwards since the previous flush: 'T' training with grad, 't' "
+            "training without grad, 'E' eval mode (capped at 128 per layer)",
+            dropped="{layer: training forwards whose moments were not kept (over 64 per step)} for the whole run",
+        ),
+        _k(
+            "bn_train_no_grad",
+            "a BatchNorm layer ran in training mode with gradients disabled (no_grad / inference_mode); first "
+            "occurrence per call site",
+            site="user line that called the model",
+            step="optimizer steps completed",
+            inference_mode="inside torch.inference_mode",
+            direct="the model was called straight from user code (false: through a library helper such as "
+            "torch.optim.swa_utils.update_bn, which recalibrates BN on purpose)",
+            root_class="class of the module called",
+            bn_layers_in_train_mode="BatchNorm layers of that module in training mode",
+            syncbn_layers_in_train_mode="of which SyncBatchNorm",
+            tracks_running_stats="the layer updates running statistics",
+        ),
+        _k(
+            "bn_final",
+            "the running statistics every BatchNorm layer holds at the end of the run (or when recording stopped)",
+            step="optimizer steps completed",
+            reason="'end of run' | 'recording stopped'",
+            layers="[{layer, name, channels, batches_tracked, momentum, training, dropped, train_forwards, "
+            "no_grad_forwards, eval_forwards}] in bn_layer order; channels 0 = no running statistics",
+            stats="blob ref (float64): per layer with channels > 0, running_mean then running_var",
+            no_grad_sites="[{file, line, forwards}]: model forwards with BN in training mode and no grad, per site",
+        ),
+        # --- data, optimisation, checkpoints (probe/recorders/rng.py, dataset.py, optim_health.py, checkpoint.py;
+        #     issue 4 areas "Data", "Optimisation", "Checkpoints": DD303-DD306, DD402-DD406, DD501-DD503)
+        _k(
+            "rng_forward",
+            "generator states before one of the first training forwards through DDP (what dropout draws from)",
+            n="training DDP forwards recorded so far in this process (1-based; the same forward on every rank)",
+            step="optimizer steps completed before this forward",
+            epoch="training epoch (0-based)",
+            ddp="probe id of the DDP",
+            generators="{torch: {digest, next}, device: {digest} or null}: torch's default CPU generator (digest "
+            "of its state, next uniform draws computed on a copy) and the current CUDA device's generator",
+            advanced="{torch: bool, device: bool}: the forward drew from that generator",
+        ),
+        _k(
+            "rng_loader",
+            "global generator states at a training DataLoader iteration (iter() with grad enabled; first 8)",
+            loader="probe id",
+            iteration="iterations of this loader before this one (0-based)",
+            site="call site of the loop",
+            num_workers="loader.num_workers",
+            worker_base_seed="base seed the loader drew for its workers (worker k: base + k), null without workers",
+            loader_generator="the loader was given its own generator",
+            worker_init_fn="qualified name of worker_init_fn, or null",
+            generators="{torch, numpy (null when never imported), random}: each {digest, next}",
+        ),
+        _k(
+            "rng_seed",
+            "the script seeded a global generator (first 12 calls from user code)",
+            generator="torch (torch.manual_seed) | numpy (np.random.seed) | random (random.seed)",
+            seed="the seed (null for a time-based reseed)",
+            site="call site",
+            step="optimizer steps completed",
+        ),
+        _k(
+            "dataset_items",
+            "digests of the items at fixed indices, read through the dataset's own __getitem__ at the first "
+            "iteration of each map-style dataset, with the global generators seeded identically on every rank "
+            "and restored afterwards",
+            loader="probe id of the loader",
+            dataset="probe id of the dataset",
+            dataset_cls="class",
+            base_cls="class of the dataset under Subset wrappers (the same as dataset_cls without them)",
+            site="call site of the loop",
+            len="len(dataset)",
+            sampler_cls="class of the loader's index sampler",
+            sharded="the sampler splits indices across ranks (DistributedSampler or look-alike)",
+            subsets="[{len, digest, head}] of nested Subset index lists (random_split), outermost first",
+            indices="indices read: 0, 1, len//2, len-1",
+            items="[{index, digest, parts (digest per top-level element), tensors, opaque, first: {shape, dtype, "
+            "mean}}]",
+            deterministic="the first item read twice under the same seed gave the same digest (null: not tested)",
+            seed_dependent="the first item read under another seed differs (the dataset draws randomness)",
+            draws_from="global generators __getitem__ advanced: torch | numpy | random | device",
+            error="exception text when __getitem__ raised",
+            seconds="time spent reading",
+        ),
+        _k(
+            "loader_plan",
+            "what a DataLoader iteration will yield, as the loader reports it, at every iter() (first 64)",
+            loader="probe id",
+            iteration="iterations of this loader before this one (0-based)",
+            site="call site of the loop",
+            grad_enabled="torch.is_grad_enabled() at iter()",
+            iterable="IterableDataset",
+            batches="len(loader): batches this epoch (null when unknown)",
+            sampler_len="len(loader.sampler)",
+            dataset_len="len(dataset)",
+            batch_size="loader.batch_size (null with a batch_sampler)",
+            drop_last="loader.drop_last",
+            sampler_cls="class of the index sampler",
+            sharded="the sampler splits indices across ranks",
+        ),
+        _k(
+            "train_step",
+            "what an optimizer step was made of, recorded just before it (global step pre-hook)",
+            step="the step about to be taken (matches optimizer_step.step)",
+            opt="probe id of the optimizer",
+            backwards="backward passes since the previous step",
+            syncing_backwards="of which after a DDP training forward with gradient sync on (DDP all-reduced)",
+            max_syncs_per_ddp="the most all-reducing backward passes of any one DDP model in this step (two DDP "
+            "models, e.g. a GAN's, each reduce once)",
+            nosync_backwards="of which after a DDP forward under no_sync()",
+            plain_backwards="of which with no DDP forward before them",
+            losses="[[value, float.hex(value)], ...] of the scalar tensors backward() was called on (first 8)",
+            loss_numel="element counts of the tensors backward() was called on",
+            backward_site="user line of the last backward call",
+            loss_module="{cls, input_shape, reduction} of the first nn loss module called since the previous step, or null",
+            grads="{params, none, zero, nonfinite, norm, max_abs, numel} of the optimizer's parameters' gradients",
+            zero_grads="names of parameters whose gradient is exactly zero (first 8)",
+            hand_reduced="null, or {params, numel, ops, sites, after_ddp, ratio_median, ratio_min, ratio_max}: "
+            "gradients of DDP parameters passed to a collective by user code since the previous step; ratio = "
+            "norm the optimizer uses / norm before the first hand collective (DDP's result)",
+            lrs="lr of each param group",
+            initial_lrs="initial_lr of each param group (set by an lr scheduler: its target lr), or null",
+        ),
+        _k(
+            "grad_collective",
+            "user code passed the .grad of a parameter DDP reduces to a collective (first 20 per process)",
+            op="all_reduce | reduce | all_gather | all_gather_into_tensor",
+            site="call site",
+            param="parameter name",
+            numel="elements",
+            step="the optimizer step this belongs to",
+            after_ddp="DDP had already all-reduced gradients in this step",
+            syncing_backwards="all-reducing backward passes so far in this step",
+            norm_before="gradient norm before the call",
+            norm_after="gradient norm after the call (synchronous reductions), or null",
+            async_op="async_op=True",
+        ),
+        _k(
+            "nonfinite",
+            "a NaN or Inf appeared (first 3 per kind of tensor)",
+            tensor="loss | grad | param | running_var | running_mean",
+            step="optimizer step it belongs to (loss, grad: the step being prepared; the others: the step taken)",
+            names="names of the affected tensors (first 8)",
+            count="affected tensors",
+            total="tensors checked",
+            value="the loss value (loss only)",
+            site="user line (loss: the backward or loss-module call)",
+        ),
+        _k(
+            "checkpoint_save",
+            "torch.save was called (the file is written where the script says)",
+            site="call site",
+            path="path as the script gave it, or the file object's name, or null",
+            abspath="absolute path, or null for an anonymous buffer",
+            target="type of the save target (str, PosixPath, BufferedWriter, BytesIO...)",
+            existed="the file existed before this save (the run overwrote it)",
+            size_before="its size before, bytes",
+            bytes="size after the save",
+            object="type of the saved object",
+            top_keys="first keys of a saved dict",
+            state_dicts="[{key ('' = the object itself), keys, module_prefixed, first_keys}] of the state dicts in "
+            "the object (itself or one level down)",
+            local_rank="LOCAL_RANK",
+            node="GROUP_RANK (node index) from the launcher",
+            t_start="start time",
+            seconds="duration",
+            error="exception text when the save raised",
+            step="optimizer steps completed",
+        ),
+        _k(
+            "state_dict_load",
+            "Module.load_state_dict was called (outermost call)",
+            site="call site",
+            module_class="class of the module loaded into",
+            is_ddp="the module is a DistributedDataParallel",
+            strict="strict argument",
+            given_keys="keys in the state dict passed",
+            model_keys="keys of the module's own state dict",
+            missing="missing keys reported (module keys not loaded)",
+            unexpected="unexpected keys reported (checkpoint keys ignored)",
+            missing_keys="first missing key names",
+            unexpected_keys="first unexpected key names",
+            given_prefixed="given keys starting with 'module.'",
+            model_prefixed="module keys starting with 'module.'",
+            matched="module keys present in the given state dict as they are (0 = nothing was loaded)",
+            match_without_prefix="module keys matched once 'module.' is stripped from the given keys",
+            match_with_prefix="module keys matched once 'module.' is added to the given keys",
+            error="exception text when it raised (strict=True mismatch)",
+            step="optimizer steps completed",
+        ),
+    )
+}
+
+BASE_FIELDS = ("kind", "t", "pid", "seq", "rank")
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Where a binary array lives: `{"file", "offset", "nbytes", "codec", "dtype", "count"}` in an event."""
+
+    file: str
+    offset: int
+    nbytes: int
+    codec: str
+    dtype: str
+    count: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "BlobRef":
+        return cls(
+            file=str(data["file"]),
+            offset=int(data["offset"]),
+            nbytes=int(data["nbytes"]),
+            codec=str(data.get("codec", "raw")),
+            dtype=str(data["dtype"]),
+            count=int(data["count"]),
+        )
+
+
+@dataclass
+class ProcessLog:
+    """One process's event log, in order."""
+
+    name: str  # file stem: <host>-p<pid>
+    pid: int
+    host: str
+    events: list[dict[str, Any]]
+    stack_text: str | None = None
+    bad_lines: int = 0
+
+    _index: dict[str, list[dict[str, Any]]] | None = field(default=None, repr=False, compare=False)
+
+    def of(self, *kinds: str) -> list[dict[str, Any]]:
+        """Events of these kinds, in order (indexed once: analyses ask often)."""
+        if self._index is None:
+            index: dict[str, list[dict[str, Any]]] = {}
+            for e in self.events:
+                index.setdefault(str(e.get("kind")), []).append(e)
+            self._index = index
+        if len(kinds) == 1:
+            return list(self._index.get(kinds[0], ()))
+        return [e for e in self.events if e.get("kind") in kinds]
+
+    def first(self, kind: str) -> dict[str, Any] | None:
+        found = self.of(kind)
+        return found[0] if found else None
+
+    def last(self, kind: str | None = None) -> dict[str, Any] | None:
+        if kind is None:
+            return self.events[-1] if self.events else None
+        found = self.of(kind)
+        return found[-1] if found else None
+
+    @property
+    def start(self) -> dict[str, Any]:
+        return self.first("process_start") or {}
+
+    @property
+    def role(self) -> str:
+        return str(self.start.get("role") or "unknown")
+
+    @property
+    def rank(self) -> int | None:
+        """The rank this process ended up with: init_process_group's answer first, else the launcher's RANK."""
+        for e in self.of("pg_init"):
+            if e.get("ok") and e.get("rank") is not None:
+                return int(e["rank"])
+        for e in self.events:
+            if e.get("rank") is not None:
+                return int(e["rank"])
+        return None
+
+    @property
+    def done(self) -> dict[str, Any] | None:
+        return self.first("done")
+
+    @property
+    def is_rank_process(self) -> bool:
+        """A process that trains as a rank: launched as one, or joined a process group."""
+        return self.role in ("rank", "attached") or bool(self.of("pg_init") or self.of("pg_init_begin"))
+
+
+@dataclass
+class RunData:
+    """Everything in a run directory, read once."""
+
+    path: Path
+    meta: dict[str, Any]
+    launcher: dict[str, Any] | None
+    processes: list[ProcessLog]
+    static: list[dict[str, Any]] | None = None
+    _blob_cache: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def rank_processes(self) -> dict[int, ProcessLog]:
+        """rank → the process that trained as that rank. If two processes claim a rank (a hard-coded rank under a
+        self-spawning script), the first to start keeps it; the others are in `duplicate_rank_processes`."""
+        out: dict[int, ProcessLog] = {}
+        for p in sorted(self.processes, key=lambda p: p.events[0]["t"] if p.events else 0.0):
+            if not p.is_rank_process:
+                continue
+            r = p.rank
+            if r is not None and r not in out:
+                out[r] = p
+        return dict(sorted(out.items()))
+
+    @property
+    def duplicate_rank_processes(self) -> list[ProcessLog]:
+        primary = {id(p) for p in self.rank_processes.values()}
+        return [p for p in self.processes if p.is_rank_process and id(p) not in primary]
+
+    @property
+    def main_process(self) -> ProcessLog | None:
+        """The single process of a self-spawning script (mode 'spawn')."""
+        return next((p for p in self.processes if p.role == "main"), None)
+
+    def events(self, kind: str) -> Iterator[tuple[ProcessLog, dict[str, Any]]]:
+        for p in self.processes:
+            for e in p.events:
+                if e.get("kind") == kind:
+                    yield p, e
+
+    def blob_bytes(self, ref: BlobRef | dict[str, Any]) -> bytes:
+        if isinstance(ref, dict):
+            ref = BlobRef.from_json(ref)
+        name = Path(ref.file).name
+        if name not in self._blob_cache:
+            self._blob_cache[name] = (self.path / EVENTS_DIR / name).read_bytes()
+        raw = self._blob_cache[name][ref.offset : ref.offset + ref.nbytes]
+        if len(raw) != ref.nbytes:
+            raise ValueError(f"blob {name}@{ref.offset} is truncated")
+        return zlib.decompress(raw) if ref.codec == "zlib" else raw
+
+    def load_array(self, ref: BlobRef | dict[str, Any]):
+        """A blob as a numpy array of its dtype."""
+        import numpy as np
+
+        if isinstance(ref, dict):
+            ref = BlobRef.from_json(ref)
+        arr = np.frombuffer(self.blob_bytes(ref), dtype=np.dtype(ref.dtype))
+        return arr[: ref.count]
+
+    def output_tail(self, rank: int | None, stream: str = "stderr", lines: int = 20) -> list[str]:
+        """Last lines of a rank's stdout/stderr as captured by the launcher ([] when not captured)."""
+        path = self.output_file(rank, stream)
+        if path is None:
+            return []
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return text.splitlines()[-lines:]
+
+    def output_file(self, rank: int | None, stream: str = "stderr") -> Path | None:
+        logs = self.path / LOGS_DIR
+        name = f"rank{rank}.{stream}" if rank is not None else f"main.{stream}"
+        candidate = logs / name
+        if candidate.is_file():
+            return candidate
+        if rank is not None and (logs / f"main.{stream}").is_file():
+            return logs / f"main.{stream}"
+        return None
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    events: list[dict[str, Any]] = []
+    bad = 0
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                bad += 1  # a line cut short by a kill
+                continue
+            if isinstance(ev, dict) and "kind" in ev:
+                events.append(ev)
+            else:
+                bad += 1
+    return events, bad
+
+
+_LOG_NAME = re.compile(r"^(?P<host>.*)-p(?P<pid>\d+)$")
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / META_FILE).is_file() or (path / EVENTS_DIR).is_dir()
+
+
+def read_run(path: Path) -> RunData:
+    """Read a run directory. Raises ValueError (one line) when `path` is not one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path}: not a directory")
+    if not is_run_dir(path):
+        raise ValueError(f"{path}: not a ddpdoctor run directory (no {META_FILE} or {EVENTS_DIR}/)")
+    meta: dict[str, Any] = {}
+    if (path / META_FILE).is_file():
+        try:
+            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path / META_FILE}: unreadable: {exc}") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{path / META_FILE}: not a JSON object")
+    schema = meta.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise ValueError(f"{path}: run recorded with schema {schema!r}; this ddpdoctor reads {SCHEMA!r}")
+    launcher = None
+    if (path / LAUNCHER_FILE).is_file():
+        try:
+            launcher = json.loads((path / LAUNCHER_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path / LAUNCHER_FILE}: unreadable: {exc}") from None
+    static = None
+    if (path / STATIC_FILE).is_file():
+        try:
+            static = json.loads((path / STATIC_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path / STATIC_FILE}: unreadable: {exc}") from None
+    processes: list[ProcessLog] = []
+    events_dir = path / EVENTS_DIR
+    if events_dir.is_dir():
+        for log in sorted(events_dir.glob("*.jsonl")):
+            m = _LOG_NAME.match(log.stem)
+            events, bad = _read_jsonl(log)
+            if not events:
+                continue
+            pid = int(m.group("pid")) if m else int(events[0].get("pid", 0))
+            host = m.group("host") if m else ""
+            stack_file = log.with_suffix(".stack")
+            stack_text = None
+            if stack_file.is_file():
+                stack_text = stack_file.read_text(encoding="utf-8", errors="replace") or None
+            processes.append(ProcessLog(log.stem, pid, host, events, stack_text, bad))
+    processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
+    return RunData(path=path, meta=meta, launcher=launcher, processes=processes, static=static)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# faulthandler stack dumps
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+def parse_stack_dump(text: str) -> list[list[dict[str, Any]]]:
+    """Every dump in a faulthandler stack file → list of dumps; each dump is a list of threads
+    `{"thread": "0x..", "current": bool, "frames": [{"file","line","function"}, ...] innermost first}`."""
+    dumps: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] | None = None
+    thread: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            if current is None or (thread is not None and any(t["thread"] == m.group(2) for t in current)):
+                current = []
+                dumps.append(current)
+            thread = {"thread": m.group(2).lower(), "current": m.group(1).lower().startswith("current"), "frames": []}
+            current.append(thread)
+            continue
+        f = _FRAME.match(line)
+        if f and thread is not None:
+            thread["frames"].append({"file": f.group("file"), "line": int(f.group("line")), "function": f.group("func")})
+    return dumps
+
+
+def rle_expand(pairs: list[list[int]] | None) -> list[int]:
+    """[[size, repeat], ...] → [size, size, ...]."""
+    out: list[int] = []
+    for pair in pairs or ():
+        size, n = int(pair[0]), int(pair[1])
+        out.extend([size] * n)
+    return out
+
+
+def file_name_for(host: str, pid: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
+    return f"{safe}-p{pid}"
+
+
+def default_host() -> str:
+    try:
+        return os.uname().nodename
+    except AttributeError:  # pragma: no cover - non-POSIX
+        import socket
+
+        return socket.gethostname()

@@ -1,0 +1,129 @@
+"""Attach mode: `python -m ddpdoctor.probe --out DIR SCRIPT [ARGS...]` under any launcher.
+
+    torchrun --nproc_per_node 8 -m ddpdoctor.probe --out run train.py --epochs 90
+    srun python -m ddpdoctor.probe --out run/$SLURM_NODEID train.py ...
+    ddpdoctor report run
+
+Each process runs the script instrumented (real devices, the launcher's own env contract, no CUDA emulation) and
+writes its events into DIR (one directory per node, or a shared one: file names carry host and pid). Without
+--no-limit the run ends itself after --epochs × --steps, as `ddpdoctor check` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ddpdoctor.events import EVENTS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host
+from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
+from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ddpdoctor.probe",
+        description="Run a training script instrumented under your own launcher; analyse with `ddpdoctor report DIR`.",
+    )
+    p.add_argument("--out", required=True, type=Path, help="run directory (created; one per node or shared)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs observed before the run ends itself (default 2)")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps kept per epoch (default 4)")
+    p.add_argument("--no-limit", action="store_true", help="observe the whole run; never cut epochs or end it early")
+    p.add_argument("--timeout", type=float, default=600.0, help="how long a finished rank waits for its peers")
+    p.add_argument("--stall-timeout", type=float, default=300.0,
+                   help="dump every thread's stack when no optimizer step happened for this long (0 = off)")
+    # torch.distributed.launch puts --local-rank=N right after the module; pass it on to the script
+    p.add_argument(*LOCAL_RANK_OPTIONS, dest="local_rank", default=None, help=argparse.SUPPRESS)
+    p.add_argument("script", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    return p
+
+
+def _write_once(path: Path, data: object) -> None:
+    """First process of the run writes it; the others find it there."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, default=str)
+
+
+def _static_findings(script: Path) -> list[dict] | None:
+    try:
+        from ddpdoctor.static import analyze_file
+    except ImportError:
+        return None
+    try:
+        return [{**f.to_json(), "magnitude": f.magnitude} for f in analyze_file(script)]
+    except Exception:
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = _parser().parse_args(argv)
+    script = Path(ns.script)
+    if not script.is_file():
+        sys.stderr.write(f"ddpdoctor.probe: {script}: no such file\n")
+        raise SystemExit(2)
+    out = ns.out.resolve()
+    (out / EVENTS_DIR).mkdir(parents=True, exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    plan = plan_for_file(script)
+    limited = not ns.no_limit
+    _write_once(
+        out / META_FILE,
+        {
+            "schema": SCHEMA,
+            "mode": "attach",
+            "script": str(script),
+            "script_abs": str(script.resolve()),
+            "args": list(ns.args),
+            "cwd": os.getcwd(),
+            "nproc": world,
+            "epochs": ns.epochs if limited else 0,
+            "steps": ns.steps if limited else 0,
+            "timeout": ns.timeout,
+            "device": "auto",
+            "base_lr": None,
+            "base_batch": None,
+            "lr_scaling": "auto",
+            "small_bn_batch": 16,
+            "legacy_local_rank_arg": None,
+            "plan": plan.to_json(),
+            "python": sys.version.split()[0],
+            "host": default_host(),
+            "started": time.time(),
+        },
+    )
+    if os.environ.get("RANK", "0") == "0" and not (out / STATIC_FILE).exists():
+        static = _static_findings(script)
+        if static is not None:
+            _write_once(out / STATIC_FILE, static)
+    args = list(ns.args)
+    if ns.local_rank is not None:
+        spelling = plan.local_rank_option or "--local-rank"
+        args = [f"{spelling}={ns.local_rank}", *args]
+    settings = ProbeSettings(
+        run_dir=str(out),
+        run_tag=os.environ.get("TORCHELASTIC_RUN_ID", "attach"),
+        mode="attach",
+        epochs=ns.epochs if limited else 0,
+        steps=ns.steps if limited else 0,
+        device="auto",
+        nproc=world,
+        timeout=ns.timeout,
+        script=str(script),
+        stall_timeout=ns.stall_timeout,
+    )
+    os.environ[RUN_DIR_ENV] = str(out)
+    from ddpdoctor.probe.bootstrap import run_script
+
+    run_script(settings, str(script), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""`python -m ddpdoctor.probe.agent TORCHRUN_ARGS...`: torch.distributed.run's own launcher (elastic agent), plus
+a record of how it ended (per-rank exit codes and signals) in the run directory's agent.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.probe.procs import die_with_parent
+from ddpdoctor.probe.settings import RUN_DIR_ENV
+
+AGENT_FILE = "agent.json"
+
+
+def _failures(exc: Any) -> list[dict[str, Any]]:
+    out = []
+    for rank, f in sorted(getattr(exc, "failures", {}).items()):
+        try:
+            signal_name = f.signal_name()
+        except Exception:
+            signal_name = None
+        out.append(
+            {
+                "rank": int(rank),
+                "local_rank": getattr(f, "local_rank", None),
+                "pid": getattr(f, "pid", None),
+                "exitcode": getattr(f, "exitcode", None),
+                "signal": signal_name if signal_name and signal_name != "<N/A>" else None,
+                "timestamp": getattr(f, "timestamp", None),
+                "message": str(getattr(f, "message", "") or "")[:2000],
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent()
+    run_dir = Path(os.environ.get(RUN_DIR_ENV, "."))
+    started = time.time()
+    outcome: dict[str, Any] = {"ok": False, "started": started}
+    code = 1
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun_main
+
+        try:
+            torchrun_main(argv)
+            outcome["ok"] = True
+            code = 0
+        except ChildFailedError as exc:
+            outcome["failures"] = _failures(exc)
+    except SystemExit as exc:
+        outcome["error"] = f"torch.distributed.run exited with {exc.code}"
+    except BaseException as exc:  # the agent's own failure (rendezvous, port in use): recorded for the report
+        outcome["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+    outcome["ended"] = time.time()
+    tmp = run_dir / (AGENT_FILE + ".tmp")
+    try:
+        tmp.write_text(json.dumps(outcome), encoding="utf-8")
+        os.replace(tmp, run_dir / AGENT_FILE)
+    except OSError:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

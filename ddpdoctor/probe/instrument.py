@@ -1,0 +1,91 @@
+"""Instrumenting a process: the early recorders now, the CUDA emulation and the torch recorders as soon as the
+script has imported torch. Used by the bootstrap (ranks, main process) and by sitecustomize (spawned children)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ddpdoctor.probe import session
+from ddpdoctor.probe.importhook import when_imported
+from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
+from ddpdoctor.probe.settings import ProbeSettings
+
+
+def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
+    probe = session.start(settings, role)
+    install_recorders(probe, EARLY_RECORDERS)
+    when_imported("torch", lambda: _torch_imported(probe))
+    return probe
+
+
+def resolve_device(settings: ProbeSettings) -> str:
+    """cuda when asked for, or (auto) when this node has a GPU for every local rank; cpu otherwise."""
+    import torch
+
+    if settings.device == "cuda" or settings.mode == "attach":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if settings.device == "cpu":
+        return "cpu"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", settings.nproc) or settings.nproc)
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= local else "cpu"
+
+
+def _notify(probe: session.Probe):
+    def notify(what: Any = None, detail: Any = None, *args: Any, **kwargs: Any) -> None:
+        probe.emit("emulation", what=str(what), detail=detail if isinstance(detail, dict) else {"value": detail})
+
+    return notify
+
+
+def _torch_imported(probe: session.Probe) -> None:
+    try:
+        _install_torch_side(probe)
+    except Exception as exc:  # never break the script's `import torch`
+        probe.internal_error("torch instrumentation", exc)
+
+
+def _install_torch_side(probe: session.Probe) -> None:
+    import torch
+
+    import time
+
+    t0 = time.perf_counter()
+    settings = probe.settings
+    snapshot_signatures(probe)
+    device = resolve_device(settings)
+    emulate = device == "cpu" and settings.mode != "attach"
+    emulated = False
+    error = None
+    if emulate:
+        try:
+            from ddpdoctor.probe import emulation  # written separately; optional until it lands
+        except ImportError as exc:
+            error = f"CUDA emulation unavailable: {exc}"
+        else:
+            try:
+                if not emulation.emulation_active():
+                    undo = emulation.install_cuda_emulation(settings.nproc, notify=_notify(probe))
+                    if callable(undo):
+                        probe.patcher.add_undo(undo)
+                emulated = bool(emulation.emulation_active())
+            except Exception as exc:
+                error = f"CUDA emulation failed: {type(exc).__name__}: {exc}"
+                probe.internal_error("emulation", exc)
+    installed = install_recorders(probe, TORCH_RECORDERS)
+    try:
+        available, count = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
+    except Exception:
+        available, count = False, 0
+    probe.emit(
+        "torch_ready",
+        torch=torch.__version__,
+        device=device,
+        cuda_emulated=emulated,
+        emulation_error=error,
+        recorders=probe.recorders,
+        installed_now=installed,
+        cuda_available=available,
+        device_count=count,
+        install_seconds=round(time.perf_counter() - t0, 4),
+    )

@@ -1,0 +1,386 @@
+"""Launch the probe: the user's unmodified script on N ranks through torch.distributed.run (or once, for a script
+that spawns its own ranks), instrumented, into a run directory — within a timeout, leaving no process behind.
+
+    ddpdoctor process ──► python -m ddpdoctor.probe.agent  (torch.distributed.run's elastic agent, own session)
+                              └─► N × python -m ddpdoctor.probe.bootstrap SCRIPT ARGS   (RANK, LOCAL_RANK, ...)
+    or, for a self-spawning script:
+    ddpdoctor process ──► python -m ddpdoctor.probe.bootstrap SCRIPT ARGS ──► its mp.spawn children
+                                                                              (instrumented by sitecustomize)
+
+Decisions:
+- `-m ddpdoctor.probe.bootstrap` under torchrun (not --no-python, not --run-path): a fresh interpreter per rank,
+  the real env contract, runpy semantics inside; rendezvous on 127.0.0.1 with a free port chosen here
+  (`--master_port 0` hangs), `--max_restarts 0`.
+- The user's output never reaches our stdout (it would garble the report, JSON included): elastic redirects each
+  rank's stdout/stderr into RUN/logs/rank<r>.{stdout,stderr}; the report shows tails in DD902/DD901 evidence.
+- Timeout: every instrumented process dumps its Python stacks (faulthandler on SIGUSR2) into the run directory,
+  then the whole run is SIGKILLed. Every process carries DDPDOCTOR_RUN_TAG, so nothing escapes the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.errors import UsageError
+from ddpdoctor.events import EVENTS_DIR, LAUNCHER_FILE, LOGS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host, is_run_dir
+from ddpdoctor.findings import Finding
+from ddpdoctor.probe.agent import AGENT_FILE
+from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
+from ddpdoctor.probe.procs import kill_run, signal_processes
+from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
+from ddpdoctor.probe.site import site_dir
+
+STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+_OURS = (EVENTS_DIR, LOGS_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeOutcome:
+    run_dir: Path
+    mode: str
+    returncode: int | None
+    timed_out: bool
+    wall_seconds: float
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """An empty or new directory, or an earlier run directory (its probe files are replaced)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not is_run_dir(run_dir):
+            raise UsageError(f"{run_dir}: exists and is not a ddpdoctor run directory (use a new or empty one)")
+        for name in _OURS:
+            p = run_dir / name
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists():
+                p.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / EVENTS_DIR).mkdir(exist_ok=True)
+    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "mode": mode,
+        "script": str(cfg.script),
+        "script_abs": str(Path(cfg.script).resolve()),
+        "args": list(cfg.script_args),
+        "cwd": os.getcwd(),
+        "nproc": cfg.nproc,
+        "epochs": cfg.epochs,
+        "steps": cfg.steps,
+        "timeout": cfg.timeout,
+        "device": cfg.device,
+        "base_lr": cfg.base_lr,
+        "base_batch": cfg.base_batch,
+        "lr_scaling": cfg.lr_scaling,
+        "small_bn_batch": cfg.small_bn_batch,
+        "legacy_local_rank_arg": plan.local_rank_option,
+        "plan": plan.to_json(),
+        "python": sys.version.split()[0],
+        "host": default_host(),
+        "started": time.time(),
+    }
+
+
+def _require_cuda() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True, text=True, timeout=120,
+    )
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit() or int(probe.stdout.strip()) == 0:
+        raise UsageError("--device cuda: no CUDA device is visible (use --device cpu to emulate CUDA on CPU)")
+
+
+def _command(plan: LaunchPlan, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
+    script_args = [str(cfg.script), *cfg.script_args]
+    if plan.spawns_own_ranks:
+        return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
+    return [
+        sys.executable, "-m", "ddpdoctor.probe.agent",
+        "--nnodes", "1",
+        "--nproc-per-node", str(cfg.nproc),
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(port),
+        "--max-restarts", "0",
+        "--monitor-interval", "0.05",
+        "--shutdown-timeout", "3",
+        "--log-dir", str(run_dir / LOGS_DIR / "elastic"),
+        "--redirects", "3",
+        "-m", "ddpdoctor.probe.bootstrap",
+        *script_args,
+    ]
+
+
+def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("DDPDOCTOR_")]:
+        del env[key]
+    # a launcher contract inherited from an outer job must not leak into ours
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    env.update(settings.to_env())
+    env[RUN_TAG_ENV] = settings.run_tag
+    env["MASTER_ADDR"] = "127.0.0.1"
+    env["MASTER_PORT"] = str(port)
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([site_dir(), *entries])
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfaulting rank leaves its Python stack in its stderr
+    return env
+
+
+def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
+    """(pid, stack file) of every instrumented process that can dump its stacks."""
+    out = []
+    for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
+        try:
+            with log.open("r", encoding="utf-8") as fh:
+                first = json.loads(fh.readline() or "{}")
+        except (OSError, ValueError):
+            continue
+        if first.get("kind") == "process_start" and first.get("stack_signal") and first.get("stack_file"):
+            out.append((int(first["pid"]), first["stack_file"]))
+    return out
+
+
+def dump_stacks(run_dir: Path, tag: str, wait: float = 2.0) -> list[int]:
+    """Ask every live instrumented process for its Python stacks; wait until the dumps are written."""
+    if STACK_SIGNAL is None:
+        return []
+    procs = _started_processes(run_dir)
+    sent = signal_processes([pid for pid, _ in procs], int(STACK_SIGNAL), tag)
+    files = [run_dir / EVENTS_DIR / f for pid, f in procs if pid in sent]
+    end = time.monotonic() + wait
+    sizes: dict[Path, int] = {}
+    while time.monotonic() < end:
+        now = {f: (f.stat().st_size if f.exists() else 0) for f in files}
+        if all(v > 0 for v in now.values()) and now == sizes:
+            break
+        sizes = now
+        time.sleep(0.1)
+    return sent
+
+
+def _collect_logs(run_dir: Path) -> None:
+    """Elastic writes logs/elastic/<run id>/attempt_0/<local rank>/{stdout,stderr}.log; keep them as
+    logs/rank<r>.{stdout,stderr} (one node: global rank = local rank)."""
+    base = run_dir / LOGS_DIR / "elastic"
+    if not base.is_dir():
+        return
+    for log in base.glob("*/attempt_*/*/*.log"):
+        local_rank = log.parent.name
+        if local_rank.isdigit() and log.stem in ("stdout", "stderr"):
+            os.replace(log, run_dir / LOGS_DIR / f"rank{local_rank}.{log.stem}")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+class _Stopped(BaseException):
+    """SIGTERM / SIGHUP while the probe runs: stop the run as Ctrl-C does."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
+
+
+def _trap_stop_signals() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[int(sig)] = signal.signal(sig, _raise_stopped)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
+    """Put the caller's handlers back; with quiet, ignore SIGINT/SIGTERM/SIGHUP meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if quiet:
+        for sig in (signal.SIGINT, *previous):
+            previous.setdefault(int(sig), signal.getsignal(sig))
+            signal.signal(sig, signal.SIG_IGN)
+        return
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, plan: LaunchPlan, deadline: float) -> dict[str, Any]:
+    port = free_port()
+    cmd = _command(plan, cfg, run_dir, port)
+    env = _environment(settings, port)
+    logs = run_dir / LOGS_DIR
+    who = "main" if plan.spawns_own_ranks else "agent"
+    started = time.time()
+    t0 = time.monotonic()
+    timed_out = interrupted = False
+    dumped: list[int] = []
+    with open(logs / f"{who}.stdout", "wb") as out, open(logs / f"{who}.stderr", "wb") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+        )
+        previous = _trap_stop_signals()
+        finished_early = False
+        try:
+            polls = 0
+            while proc.poll() is None:
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    dumped = dump_stacks(run_dir, settings.run_tag)
+                    break
+                polls += 1
+                if not plan.spawns_own_ranks and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+                    # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
+                    # teardown, ~1 s) tells us nothing more
+                    finished_early = True
+                    break
+                time.sleep(0.05)
+        except (KeyboardInterrupt, _Stopped):
+            interrupted = True
+        finally:
+            _restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
+            try:
+                roots = [proc.pid] if proc.returncode is None else []
+                killed = kill_run(settings.run_tag, roots)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+                    proc.kill()
+                    proc.wait()
+            finally:
+                _restore_signals(previous)
+    _collect_logs(run_dir)
+    for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
+        if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
+            stack.unlink()
+    agent = None
+    agent_file = run_dir / AGENT_FILE
+    if agent_file.is_file():
+        try:
+            agent = json.loads(agent_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            agent = None
+        agent_file.unlink(missing_ok=True)
+    record = {
+        "mode": plan.mode,
+        "command": cmd,
+        "port": port,
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "interrupted": interrupted,
+        "timeout": cfg.timeout,
+        "started": started,
+        "ended": time.time(),
+        "wall_seconds": round(time.monotonic() - t0, 3),
+        "stack_dumps": dumped,
+        "agent_stopped_after_ranks_exited": finished_early,
+        "killed": killed,
+        "agent": agent,
+    }
+    return record
+
+
+def _last_event(log: Path) -> dict[str, Any] | None:
+    try:
+        with log.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 8192))
+            lines = fh.read().splitlines()
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def _ranks_exited(run_dir: Path, nproc: int) -> bool:
+    """All `nproc` rank processes wrote their `exit` event and are no longer alive."""
+    from ddpdoctor.probe.procs import is_alive
+
+    exited = 0
+    for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
+        last = _last_event(log)
+        if last is None:
+            return False
+        if last.get("kind") != "exit":
+            if last.get("rank") is not None or last.get("kind") == "process_start":
+                return False
+            continue
+        if is_alive(int(last["pid"])):
+            return False
+        exited += 1
+    return exited >= nproc
+
+
+def _port_clash(record: dict[str, Any], run_dir: Path) -> bool:
+    """The rendezvous port was taken between choosing it and binding it (nothing ran yet)."""
+    error = str((record.get("agent") or {}).get("error") or "")
+    if any((run_dir / EVENTS_DIR).glob("*.jsonl")):
+        return False
+    return "address already in use" in error.lower() or "EADDRINUSE" in error
+
+
+def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = ()) -> ProbeOutcome:
+    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, launcher.json)."""
+    run_dir = Path(run_dir).resolve()
+    prepare_run_dir(run_dir)
+    if cfg.device == "cuda":
+        _require_cuda()
+    plan = plan_for_file(Path(cfg.script))
+    settings = ProbeSettings(
+        run_dir=str(run_dir),
+        run_tag=uuid.uuid4().hex,
+        mode=plan.mode,
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        device=cfg.device,
+        nproc=cfg.nproc,
+        timeout=cfg.timeout,
+        script=str(cfg.script),
+        local_rank_arg=plan.local_rank_option or "",
+    )
+    write_json(run_dir / META_FILE, meta_for(cfg, plan, plan.mode))
+    write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
+    deadline = time.monotonic() + cfg.timeout
+    for _attempt in range(2):
+        record = _launch_once(cfg, run_dir, settings, plan, deadline)
+        if not _port_clash(record, run_dir) or record["interrupted"]:
+            break
+    write_json(run_dir / LAUNCHER_FILE, record)
+    if record["interrupted"]:
+        raise KeyboardInterrupt
+    return ProbeOutcome(
+        run_dir=run_dir,
+        mode=plan.mode,
+        returncode=record["returncode"],
+        timed_out=record["timed_out"],
+        wall_seconds=record["wall_seconds"],
+    )

@@ -1,0 +1,92 @@
+"""The recorders, one module per concern, installed in this order (an explicit list, no discovery).
+
+Each module exposes `NAME` and `install(probe)`. A recorder patches through `probe.patcher` (undone in
+`finally`), writes events documented in `ddpdoctor/events.py`, and may subscribe to `probe.step_hooks`
+(called after every optimizer step) and `probe.end_hooks` (called once before `done`).
+
+Extension points for the next recorders (BN statistics, data, optimisation, checkpoints): add a module here
+and a line to `TORCH_RECORDERS`, document its event kinds in `ddpdoctor.events.EVENT_KINDS`, and reuse
+`probe.registry` (DDP models, optimizers, loaders) rather than patching the same API twice:
+  - bn_stats: forward hooks on the norm layers of `probe.registry.live_ddps()` modules (per-step input channel
+    mean/var, running stats), blobs through `probe.blob`;
+  - optimisation: DDP.no_sync and backward counts (the ddp recorder's DDP patch), grads/loss checks in a step hook,
+    hand all-reduce of gradients from the `collective` events of process_group;
+  - data: RNG digests in a step hook, dataset item digests by wrapping `_BaseDataLoaderIter._next_data`;
+  - checkpoints: torch.save / load_state_dict(strict=False) patches.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ddpdoctor.probe.recorders import (
+    batchnorm,
+    checkpoint,
+    cli_args,
+    data,
+    dataset,
+    ddp,
+    forward,
+    optim_health,
+    optimizer,
+    params,
+    process_group,
+    processes,
+    rng,
+    sync_bn,
+)
+from ddpdoctor.probe.session import Probe
+
+# Installed when the process starts (no torch needed).
+EARLY_RECORDERS: tuple[tuple[str, Callable[[Probe], None]], ...] = (
+    (cli_args.NAME, cli_args.install),
+    ("process_run", processes.install_process_run),
+)
+
+# Installed right after the script's `import torch` finished (after the CUDA emulation, so these are outermost).
+TORCH_RECORDERS: tuple[tuple[str, Callable[[Probe], None]], ...] = (
+    (optim_health.NAME, optim_health.install),  # before process_group: its collective wrappers sit inside theirs
+    (process_group.NAME, process_group.install),
+    (ddp.NAME, ddp.install),
+    (sync_bn.NAME, sync_bn.install),
+    (optimizer.NAME, optimizer.install),
+    (data.NAME, data.install),
+    (forward.NAME, forward.install),
+    (params.NAME, params.install),
+    (batchnorm.NAME, batchnorm.install),
+    (rng.NAME, rng.install),
+    (dataset.NAME, dataset.install),
+    (checkpoint.NAME, checkpoint.install),
+    (processes.NAME, processes.install),
+)
+
+
+def snapshot_signatures(probe: Probe) -> None:
+    """Signatures of the functions recorders bind arguments of, taken before the CUDA emulation wraps them
+    (its wrappers take *args/**kwargs and deliberately hide the original)."""
+    import inspect
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for key, fn in (("init_process_group", getattr(dist, "init_process_group", None)), ("DDP.__init__", DDP.__init__)):
+        if fn is None:
+            continue
+        try:
+            probe.signatures[key] = inspect.signature(fn)
+        except (TypeError, ValueError):
+            pass
+
+
+def install_recorders(probe: Probe, recorders: tuple[tuple[str, Callable[[Probe], None]], ...]) -> list[str]:
+    """Install each recorder; one that fails to install is reported (internal_error) and skipped."""
+    installed: list[str] = []
+    for name, install in recorders:
+        try:
+            install(probe)
+        except Exception as exc:
+            probe.internal_error(f"install {name}", exc)
+        else:
+            installed.append(name)
+    probe.recorders.extend(installed)
+    return installed

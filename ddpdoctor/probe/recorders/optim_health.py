@@ -1,0 +1,466 @@
+"""Optimisation-health recorder: what each optimizer step was made of and whether it could teach the model anything.
+
+- Backward passes: `Tensor.backward` and `torch.autograd.backward` are wrapped to see the loss (the tensor
+  `.backward()` is called on: its value, bit-exact) and to count backward passes per optimizer step. A global
+  forward pre-hook notes, for every training forward through DistributedDataParallel, whether DDP will all-reduce
+  in the next backward (`require_backward_grad_sync`, which `no_sync()` clears; DDP reads it in its forward), so
+  a backward is counted as all-reducing or not (DD403).
+- Gradients: a global optimizer step pre-hook summarises the gradients the optimizer is about to use (how many
+  are None, exactly zero, non-finite; their norm) and the learning rates (DD405, DD406, DD402).
+- Hand reductions: collectives (`all_reduce`, `reduce`, `all_gather*`) whose tensor is the `.grad` of a
+  parameter DDP registered for reduction are recorded with the gradient norm before the call; the step pre-hook
+  measures the norm the optimizer then used, so the report can say "the optimizer stepped with gradients 2x what
+  DDP produced" (DD404).
+- Non-finite values: the loss (at backward, and the output of `nn` loss modules), the gradients (step pre-hook),
+  the parameters and the BatchNorm running statistics (after the step): the first step, rank and tensor (DD406).
+
+Cost: one isinstance check per module call (hooks), an `.item()` per backward, two foreach norms over the
+gradients per step and one over the parameters and norm buffers; nothing else per step. Values are read, never
+written; no generator is touched and no collective is added.
+
+Install order: this recorder must be installed before `process_group`, so that its collective wrappers sit
+*inside* the process-group recorder's (which looks at its direct caller to tell user code from library code).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ddpdoctor.probe.patching import wrap_everywhere
+from ddpdoctor.probe.session import Probe
+
+NAME = "optim_health"
+LOSSES_PER_STEP = 8  # loss values kept per optimizer step (accumulation micro-steps)
+NAMES_SHOWN = 8  # tensor names kept per event
+GRAD_COLLECTIVE_EVENTS = 20  # grad_collective events per process
+NONFINITE_EVENTS = 3  # nonfinite events per kind of tensor per process
+HAND_OPS = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor")
+
+
+def _float(value: float) -> Any:
+    """A float as JSON: finite numbers as numbers, the others as "nan"/"inf"/"-inf"."""
+    return value if math.isfinite(value) else str(value)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.depth = 0  # inside a wrapped backward (Tensor.backward calls torch.autograd.backward)
+        self.opt_depth = 0  # inside an optimizer step (an optimizer stepping an inner one)
+        self.pending: tuple[str, int] | None = None  # ("sync" | "nosync", DDP id): a forward awaits its backward
+        self.backward_serial = 0
+        self.in_collective = False
+        self.nonfinite_emitted: dict[str, int] = {}
+        self.grad_events = 0
+        self.names: dict[int, str] = {}  # id(param) -> qualified name (DDP modules)
+        self.names_ddps = 0
+        self.grad_index: dict[tuple[int, int], tuple[Any, str]] = {}  # (data_ptr, numel) of DDP grads -> param
+        self.grad_index_serial = -1
+        self.reset_step()
+
+    def reset_step(self) -> None:
+        self.backwards = 0
+        self.syncing = 0
+        self.nosync = 0
+        self.plain = 0
+        self.sync_by_ddp: dict[int, int] = {}
+        self.losses: list[list[Any]] = []
+        self.loss_shapes: set[int] = set()
+        self.backward_site: dict[str, Any] | None = None
+        self.loss_module: dict[str, Any] | None = None
+        self.hand: dict[int, dict[str, Any]] = {}  # id(param) -> first hand reduction this step
+
+
+def install(probe: Probe) -> None:
+    import torch
+    import torch.autograd
+    import torch.distributed as dist
+    from torch.nn.modules import module as module_mod
+    from torch.nn.modules.loss import _Loss
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    st = _State()
+
+    # -- which DDP forward precedes each backward
+    def forward_pre_hook(module: Any, args: Any) -> None:
+        if isinstance(module, DDP) and module.training and torch.is_grad_enabled():
+            st.pending = ("sync" if getattr(module, "require_backward_grad_sync", True) else "nosync", id(module))
+        return None
+
+    def forward_hook(module: Any, args: Any, output: Any) -> None:
+        if isinstance(module, _Loss) and torch.is_grad_enabled() and torch.is_tensor(output) and output.numel() == 1:
+            probe.safely("loss module", _loss_module_output, probe, st, module, args, output)
+        return None
+
+    h1 = module_mod.register_module_forward_pre_hook(forward_pre_hook)
+    h2 = module_mod.register_module_forward_hook(forward_hook)
+    probe.patcher.add_undo(h1.remove)
+    probe.patcher.add_undo(h2.remove)
+
+    # -- backward passes
+    def make_backward(orig, first_tensors):
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if st.depth or probe.ending:
+                return orig(*args, **kwargs)
+            st.depth += 1
+            try:
+                probe.safely("backward", _before_backward, probe, st, first_tensors(args, kwargs))
+                return orig(*args, **kwargs)
+            finally:
+                st.depth -= 1
+                st.backward_serial += 1
+
+        return backward
+
+    def tensor_self(args: tuple, kwargs: dict) -> Any:
+        return args[0] if args else None
+
+    def autograd_tensors(args: tuple, kwargs: dict) -> Any:
+        tensors = args[0] if args else kwargs.get("tensors")
+        if isinstance(tensors, (list, tuple)):
+            return tensors[0] if len(tensors) == 1 else None
+        return tensors
+
+    probe.patcher.wrap(torch.Tensor, "backward", lambda orig: make_backward(orig, tensor_self))
+    probe.patcher.wrap(torch.autograd, "backward", lambda orig: make_backward(orig, autograd_tensors))
+
+    # -- gradients before each step, parameters and norm buffers after it
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        st.opt_depth += 1
+        if st.opt_depth == 1 and not probe.ending:
+            probe.safely("train_step", _before_step, probe, st, optimizer)
+        return None
+
+    def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        st.opt_depth = max(0, st.opt_depth - 1)
+        return None
+
+    h3 = register_optimizer_step_pre_hook(pre_hook)
+    h4 = register_optimizer_step_post_hook(post_hook)
+    probe.patcher.add_undo(h3.remove)
+    probe.patcher.add_undo(h4.remove)
+    def optim_health_after_step(optimizer: Any) -> None:
+        _after_step(probe, st, optimizer)
+
+    probe.step_hooks.append(optim_health_after_step)
+
+    # -- collectives on DDP gradients
+    if dist.is_available():
+        owners = (dist.distributed_c10d, dist)
+        for op in HAND_OPS:
+            if getattr(dist.distributed_c10d, op, None) is not None:
+                wrap_everywhere(probe, owners, op, lambda fn, op=op: _make_collective(probe, st, op, fn))
+
+
+# ------------------------------------------------------------------------------------------------ backward
+
+
+def _before_backward(probe: Probe, st: _State, loss: Any) -> None:
+    import torch
+
+    st.backwards += 1
+    kind, ddp = st.pending if st.pending is not None else (None, 0)
+    if kind == "sync":
+        st.syncing += 1
+        st.sync_by_ddp[ddp] = st.sync_by_ddp.get(ddp, 0) + 1
+    elif kind == "nosync":
+        st.nosync += 1
+    else:
+        st.plain += 1
+    st.pending = None
+    st.backward_site = probe.site()
+    if not torch.is_tensor(loss):
+        return
+    n = int(loss.numel())
+    st.loss_shapes.add(n)
+    if n != 1 or len(st.losses) >= LOSSES_PER_STEP:
+        return
+    value = float(loss.detach().float().reshape(()).item()) if loss.dtype.is_floating_point else float(loss.detach().item())
+    st.losses.append([_float(value), value.hex()])
+    if not math.isfinite(value):
+        _nonfinite(probe, st, "loss", step=probe.steps + 1, names=["loss passed to backward()"], count=1, total=1,
+                   value=str(value), site=st.backward_site)
+
+
+def _loss_module_output(probe: Probe, st: _State, module: Any, args: Any, output: Any) -> None:
+    import torch
+
+    if st.loss_module is None:  # the first loss module of the step: its class and input shape explain a dead loss
+        first = args[0] if args else None
+        st.loss_module = {
+            "cls": type(module).__name__,
+            "input_shape": list(first.shape) if torch.is_tensor(first) else None,
+            "reduction": getattr(module, "reduction", None),
+        }
+    value = float(output.detach().float().reshape(()).item())
+    if not math.isfinite(value):
+        _nonfinite(probe, st, "loss", step=probe.steps + 1, names=["output of the loss module"], count=1, total=1,
+                   value=str(value), site=probe.site())
+
+
+def _nonfinite(probe: Probe, st: _State, what: str, **fields: Any) -> None:
+    n = st.nonfinite_emitted.get(what, 0)
+    if n >= NONFINITE_EVENTS:
+        return
+    st.nonfinite_emitted[what] = n + 1
+    probe.emit("nonfinite", tensor=what, **fields)
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+
+def _param_names(probe: Probe, st: _State) -> dict[int, str]:
+    ddps = list(probe.registry.live_ddps())
+    if len(ddps) != st.names_ddps:
+        st.names = {}
+        for rec in ddps:
+            for name, p in rec.module.named_parameters():
+                st.names.setdefault(id(p), name)
+        st.names_ddps = len(ddps)
+    return st.names
+
+
+def _optimizer_params(probe: Probe, st: _State, optimizer: Any) -> list[tuple[str, Any]]:
+    names = _param_names(probe, st)
+    out = []
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, p in enumerate(group.get("params", ())):
+            out.append((names.get(id(p)) or f"param_groups[{gi}][{pi}]", p))
+    return out
+
+
+def _max_abs(tensors: list[Any]) -> list[float]:
+    """max |x| of each tensor (NaN if it holds a NaN, inf if an inf): exact zero and non-finite in one pass."""
+    import torch
+
+    if not tensors:
+        return []
+    out: list[float] = [0.0] * len(tensors)
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    for idx in groups.values():
+        ts = [tensors[i].detach() for i in idx]
+        try:
+            norms = torch.stack(torch._foreach_norm(ts, float("inf"))).float().cpu().tolist()
+        except Exception:  # sparse or exotic tensors: the slow way
+            norms = [float(t.to_dense().abs().max()) if t.numel() else 0.0 for t in ts]
+        for i, v in zip(idx, norms):
+            out[i] = v
+    return out
+
+
+def _l2(tensors: list[Any]) -> float:
+    import torch
+
+    if not tensors:
+        return 0.0
+    total = 0.0
+    groups: dict[tuple[Any, Any], list[Any]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t.detach())
+    for ts in groups.values():
+        try:
+            norms = torch.stack(torch._foreach_norm(ts, 2.0)).double()
+        except Exception:
+            norms = torch.stack([t.to_dense().double().norm() for t in ts])
+        total += float((norms.cpu() ** 2).sum())
+    return math.sqrt(total) if math.isfinite(total) else total
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
+    step = probe.steps + 1  # the optimizer recorder counts this step in its post-hook
+    params = _optimizer_params(probe, st, optimizer)
+    with_grad = [(n, p.grad) for n, p in params if p.grad is not None]
+    maxabs = _max_abs([g for _, g in with_grad])
+    zero = [n for (n, _), m in zip(with_grad, maxabs) if m == 0.0]
+    bad = [n for (n, _), m in zip(with_grad, maxabs) if not math.isfinite(m)]
+    norm = _l2([g for _, g in with_grad]) if with_grad else 0.0
+    grads = {
+        "params": len(params),
+        "none": len(params) - len(with_grad),
+        "zero": len(zero),
+        "nonfinite": len(bad),
+        "norm": _float(norm),
+        "max_abs": _float(max(maxabs)) if maxabs else 0.0,
+        "numel": int(sum(p.numel() for _, p in params)),
+    }
+    if bad:
+        _nonfinite(probe, st, "grad", step=step, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params),
+                   site=st.backward_site)
+    hand = None
+    if st.hand:
+        by_id = {id(p): p for _, p in params}
+        ratios = []
+        for pid, h in st.hand.items():
+            p = by_id.get(pid)
+            if p is None or p.grad is None or not h["before"]:
+                continue
+            after = float(p.grad.detach().float().norm())
+            ratios.append(after / h["before"])
+        ratios.sort()
+        hand = {
+            "params": len(st.hand),
+            "numel": int(sum(h["numel"] for h in st.hand.values())),
+            "ops": sorted({h["op"] for h in st.hand.values()}),
+            "sites": _unique_sites([h["site"] for h in st.hand.values()]),
+            "after_ddp": sum(1 for h in st.hand.values() if h["after_ddp"]),
+            "ratio_median": _float(ratios[len(ratios) // 2]) if ratios else None,
+            "ratio_min": _float(ratios[0]) if ratios else None,
+            "ratio_max": _float(ratios[-1]) if ratios else None,
+        }
+    probe.emit(
+        "train_step",
+        step=step,
+        opt=probe.registry.id_of(optimizer),
+        backwards=st.backwards,
+        syncing_backwards=st.syncing,
+        max_syncs_per_ddp=max(st.sync_by_ddp.values(), default=0),
+        nosync_backwards=st.nosync,
+        plain_backwards=st.plain,
+        losses=st.losses,
+        loss_numel=sorted(st.loss_shapes),
+        backward_site=st.backward_site,
+        loss_module=st.loss_module,
+        grads=grads,
+        zero_grads=zero[:NAMES_SHOWN],
+        hand_reduced=hand,
+        lrs=[_lr(g.get("lr")) for g in optimizer.param_groups],
+        initial_lrs=[_lr(g.get("initial_lr")) for g in optimizer.param_groups],
+    )
+    st.reset_step()
+
+
+def _lr(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return _float(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _unique_sites(sites: list[Any]) -> list[Any]:
+    seen = set()
+    out = []
+    for s in sites:
+        key = (s or {}).get("file"), (s or {}).get("line")
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def _after_step(probe: Probe, st: _State, optimizer: Any) -> None:
+    """Parameters and BatchNorm running statistics after the update: a non-finite value there outlives the step."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    params = _optimizer_params(probe, st, optimizer)
+    maxabs = _max_abs([p for _, p in params])
+    bad = [n for (n, _), m in zip(params, maxabs) if not math.isfinite(m)]
+    if bad:
+        _nonfinite(probe, st, "param", step=probe.steps, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params))
+    buffers: list[tuple[str, str, Any]] = []
+    for rec in probe.registry.live_ddps():
+        for name, m in rec.module.named_modules():
+            if isinstance(m, _NormBase):
+                for what in ("running_var", "running_mean"):
+                    t = getattr(m, what, None)
+                    if t is not None:
+                        buffers.append((what, f"{name}.{what}" if name else what, t))
+    if not buffers:
+        return
+    maxabs = _max_abs([t for _, _, t in buffers])
+    for what in ("running_var", "running_mean"):
+        names = [n for (w, n, _), m in zip(buffers, maxabs) if w == what and not math.isfinite(m)]
+        if names:
+            total = sum(1 for w, _, _ in buffers if w == what)
+            _nonfinite(probe, st, what, step=probe.steps, names=names[:NAMES_SHOWN], count=len(names), total=total)
+
+
+# ------------------------------------------------------------------------------------------------ hand reductions
+
+
+def _grad_arg(op: str, args: tuple, kwargs: dict) -> Any:
+    if op in ("all_reduce", "reduce"):
+        return args[0] if args else kwargs.get("tensor")
+    if op == "all_gather":
+        return args[1] if len(args) > 1 else kwargs.get("tensor")
+    if op == "all_gather_into_tensor":
+        return args[1] if len(args) > 1 else kwargs.get("input_tensor")
+    return None
+
+
+def _ddp_grad(probe: Probe, st: _State, tensor: Any) -> tuple[Any, str] | None:
+    """The DDP-registered parameter whose `.grad` is `tensor` (the same storage), or None."""
+    import torch
+
+    if not torch.is_tensor(tensor) or not probe.registry.ddps:
+        return None
+    if st.grad_index_serial != st.backward_serial:
+        st.grad_index = {}
+        names = _param_names(probe, st)
+        for rec in probe.registry.live_ddps():
+            for p in rec.module.parameters():
+                if id(p) in rec.registered_params and p.grad is not None and p.grad.layout == torch.strided:
+                    st.grad_index[(p.grad.data_ptr(), p.grad.numel())] = (p, names.get(id(p), "?"))
+        st.grad_index_serial = st.backward_serial
+    if tensor.layout != torch.strided:
+        return None
+    return st.grad_index.get((tensor.data_ptr(), tensor.numel()))
+
+
+def _make_collective(probe: Probe, st: _State, op: str, fn):
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        # in_collective: torch.distributed.all_reduce and distributed_c10d.all_reduce may be different layers
+        # (the CUDA emulation wraps one of them) that call each other; the outermost call is the user's.
+        if probe.ending or st.in_collective or not probe.registry.ddps:
+            return fn(*args, **kwargs)
+        st.in_collective = True
+        try:
+            tensor = _grad_arg(op, args, kwargs)
+            hit = probe.safely("grad collective", _ddp_grad, probe, st, tensor) if tensor is not None else None
+            if hit is None:
+                return fn(*args, **kwargs)
+            before = probe.safely("grad collective norm", lambda: float(tensor.detach().float().norm()))
+            result = fn(*args, **kwargs)
+            probe.safely("grad collective", _record_hand, probe, st, op, tensor, hit, before, args, kwargs)
+            return result
+        finally:
+            st.in_collective = False
+
+    return collective
+
+
+def _record_hand(probe: Probe, st: _State, op: str, tensor: Any, hit: tuple[Any, str], before: Any,
+                 args: tuple, kwargs: dict) -> None:
+    param, name = hit
+    is_async = bool(kwargs.get("async_op"))
+    site = probe.site()
+    after_ddp = st.syncing > 0
+    if id(param) not in st.hand:
+        st.hand[id(param)] = {"op": op, "site": site, "before": before, "numel": int(tensor.numel()),
+                              "after_ddp": after_ddp}
+    if st.grad_events >= GRAD_COLLECTIVE_EVENTS:
+        return
+    st.grad_events += 1
+    after = None
+    if not is_async and op in ("all_reduce", "reduce"):
+        after = float(tensor.detach().float().norm())
+    probe.emit(
+        "grad_collective",
+        op=op,
+        site=site,
+        param=name,
+        numel=int(tensor.numel()),
+        step=probe.steps + 1,
+        after_ddp=after_ddp,
+        syncing_backwards=st.syncing,
+        norm_before=_float(before) if isinstance(before, float) else None,
+        norm_after=_float(after) if after is not None else None,
+        async_op=is_async,
+    )

@@ -1,0 +1,397 @@
+"""The per-process probe: event writer, patch registry, step/epoch accounting and the clean end of a run.
+
+One `Probe` lives in every instrumented process (rank, main process of a self-spawning script, its children).
+Recorders (ddpdoctor/probe/recorders/) patch torch through `probe.patcher`, write through `probe.emit`, and
+subscribe to `probe.step_hooks` / `probe.end_hooks`. A failure inside a recorder becomes an `internal_error`
+event (`probe.safely`); the user's own exceptions always propagate untouched.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from ddpdoctor.events import EVENTS_DIR, SCHEMA, default_host, file_name_for
+from ddpdoctor.probe.patching import Patcher
+from ddpdoctor.probe.registry import Registry
+from ddpdoctor.probe.settings import ProbeSettings
+
+STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+_LAUNCH_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_PROCID",
+    "OMPI_COMM_WORLD_RANK",
+)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:
+            pass
+    return repr(obj)[:200]
+
+
+# --------------------------------------------------------------------------------------------- user frames
+
+_PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ddpdoctor package
+_LIB_DIRS = tuple(
+    {os.path.realpath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))}
+)
+_USER_FILE: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """User code: not the probe, not the standard library, not an installed package (torch included)."""
+    known = _USER_FILE.get(filename)
+    if known is not None:
+        return known
+    if not filename or filename.startswith("<"):
+        result = False
+    else:
+        real = os.path.realpath(filename)
+        result = not (
+            real.startswith(_PROBE_DIR + os.sep)
+            or any(real.startswith(d) for d in _LIB_DIRS)
+            or "site-packages" in real
+            or "dist-packages" in real
+        )
+    _USER_FILE[filename] = result
+    return result
+
+
+def user_site(depth: int = 2) -> dict[str, Any] | None:
+    """{file, line, function} of the innermost frame in user code, from the caller's caller outwards."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None:
+        code = f.f_code
+        if is_user_file(code.co_filename):
+            return {"file": code.co_filename, "line": f.f_lineno, "function": code.co_name}
+        f = f.f_back
+    return None
+
+
+def user_frame_of(tb_frames: list[traceback.FrameSummary]) -> dict[str, Any] | None:
+    for fr in reversed(tb_frames):
+        if is_user_file(fr.filename):
+            return {"file": fr.filename, "line": fr.lineno, "function": fr.name}
+    return None
+
+
+# --------------------------------------------------------------------------------------------- writer
+
+
+class EventWriter:
+    """Append-only JSON-lines log of one process, plus its binary side file and its stack-dump file.
+
+    Files are opened on the first event, so processes that never record anything leave nothing behind; a
+    forked child reopens its own files (os.register_at_fork). Each event is one os.write on an O_APPEND file
+    descriptor: on disk as soon as it is written, even if the process is killed right after.
+    """
+
+    def __init__(self, probe: "Probe", directory: Path) -> None:
+        self.probe = probe
+        self.directory = directory
+        self.host = default_host()
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.seq = 0
+        self._fd: int | None = None
+        self._blob_fd: int | None = None
+        self._blob_offset = 0
+        self._stack_fh = None
+        self.name = file_name_for(self.host, self.pid)
+
+    def after_fork(self) -> None:
+        for fd in (self._fd, self._blob_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._lock = threading.Lock()
+        self._reset()
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{self.name}.jsonl"
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        stack_file = self.directory / f"{self.name}.stack"
+        signum = None
+        if STACK_SIGNAL is not None:
+            try:
+                self._stack_fh = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+                faulthandler.register(STACK_SIGNAL, file=self._stack_fh, all_threads=True, chain=False)
+                signum = int(STACK_SIGNAL)
+            except (OSError, RuntimeError, ValueError):
+                signum = None
+        main = threading.main_thread().ident or 0
+        self._write_locked(
+            "process_start",
+            {
+                "role": self.probe.role,
+                "ppid": os.getppid(),
+                "host": self.host,
+                "argv": list(sys.argv),
+                "cwd": os.getcwd(),
+                "env": {k: os.environ[k] for k in _LAUNCH_ENV if k in os.environ},
+                "python": sys.version.split()[0],
+                "schema": SCHEMA,
+                "main_thread": f"0x{main:016x}",
+                "stack_file": stack_file.name if signum is not None else None,
+                "stack_signal": signum,
+                "mode": self.probe.settings.mode,
+            },
+        )
+
+    def _write_locked(self, kind: str, fields: dict[str, Any]) -> None:
+        self.seq += 1
+        record = {"kind": kind, "t": time.time(), "pid": self.pid, "seq": self.seq, "rank": self.probe.rank}
+        record.update(fields)
+        line = json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n"
+        assert self._fd is not None
+        os.write(self._fd, line.encode("utf-8"))
+
+    def write(self, kind: str, fields: dict[str, Any]) -> None:
+        if os.getpid() != self.pid:
+            self.after_fork()
+        with self._lock:
+            if self._fd is None:
+                self._open()
+            self._write_locked(kind, fields)
+
+    def blob(self, data: bytes, *, dtype: str, count: int, compress: bool = True) -> dict[str, Any]:
+        """Append binary data to the side file; returns the blob reference to put in an event."""
+        if os.getpid() != self.pid:
+            self.after_fork()
+        payload = zlib.compress(data, 1) if compress else data
+        with self._lock:
+            if self._fd is None:
+                self._open()
+            if self._blob_fd is None:
+                self._blob_fd = os.open(self.directory / f"{self.name}.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._blob_offset = os.lseek(self._blob_fd, 0, os.SEEK_END)
+            offset = self._blob_offset
+            view = memoryview(payload)
+            while view:
+                n = os.write(self._blob_fd, view)
+                view = view[n:]
+            self._blob_offset += len(payload)
+        return {
+            "file": f"{self.name}.bin",
+            "offset": offset,
+            "nbytes": len(payload),
+            "codec": "zlib" if compress else "raw",
+            "dtype": dtype,
+            "count": count,
+        }
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+class Probe:
+    """State of the probe in one process. See the module docstring."""
+
+    def __init__(self, settings: ProbeSettings, role: str) -> None:
+        self.settings = settings
+        self.role = role
+        self.rank: int | None = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+        self.world_size: int | None = (
+            int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None
+        )
+        self.patcher = Patcher()
+        self.registry = Registry()
+        self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions
+        self.writer = EventWriter(self, Path(settings.run_dir) / EVENTS_DIR)
+        self.step_hooks: list[Callable[[Any], None]] = []
+        self.end_hooks: list[Callable[[], None]] = []
+        self.peer_waiter: Callable[[], None] | None = None
+        self.recorders: list[str] = []
+        self.ending = False
+        # accounting shared by the recorders
+        self.steps = 0
+        self.epoch = 0
+        self.ddp_forward_depth = 0
+        self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
+        self.training_site_epochs: dict[tuple[str, int], int] = {}
+        self.epochs_observed = 0
+        self.open_training_iterations = 0
+        self._errors: dict[str, int] = {}
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    # -- events
+    def emit(self, kind: str, **fields: Any) -> None:
+        try:
+            self.writer.write(kind, fields)
+        except Exception as exc:  # a full disk must not kill the user's run
+            self._errors["writer"] = self._errors.get("writer", 0) + 1
+            if self._errors["writer"] == 1:
+                print(f"ddpdoctor probe: cannot write events: {exc}", file=sys.stderr)
+
+    def blob(self, data: bytes, *, dtype: str, count: int, compress: bool = True) -> dict[str, Any] | None:
+        try:
+            return self.writer.blob(data, dtype=dtype, count=count, compress=compress)
+        except Exception as exc:
+            self.internal_error("blob", exc)
+            return None
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        n = self._errors.get(where, 0) + 1
+        self._errors[where] = n
+        if n <= 3:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+            self.emit("internal_error", where=where, error=f"{type(exc).__name__}: {exc}", traceback=tb)
+
+    def safely(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run recorder code; its failure becomes an internal_error event instead of the user's problem."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            self.internal_error(where, exc)
+            return None
+
+    def site(self) -> dict[str, Any] | None:
+        """Where in user code the current call came from (the probe's own frames are never user code)."""
+        return user_site(2)
+
+    def record_exception(self, exc: BaseException, where: str) -> None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        fields: dict[str, Any] = {
+            "type": type(exc).__name__,
+            "message": str(exc)[:4000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
+            "frames": [[f.filename, f.lineno, f.name] for f in frames][-60:],
+            "user_frame": user_frame_of(frames),
+            "where": where,
+        }
+        if isinstance(exc, SystemExit):
+            fields["exit_code"] = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+        self.emit("exception", **fields)
+
+    # -- steps and the end of the run
+    def after_step(self, optimizer: Any) -> None:
+        for hook in self.step_hooks:
+            self.safely(f"step hook {getattr(hook, '__qualname__', hook)}", hook, optimizer)
+        s = self.settings
+        if s.limited and not self.ending:
+            sites = max(1, len(self.training_site_epochs))
+            if self.steps >= s.epochs * s.steps * sites and self.open_training_iterations == 0:
+                # no loader delimits epochs (synthetic batches, itertools.cycle): stop after E x S steps
+                self.end_run("steps observed")
+        self.arm_stall_watchdog()
+
+    def arm_stall_watchdog(self) -> None:
+        if self.settings.stall_timeout > 0:
+            self.safely("stall watchdog", self._arm_stall_watchdog)
+
+    def _arm_stall_watchdog(self) -> None:
+        fh = self.writer._stack_fh
+        if fh is not None:
+            faulthandler.dump_traceback_later(self.settings.stall_timeout, repeat=False, file=fh)
+
+    def end_run(self, reason: str, code: int = 0, *, run_atexit: bool = False) -> None:
+        """Finish this process's part of the run: close what is open, record `done`, wait for the peers (so a
+        peer stuck in a collective shows as a hang, as it would with NCCL, not as a closed connection), flush,
+        and leave with os._exit — the interpreter's teardown of gloo aborts in a few percent of runs."""
+        if self.ending:
+            return
+        self.ending = True
+        if self.settings.stall_timeout > 0:
+            faulthandler.cancel_dump_traceback_later()
+        for hook in list(self.end_hooks):
+            self.safely(f"end hook {getattr(hook, '__qualname__', hook)}", hook)
+        self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed)
+        if self.peer_waiter is not None:
+            self.safely("peers wait", self.peer_waiter)
+        if run_atexit:
+            self.safely("atexit", _run_atexit)
+        else:
+            self.safely("children", _kill_children)
+        self.leave(code)
+
+    def leave(self, code: int) -> None:
+        self.emit("exit", code=code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+    def _after_fork(self) -> None:
+        self.writer.after_fork()
+        self.role = "forked"
+        self.ending = False
+        self._errors = {}
+
+
+def _run_atexit() -> None:
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+def _kill_children() -> None:
+    """The run ends mid-script: DataLoader workers and other children of this process go with it."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        try:
+            child.kill()
+        except Exception:
+            pass
+
+
+def digest_bytes(data: bytes | memoryview) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+_PROBE: Probe | None = None
+
+
+def current() -> Probe | None:
+    return _PROBE
+
+
+def start(settings: ProbeSettings, role: str) -> Probe:
+    """Create this process's probe (once)."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = Probe(settings, role)
+    return _PROBE

@@ -1,0 +1,54 @@
+"""The probe's settings as every instrumented process sees them: passed through environment variables, so that
+children started by the script itself (mp.spawn, multiprocessing) read the same values as the ranks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+ENV_PREFIX = "DDPDOCTOR_"
+# Gate for the sitecustomize hook: set only inside a probe run.
+RUN_DIR_ENV = "DDPDOCTOR_RUN_DIR"
+# Tag inherited by every process of a run, so the launcher can find and stop all of them.
+RUN_TAG_ENV = "DDPDOCTOR_RUN_TAG"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    run_dir: str
+    run_tag: str = ""
+    mode: str = "torchrun"  # torchrun | spawn | attach
+    epochs: int = 2  # 0 = no limit
+    steps: int = 4  # 0 = no limit
+    device: str = "auto"  # auto | cpu | cuda
+    nproc: int = 2
+    timeout: float = 120.0
+    script: str = ""
+    local_rank_arg: str = ""  # "--local_rank" for legacy scripts: the bootstrap passes it as the old launcher did
+    stall_timeout: float = 0.0  # attach mode: dump stacks when no step happened for this long (0 = off)
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ProbeSettings | None":
+        env = os.environ if env is None else env
+        if not env.get(RUN_DIR_ENV):
+            return None
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            if f.type in ("int", int):
+                values[f.name] = int(raw)
+            elif f.type in ("float", float):
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def limited(self) -> bool:
+        return self.epochs > 0 and self.steps > 0

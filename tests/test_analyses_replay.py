@@ -1,0 +1,179 @@
+"""Replay: the analyses re-run on probe runs recorded from the fixture scripts (fixtures/runs/probe_*, recorded by
+fixtures/runs/record_probe_runs.py). Pure and fast: no process is started, no torch is imported."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analyses import analyze_run, load_static_findings
+from ddpdoctor.check import report_run
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import Finding, Severity
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+
+
+def _probe(name: str, **overrides) -> dict[str, Finding]:
+    result = analyze_run(RUNS / f"probe_{name}", None, overrides=overrides or None)
+    assert not [n for n in result.notes if "analysis" in n and "failed" in n], result.notes
+    return {f.rule: f for f in result.findings}
+
+
+def test_replay_needs_no_torch() -> None:
+    import subprocess
+
+    code = (
+        "import sys; from pathlib import Path; from ddpdoctor.analyses import analyze_run; "
+        f"analyze_run(Path({str(RUNS / 'probe_forward_bypass')!r})); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_dd301_missing_set_epoch() -> None:
+    f = _probe("missing_set_epoch")["DD301"]
+    assert (f.file, f.line, f.ranks, f.severity) == ("fixtures/probe/missing_set_epoch.py", 16, (0, 1), Severity.HIGH)
+    assert f.evidence["per_rank"]["0"]["position_identity_epoch0_vs_1"] == 1.0
+    assert "set_epoch was never called" in f.message and f.magnitude == 1.0
+
+
+def test_dd302_no_distributed_sampler() -> None:
+    found = _probe("no_distributed_sampler")
+    f = found["DD302"]
+    assert f.evidence["overlap_fraction"] == 1.0 and f.evidence["identical_batches_fraction"] == 1.0
+    assert f.line == 14 and "DD301" not in found
+
+
+def test_dd102_dd103_forward_bypass() -> None:
+    found = _probe("forward_bypass")
+    assert found["DD102"].severity == Severity.CRITICAL and found["DD102"].line == 26
+    assert "8 forwards in 8 optimizer steps on each of ranks 0, 1" in found["DD102"].message
+    d = found["DD103"]
+    assert d.evidence["first_step"] == 1 and d.evidence["steps_compared"] == 8
+    assert d.evidence["max_abs_diff_final"] == pytest.approx(d.magnitude) and d.magnitude > 1e-3
+    assert all(t["ranks_differing"] == [1] for t in d.evidence["trace"])
+    assert "DD301" not in found
+
+
+def test_dd401_follows_the_reference_recipe_and_the_rule() -> None:
+    f = _probe("unscaled_lr")["DD401"]  # recorded with --base-lr 0.1 --base-batch 16
+    assert f.evidence["global_batch"] == 32 and f.evidence["expected_lr"] == pytest.approx(0.2)
+    assert f.magnitude == pytest.approx(1.0)  # |log2(0.1 / 0.2)|
+    assert "DD401" not in _probe("unscaled_lr", base_lr=0.05, base_batch=16)
+    adam_like = _probe("unscaled_lr", base_lr=0.1, base_batch=16, lr_scaling="sqrt")["DD401"]
+    assert adam_like.evidence["expected_lr"] == pytest.approx(0.1 * 2**0.5)
+    assert "DD401" not in _probe("unscaled_lr", lr_scaling="none")
+
+
+def test_dd401_without_a_reference_recipe_only_notes_the_global_batch() -> None:
+    result = analyze_run(RUNS / "probe_missing_set_epoch")
+    assert "DD401" not in {f.rule for f in result.findings}
+    assert any("global batch 16 (8 per rank × 2 ranks × 1 accumulation step)" in n for n in result.notes)
+
+
+def test_dd104_hardcoded_rank() -> None:
+    f = _probe("hardcoded_rank")["DD104"]
+    assert f.severity == Severity.CRITICAL and f.line == 11
+    assert "passes rank=0" in f.message and "launcher's RANK/WORLD_SIZE" in f.message
+
+
+def test_dd108_legacy_local_rank() -> None:
+    found = _probe("legacy_local_rank")
+    f = found["DD108"]
+    assert f.line == 14 and f.evidence["per_rank"]["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
+    assert not any(x.severity > Severity.MEDIUM for x in found.values())
+
+
+def test_self_spawning_run_is_read_by_rank() -> None:
+    result = analyze_run(RUNS / "probe_self_spawn")
+    assert {f.rule for f in result.findings} >= {"DD301"}
+    assert [row[0] for row in result.tables["ranks"]["rows"]] == [0, 1]
+    assert result.environment["nproc"] == 2
+
+
+def test_correct_cuda_syncbn_run_has_nothing_above_low() -> None:
+    result = analyze_run(RUNS / "probe_cuda_syncbn_correct")
+    assert [f.rule for f in result.findings if f.severity > Severity.LOW] == []
+    assert result.environment == {"torch": "2.13.0+cpu", "python": result.environment["python"], "nproc": 2,
+                                  "backend": "gloo", "device": "cpu", "cuda_emulated": True}
+    assert result.notes[0].startswith("CUDA was emulated on CPU: 2 virtual devices")
+
+
+def test_dd101_measured_harmless_is_low() -> None:
+    f = _probe("cuda_syncbn_after_wrap")["DD101"]
+    assert f.severity == Severity.LOW and "measured harmless" in f.message
+    assert f.evidence["bn_buffers_disagreeing"] == []
+
+
+def test_dd902_exception_root_cause() -> None:
+    found = _probe("rank_raises")
+    f = found["DD902"]
+    assert f.ranks == (1,) and f.line == 14
+    assert f.message.startswith("rank 1 raised ValueError: corrupt sample in batch 2 on rank 1")
+    assert "DD903" not in found and "DD901" not in found
+
+
+def test_dd902_native_abort_root_cause() -> None:
+    f = _probe("collective_mismatch")["DD902"]
+    assert f.ranks == (0,) and f.line == 23 and f.evidence["root_cause"]["signal"] == "SIGABRT"
+
+
+def test_dd901_hang() -> None:
+    found = _probe("stuck_collective")
+    f = found["DD901"]
+    stuck = {s["rank"]: s for s in f.evidence["stuck"]}
+    assert stuck[0]["blocked_in"]["function"] == "recv" and stuck[0]["user_frame"]["line"] == 29
+    assert f.ranks == (0, 1) and "DD902" not in found
+
+
+def test_dd903_not_distributed() -> None:
+    f = _probe("not_distributed")["DD903"]
+    assert f.severity == Severity.INFO and "never initialised a process group" in f.message
+
+
+def test_report_reproduces_the_merged_check_report(tmp_path: Path) -> None:
+    from ddpdoctor.cli import main
+
+    out = tmp_path / "r.json"
+    main(["report", str(RUNS / "probe_missing_set_epoch"), "--format", "json", "--output", str(out)])
+    report = json.loads(out.read_text())
+    dd301 = next(f for f in report["findings"] if f["rule"] == "DD301")
+    assert dd301["sources"] == ["static", "probe"]  # the static finding recorded with the run merged in
+    assert report["target"]["script"] == "fixtures/probe/missing_set_epoch.py"
+    assert load_static_findings(RUNS / "probe_missing_set_epoch")
+    direct = report_run(RUNS / "probe_missing_set_epoch", select=("DD3",)).to_json()
+    assert {f["rule"] for f in direct["findings"]} == {"DD301"}
+
+
+def test_bad_run_directories_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a ddpdoctor run directory"):
+        analyze_run(tmp_path)
+    with pytest.raises(UsageError, match="not a directory"):
+        analyze_run(tmp_path / "nope")
+    (tmp_path / "meta.json").write_text("{broken")
+    with pytest.raises(UsageError, match="unreadable"):
+        analyze_run(tmp_path)
+
+
+def test_recorded_runs_use_only_documented_event_kinds_and_fields() -> None:
+    """events.EVENT_KINDS is the one list: every kind and field a recorded run holds is documented there."""
+    from ddpdoctor.events import BASE_FIELDS, EVENT_KINDS
+
+    problems = []
+    for log in sorted(RUNS.glob("*/events/*.jsonl")):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind = EVENT_KINDS.get(event["kind"])
+            if kind is None:
+                problems.append(f"{log.parent.parent.name}: undocumented kind {event['kind']}")
+                continue
+            extra = set(event) - set(BASE_FIELDS) - set(kind.fields)
+            if extra:
+                problems.append(f"{log.parent.parent.name}: {event['kind']} has undocumented {sorted(extra)}")
+    assert sorted(set(problems)) == []

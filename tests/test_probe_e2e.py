@@ -1,0 +1,285 @@
+"""End to end: `ddpdoctor check` runs each fixture script on 2 real gloo ranks on 127.0.0.1 and must report the
+right findings with measured evidence, within its timeout, leaving no process behind.
+
+Every test marks its environment with a unique variable that all processes of the run inherit, and asserts that
+no process carrying it is alive afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdoctor.check import report_run, run_check
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.findings import Severity
+
+REPO = Path(__file__).resolve().parents[1]
+MARK = "DDPD_TEST_MARK"  # not DDPDOCTOR_*: the launcher drops those from the environment it passes on
+pytestmark = pytest.mark.slow
+
+
+def _marked_processes(mark: str) -> list[int]:
+    found: list[int] = []
+    if not Path("/proc").is_dir():
+        return found
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"{MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _kill_marked(mark: str) -> None:
+    """A failing test must not leak its run into the next ones."""
+    for pid in _marked_processes(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Run `check` on a fixture script; returns (report JSON, run directory, wall seconds)."""
+    monkeypatch.chdir(REPO)
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    yield _runner(tmp_path, mark)
+    _kill_marked(mark)
+
+
+def _runner(tmp_path: Path, mark: str):
+    def run(name: str, *args: str, timeout: float = 90.0, **options: Any) -> tuple[dict, Path, float]:
+        run_dir = tmp_path / "run"
+        cfg = CheckConfig(
+            script=Path("fixtures/probe") / f"{name}.py",
+            script_args=tuple(args),
+            nproc=2,
+            timeout=timeout,
+            keep_run=run_dir,
+            **options,
+        )
+        t0 = time.monotonic()
+        report = run_check(cfg)
+        wall = time.monotonic() - t0
+        assert _marked_processes(mark) == [], "processes of the run are still alive"
+        return report.to_json(), run_dir, wall
+
+    return run
+
+
+def _by_rule(report: dict, source: str = "probe") -> dict[str, dict]:
+    return {f["rule"]: f for f in report["findings"] if source in f["sources"]}
+
+
+def _above(report: dict, severity: Severity) -> list[dict]:
+    return [f for f in report["findings"] if Severity.parse(f["severity"]) > severity]
+
+
+def test_missing_set_epoch_repeats_the_order(probe) -> None:
+    report, run_dir, _ = probe("missing_set_epoch")
+    f = _by_rule(report)["DD301"]
+    assert f["severity"] == "high" and f["line"] == 16 and f["ranks"] == [0, 1]
+    for r in ("0", "1"):
+        ev = f["evidence"]["per_rank"][r]
+        assert ev["position_identity_epoch0_vs_1"] == 1.0
+        assert ev["set_epoch_calls"] == [] and ev["sampler_epoch_values"] == [0, 0]
+    # the two ranks still see different shards
+    assert f["evidence"]["per_rank"]["0"]["digests"][0] != f["evidence"]["per_rank"]["1"]["digests"][0]
+    assert "DD302" not in _by_rule(report) and "DD103" not in _by_rule(report)
+    assert report["environment"]["backend"] == "gloo" and report["environment"]["nproc"] == 2
+    assert (run_dir / "meta.json").is_file() and (run_dir / "static.json").is_file()
+
+
+def test_missing_distributed_sampler_overlaps_the_ranks(probe) -> None:
+    report, _, _ = probe("no_distributed_sampler")
+    f = _by_rule(report)["DD302"]
+    ev = f["evidence"]
+    assert ev["overlap_fraction"] == 1.0
+    assert ev["distinct_samples"] == {"0": 96, "1": 96}
+    assert ev["identical_batches_fraction"] == 1.0  # same torch.manual_seed(0) on every rank
+    assert f["line"] == 14 and "2×" in f["message"]
+
+
+def test_forward_through_unwrapped_model_and_diverged_replicas(probe) -> None:
+    report, _, _ = probe("forward_bypass")
+    found = _by_rule(report)
+    bypass = found["DD102"]
+    assert bypass["severity"] == "critical" and bypass["line"] == 26
+    for r in ("0", "1"):
+        assert bypass["evidence"]["per_rank"][r]["bypass_forwards"] == 8
+        assert bypass["evidence"]["per_rank"][r]["ddp_forwards"] == 0
+        assert bypass["evidence"]["per_rank"][r]["steps"] == 8
+    diverged = found["DD103"]
+    assert diverged["evidence"]["first_step"] == 1 and diverged["evidence"]["steps_compared"] == 8
+    assert diverged["evidence"]["max_abs_diff_final"] > 1e-3
+    # the evaluation pass over the same loader repeats the order within an epoch: not a DD301
+    assert "DD301" not in found
+
+
+def test_unscaled_lr_against_the_reference_recipe(probe) -> None:
+    report, run_dir, _ = probe("unscaled_lr", base_lr=0.1, base_batch=16)
+    f = _by_rule(report)["DD401"]
+    ev = f["evidence"]
+    assert (ev["per_rank_batch"], ev["world_size"], ev["accumulation"], ev["global_batch"]) == (16, 2, 1, 32)
+    assert ev["lr"] == pytest.approx(0.1) and ev["expected_lr"] == pytest.approx(0.2) and ev["rule"] == "linear"
+    assert f["line"] == 24 and "expects lr 0.2" in f["message"]
+    # `report DIR` reproduces it, and a recipe that matches the measured batch clears it
+    again = report_run(run_dir).to_json()
+    assert _by_rule(again)["DD401"]["evidence"]["expected_lr"] == pytest.approx(0.2)
+    cleared = report_run(run_dir, base_lr=0.1, base_batch=32).to_json()
+    assert "DD401" not in _by_rule(cleared)
+    sqrt = report_run(run_dir, base_lr=0.1, base_batch=16, lr_scaling="sqrt").to_json()
+    assert _by_rule(sqrt)["DD401"]["evidence"]["expected_lr"] == pytest.approx(0.1 * 2**0.5)
+
+
+def test_hard_coded_rank_is_overridden_and_measuring_goes_on(probe) -> None:
+    report, _, _ = probe("hardcoded_rank")
+    f = _by_rule(report)["DD104"]
+    assert f["severity"] == "critical" and f["line"] == 11
+    calls = {c["rank"]: c for c in f["evidence"]["calls"]}
+    assert calls["1"]["overridden"] == {"rank": [0, 1]}
+    assert calls["0"]["overridden"] == {}
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8  # both ranks trained past the fatal bug
+    assert "DD103" not in _by_rule(report) and "DD901" not in _by_rule(report)
+
+
+def test_self_spawning_script_is_started_once_and_its_children_instrumented(probe) -> None:
+    report, run_dir, _ = probe("self_spawn")
+    f = _by_rule(report)["DD301"]
+    assert f["ranks"] == [0, 1]
+    assert any("starts its own ranks" in n and "2 child processes" in n for n in report["notes"])
+    import json
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["mode"] == "spawn"
+    roles = sorted(json.loads(p.read_text().splitlines()[0])["role"] for p in (run_dir / "events").glob("*.jsonl"))
+    assert roles == ["main", "spawned", "spawned"]
+
+
+def test_legacy_local_rank_script_gets_the_argument(probe) -> None:
+    report, _, _ = probe("legacy_local_rank")
+    f = _by_rule(report)["DD108"]
+    per_rank = f["evidence"]["per_rank"]
+    assert per_rank["0"] == {"default": 0, "value": 0, "LOCAL_RANK": "0"}
+    assert per_rank["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
+    assert f["line"] == 14 and f["evidence"]["injected_by_probe"]
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8
+    assert any("nccl→gloo" in n for n in report["notes"])
+
+
+def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
+    report, _, _ = probe("cuda_syncbn_correct")
+    assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
+    env = report["environment"]
+    assert env["cuda_emulated"] and env["backend"] == "gloo" and env["device"] == "cpu"
+    assert any("SyncBN exact over gloo" in n and "nccl→gloo" in n for n in report["notes"])
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][2] == "finished" and rows[1][3] == 8
+
+
+def test_cuda_syncbn_converted_after_wrapping_is_measured_harmless(probe) -> None:
+    report, _, _ = probe("cuda_syncbn_after_wrap")
+    f = _by_rule(report)["DD101"]
+    assert f["severity"] == "low" and "measured harmless" in f["message"]
+    ev = f["evidence"]
+    assert ev["syncbn_layers"] == 1 and ev["plain_bn_layers"] == 0
+    assert ev["syncbn_params_in_optimizer"] == 1.0 and ev["syncbn_params_in_ddp"] == 1.0
+    assert ev["bn_buffers_disagreeing"] == [] and ev["bn_buffers_compared"] == 1
+    assert "DD103" not in _by_rule(report)
+
+
+def test_a_rank_that_raises_is_the_root_cause(probe) -> None:
+    report, _, wall = probe("rank_raises", timeout=60)
+    f = _by_rule(report)["DD902"]
+    assert f["ranks"] == [1] and f["line"] == 14
+    root = f["evidence"]["root_cause"]
+    assert root["type"] == "ValueError" and "corrupt sample in batch 2 on rank 1" in root["message"]
+    assert root["steps"] == 2 and any("check_batch" in line for line in root["traceback"])
+    consequences = [x for x in f["evidence"]["failures"] if not x["root_cause"]]
+    assert [x["rank"] for x in consequences] == [0] and consequences[0]["peer_caused"]
+    assert "DD901" not in _by_rule(report) and wall < 60
+
+
+def test_a_native_abort_is_the_root_cause_not_the_peer(probe) -> None:
+    report, _, _ = probe("collective_mismatch", timeout=60)
+    f = _by_rule(report)["DD902"]
+    assert f["ranks"] == [0] and f["line"] == 23
+    assert f["evidence"]["root_cause"]["signal"] == "SIGABRT"
+    assert "collective mismatch" in f["message"]
+    assert [x["rank"] for x in f["evidence"]["failures"] if x["peer_caused"]] == [1]
+
+
+def test_a_rank_stuck_in_a_collective_is_a_hang_with_stacks(probe) -> None:
+    report, run_dir, wall = probe("stuck_collective", timeout=15)
+    f = _by_rule(report)["DD901"]
+    stuck = {s["rank"]: s for s in f["evidence"]["stuck"]}
+    assert set(stuck) == {0, 1}
+    assert stuck[0]["blocked_in"]["function"] == "recv" and stuck[0]["user_frame"]["line"] == 29
+    assert stuck[1]["user_frame"]["line"] in (23, 24, 25)  # waiting for rank 0 in the next step's collectives
+    assert f["line"] == 29 and "timeout" in f["message"]
+    assert 15 <= wall < 15 + 20
+    assert "DD902" not in _by_rule(report)
+
+
+def test_a_script_that_never_initialises_a_process_group(probe) -> None:
+    report, _, _ = probe("not_distributed")
+    f = _by_rule(report)["DD903"]
+    assert f["severity"] == "info" and f["evidence"]["optimizer_steps"] == [8, 8]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find leftover processes")
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark}
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/stuck_collective.py", "--timeout", "120",
+         "--keep-run", str(run_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list((run_dir / "events").glob("*.jsonl"))) < 2:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert len(_marked_processes(mark)) >= 4  # ddpdoctor, the agent, two ranks
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        time.sleep(0.2)
+        leftover = _marked_processes(mark)
+        _kill_marked(mark)
+    assert "Traceback" not in err
+    assert leftover == []
+    import json
+
+    launch = json.loads((run_dir / "launcher.json").read_text())
+    assert launch["interrupted"] and not launch["timed_out"] and len(launch["killed"]) >= 3
+
+
+def test_loader_worker_processes_are_cut_and_stopped(probe) -> None:
+    report, run_dir, _ = probe("loader_workers")
+    mine = {"DD101", "DD102", "DD103", "DD104", "DD301", "DD302", "DD901", "DD902", "DD903"}
+    assert not mine & set(_by_rule(report))
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][2] == "finished" and rows[0][3] == 8 and rows[1][3] == 8
+    out = (run_dir / "logs" / "rank0.stdout").read_text().splitlines()
+    assert out == ["epoch 0 validated 32", "epoch 1 validated 32"]  # evaluation kept its (short) passes

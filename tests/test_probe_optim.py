@@ -1,0 +1,176 @@
+"""The optimisation-health recorder (ddpdoctor/probe/recorders/optim_health.py): in this process on a real
+one-rank gloo group, and the real probe on 2 CPU ranks over fixtures/probe/optim/ (which also records
+fixtures/runs/optim_*/ when DDPDOCTOR_RECORD_FIXTURES=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = REPO / "fixtures" / "runs"
+RECORD = os.environ.get("DDPDOCTOR_RECORD_FIXTURES") == "1"
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Iterator[Any]:
+    """A probe in this process with the optimizer and optimisation-health recorders installed (undone after)."""
+    from ddpdoctor.probe.recorders import ddp, optim_health, optimizer
+    from ddpdoctor.probe.session import Probe
+    from ddpdoctor.probe.settings import ProbeSettings
+
+    p = Probe(ProbeSettings(run_dir=str(tmp_path), epochs=0, steps=0), role="rank")
+    try:
+        for install in (optim_health.install, ddp.install, optimizer.install):
+            install(p)
+        yield p
+    finally:
+        p.patcher.undo()
+
+
+def events(probe: Any, kind: str) -> list[dict[str, Any]]:
+    path = probe.writer.path
+    if not path.exists():
+        return []
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["kind"] == kind]
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_losses_backward_counts_and_gradients_per_step(probe: Any) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    for _ in range(2):
+        for micro in range(3):  # accumulation without DDP: plain backwards
+            loss = model(x).pow(2).mean()
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+    steps = events(probe, "train_step")
+    assert [s["step"] for s in steps] == [1, 2]
+    assert [s["backwards"] for s in steps] == [3, 3]
+    assert [s["plain_backwards"] for s in steps] == [3, 3]
+    assert steps[0]["syncing_backwards"] == 0
+    assert len(steps[0]["losses"]) == 3
+    value, hexbits = steps[0]["losses"][0]
+    assert float.fromhex(hexbits) == value > 0
+    assert steps[0]["grads"]["params"] == 2 and steps[0]["grads"]["zero"] == 0 and steps[0]["grads"]["none"] == 0
+    assert steps[0]["grads"]["norm"] > 0
+    assert steps[0]["backward_site"]["file"] == __file__
+
+
+def test_zero_loss_gives_exactly_zero_gradients(probe: Any) -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = model(torch.randn(4, 3))
+    (nn.functional.mse_loss(out, out.detach()) * 0).backward()
+    opt.step()
+    (step,) = events(probe, "train_step")
+    assert step["grads"]["zero"] == 2 and step["grads"]["max_abs"] == 0.0
+    assert step["losses"] == [[0.0, "0x0.0p+0"]]
+
+
+def test_non_finite_loss_gradients_and_parameters(probe: Any) -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.tensor([[1.0, float("inf")], [2.0, 3.0]])
+    loss = nn.MSELoss()(model(x), torch.zeros(2, 2))
+    loss.backward()
+    opt.step()
+    found = {e["tensor"]: e for e in events(probe, "nonfinite")}
+    assert set(found) >= {"loss", "grad", "param"}
+    assert found["loss"]["step"] == 1 and found["loss"]["value"] == "nan"
+    assert found["grad"]["count"] >= 1 and found["grad"]["total"] == 4
+    assert {e["names"][0] for e in events(probe, "nonfinite") if e["tensor"] == "loss"} == {
+        "output of the loss module", "loss passed to backward()"}
+
+
+def test_ddp_accumulation_and_hand_reduction_are_seen(probe: Any, one_rank_group: None) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    with model.no_sync():
+        model(x).sum().backward()
+    model(x).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= 2
+    metric = torch.ones(1)
+    dist.all_reduce(metric)  # not a gradient: not recorded
+    opt.step()
+    (step,) = events(probe, "train_step")
+    assert step["backwards"] == 2 and step["syncing_backwards"] == 1 and step["nosync_backwards"] == 1
+    hand = step["hand_reduced"]
+    assert hand["params"] == 2 and hand["numel"] == 8 and hand["ops"] == ["all_reduce"] and hand["after_ddp"] == 2
+    assert hand["ratio_median"] == pytest.approx(0.5)  # one rank: SUM leaves it, the division halves it
+    calls = events(probe, "grad_collective")
+    assert [c["param"] for c in calls] == ["weight", "bias"]
+    assert all(c["after_ddp"] and c["step"] == 1 for c in calls)
+    assert calls[0]["site"]["file"] == __file__
+
+
+# ------------------------------------------------------------------------------------------------ the real probe
+
+OPTIM_FIXTURES = {
+    # fixture: (options, rules the probe must report, rules it must not)
+    "accumulate_hand_reduce": ({"base_lr": 0.1, "base_batch": 8}, {"DD402", "DD403", "DD404"}, {"DD401", "DD405", "DD406"}),
+    "good_accumulate": ({"base_lr": 0.1, "base_batch": 8}, set(), {"DD401", "DD402", "DD403", "DD404", "DD405", "DD406"}),
+    "zero_loss": ({}, {"DD405"}, {"DD403", "DD404", "DD406"}),
+    "corrupt_sample": ({}, {"DD406"}, {"DD403", "DD404", "DD405"}),
+}
+LIVE = {"accumulate_hand_reduce"}  # recorded runs replay the others (tests/test_analyses_optim.py)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPTIM_FIXTURES))
+def test_probe_finds_the_optimisation_rules(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.check import run_check
+    from ddpdoctor.config import CheckConfig
+
+    if name not in LIVE and not RECORD:
+        pytest.skip("replayed from fixtures/runs (set DDPDOCTOR_RECORD_FIXTURES=1 to re-record)")
+    options, fire, silent = OPTIM_FIXTURES[name]
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "run"
+    report = run_check(CheckConfig(script=Path(f"fixtures/probe/optim/{name}.py"), device="cpu", nproc=2,
+                                   timeout=240, keep_run=run_dir, **options))
+    if RECORD:
+        target = RUNS / f"optim_{name}"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(run_dir, target, ignore=lambda d, names: [n for n in names if n.endswith(".stack")])
+    probe_rules = {f.rule for f in report.findings if "probe" in f.sources}
+    assert fire <= probe_rules, report.to_json()["findings"]
+    assert not (silent & probe_rules), report.to_json()["findings"]
+
+
+def test_two_ddp_models_each_reduce_once(probe: Any, one_rank_group: None) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    generator, critic = DDP(nn.Linear(3, 3)), DDP(nn.Linear(3, 1))
+    opt = torch.optim.SGD([*generator.parameters(), *critic.parameters()], lr=0.1)
+    x = torch.randn(4, 3)
+    generator(x).sum().backward()
+    critic(x).sum().backward()
+    opt.step()
+    (step,) = events(probe, "train_step")
+    assert step["syncing_backwards"] == 2 and step["max_syncs_per_ddp"] == 1
