@@ -187,13 +187,28 @@ class StackView:
     blocked_in: dict[str, Any] | None  # innermost frame overall
 
 
+def _is_ddpdoctor_file(norm: str) -> bool:
+    """A frame in ddpdoctor's own code, also when the run was recorded from another checkout (a replayed run
+    directory names the recording machine's paths): `.../ddpdoctor/<rest>` where this package has `<rest>`."""
+    if norm.startswith(_PACKAGE_DIR + os.sep):
+        return True
+    marker = os.sep + "ddpdoctor" + os.sep
+    cut = norm.rfind(marker)
+    while cut != -1:
+        rest = norm[cut + len(marker) :]
+        if rest and os.path.isfile(os.path.join(_PACKAGE_DIR, rest)):
+            return True
+        cut = norm.rfind(marker, 0, cut)
+    return False
+
+
 def is_user_path(ctx: RunContext, file: str) -> bool:
     if not file or file.startswith("<"):
         return False
     norm = os.path.normpath(file)
     if ctx.script_abs and norm == os.path.normpath(ctx.script_abs):
         return True
-    if "site-packages" in norm or "dist-packages" in norm or norm.startswith(_PACKAGE_DIR + os.sep):
+    if "site-packages" in norm or "dist-packages" in norm or _is_ddpdoctor_file(norm):
         return False
     if "/lib/python" in norm:
         return False
