@@ -129,6 +129,126 @@ def test_ddp_accumulation_and_hand_reduction_are_seen(probe: Any, one_rank_group
     assert calls[0]["site"]["file"] == __file__
 
 
+def test_freed_gradient_memory_is_not_a_gradient(probe: Any, one_rank_group: None) -> None:
+    """The demo's false DD404: zero_grad() frees the gradients and the allocator hands their memory to the next
+    tensor of that size (SyncBN's per-channel sums, a logged loss). Here the old gradient itself is kept alive, so
+    a tensor sits at a freed gradient's address with its size for sure; it is not the parameter's .grad any more."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        out = model(x).sum()
+        dist.all_reduce(torch.ones(1))  # a logged metric, while last step's gradients are alive
+        old = [p.grad for p in model.parameters()]
+        opt.zero_grad()  # set_to_none: the parameters let go of them
+        for t in old:
+            if t is not None:
+                dist.all_reduce(t)  # same address and size as a gradient a moment ago
+        out.backward()
+        opt.step()
+    assert events(probe, "grad_collective") == []
+    assert [s["hand_reduced"] for s in events(probe, "train_step")] == [None, None]
+
+
+def test_hand_reduction_of_views_and_flat_buffers(probe: Any, one_rank_group: None) -> None:
+    """A tensor that shares memory with a gradient is that gradient: a slice of it, gradients that are views of
+    DDP's buckets (gradient_as_bucket_view=True), a flat buffer the script made the gradients views of."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    model = DDP(nn.Linear(3, 2), gradient_as_bucket_view=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weight, bias = model.module.weight, model.module.bias
+    model(x).sum().backward()
+    model(x).sum().backward()  # second backward: the gradients are views into DDP's bucket now
+    assert bias.grad.untyped_storage().data_ptr() == weight.grad.untyped_storage().data_ptr()
+    dist.all_reduce(bias.grad[1:])  # a slice of a bucket view: bias only, not its bucket neighbour
+    opt.step()
+
+    model = DDP(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    flat = torch.zeros(8)
+    model.module.weight.grad, model.module.bias.grad = flat[:6].view(2, 3), flat[6:]
+    model(x).sum().backward()  # DDP copies its result into the existing (view) gradients
+    assert model.module.bias.grad.data_ptr() == flat[6:].data_ptr()
+    dist.all_reduce(flat)
+    opt.step()
+
+    first, second = events(probe, "train_step")
+    assert first["hand_reduced"]["params"] == 1 and first["hand_reduced"]["numel"] == 2
+    assert second["hand_reduced"]["params"] == 2 and second["hand_reduced"]["numel"] == 8
+    assert second["hand_reduced"]["ratio_median"] == pytest.approx(1.0)  # one rank: SUM is the identity
+    calls = events(probe, "grad_collective")
+    assert [(c["param"], c["numel"], c["step"]) for c in calls] == [("bias", 1, 1), ("weight", 8, 2)]
+
+
+def test_only_a_collective_the_script_calls_is_a_hand_reduction(probe: Any, one_rank_group: None) -> None:
+    """The direct caller decides, not the innermost user frame: ddpdoctor's SyncBatchNorm all-reduces under the
+    script's loss.backward(), which is no hand reduction. A function compiled as if it lived in
+    ddpdoctor/bn/syncbn.py stands for such library code here (with the real SyncBN the tensor is never a
+    gradient, and the address coincidence is the allocator's choice). The process-group recorder's wrapper sits
+    outside this recorder's, as in a real run: it is skipped, not taken for the caller."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpdoctor.bn import syncbn
+    from ddpdoctor.probe.recorders import process_group
+
+    process_group.install(probe)
+    library: dict[str, Any] = {}
+    exec(compile("import torch.distributed as dist\n\ndef reduce(t):\n    dist.all_reduce(t)\n",
+                 syncbn.__file__, "exec"), library)
+
+    def user_reduce(t: torch.Tensor) -> None:
+        dist.all_reduce(t)
+
+    model = DDP(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    library["reduce"](model.module.weight.grad)
+    opt.step()
+    assert events(probe, "grad_collective") == []
+    user_reduce(model.module.bias.grad)
+    opt.step()
+    (call,) = events(probe, "grad_collective")
+    assert call["param"] == "bias"
+    assert call["site"]["file"] == __file__ and call["site"]["function"] == "user_reduce"
+    assert [c["site"]["function"] for c in events(probe, "collective")] == ["user_reduce"]
+
+
+def test_ddp_comm_hooks_are_ddps_own_reduction(probe: Any, one_rank_group: None) -> None:
+    """Communication hooks reduce DDP's bucket, which with gradient_as_bucket_view=True is the gradients'
+    memory: torch's built-in hook (called from torch) and a script's own hook (called from user code) are DDP's
+    reduction, not a second one. A hand all_reduce after them still counts."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def my_hook(state, bucket):  # unannotated: under `from __future__ import annotations` DDP rejects a str one
+        buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size())
+        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    torch.manual_seed(0)
+    for hook in (default_hooks.allreduce_hook, my_hook):
+        model = DDP(nn.Linear(3, 2), gradient_as_bucket_view=True)
+        model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 3)
+        for _ in range(3):  # from the second backward on, the bucket is the gradients' storage
+            opt.zero_grad(set_to_none=False)
+            model(x).sum().backward()
+            opt.step()
+    assert events(probe, "grad_collective") == []
+    assert all(s["hand_reduced"] is None for s in events(probe, "train_step"))
+
+    dist.all_reduce(model.module.weight.grad)
+    opt.step()
+    assert [c["param"] for c in events(probe, "grad_collective")] == ["weight"]
+
+
 # ------------------------------------------------------------------------------------------------ the real probe
 
 OPTIM_FIXTURES = {
@@ -161,6 +281,31 @@ def test_probe_finds_the_optimisation_rules(name: str, tmp_path: Path, monkeypat
     probe_rules = {f.rule for f in report.findings if "probe" in f.sources}
     assert fire <= probe_rules, report.to_json()["findings"]
     assert not (silent & probe_rules), report.to_json()["findings"]
+
+
+@pytest.mark.slow
+def test_syncbn_backward_all_reduce_is_no_hand_reduction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's false DD404, end to end: a correct CUDA-style SyncBatchNorm script whose SyncBN backward sums
+    land in freshly freed gradient memory (the recorder that matched addresses reported DD404 in 5 of 5 runs)."""
+    from ddpdoctor.check import run_check
+    from ddpdoctor.config import CheckConfig
+    from ddpdoctor.events import read_run
+
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "run"
+    report = run_check(CheckConfig(script=Path("fixtures/probe/optim/cuda_syncbn_zero_grad_late.py"), device="cpu",
+                                   nproc=2, timeout=240, keep_run=run_dir))
+    assert [f.rule for f in report.findings] == [], report.to_json()["findings"]
+    run = read_run(run_dir)
+    ranks = run.rank_processes
+    assert sorted(ranks) == [0, 1]
+    for log in ranks.values():
+        assert log.of("grad_collective") == [] and log.of("internal_error") == []
+        steps = log.of("train_step")
+        assert len(steps) == 8  # 2 epochs x 4 steps, each a DDP-synchronising backward through 2 SyncBN layers
+        assert all(s["syncing_backwards"] == 1 and s["hand_reduced"] is None for s in steps)
+        assert any(e["what"] == "sync_batchnorm" for e in log.of("emulation"))
+        assert len(log.of("collective")) == 8  # the script's own all_reduce of the logged loss, seen as such
 
 
 def test_two_ddp_models_each_reduce_once(probe: Any, one_rank_group: None) -> None:

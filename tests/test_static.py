@@ -274,6 +274,92 @@ def test_rank_conditions_and_their_polarity():
     assert polarity == ["main", "nonmain", "main", None, "nonmain", "main", "other", None]
 
 
+def test_rank_conditions_know_a_node_local_rank_from_the_global_one():
+    """`local_rank == 0` is true once per node, `rank == 0` once per job: DD502 reports the first (info) and not
+    the second. What the value *is* decides, not what it is called; a name alone is weaker evidence."""
+    model = build_model(
+        src(
+            """
+            import os
+            import torch
+            import torch.distributed as dist
+            local_rank = int(os.environ["LOCAL_RANK"])
+            rank = dist.get_rank()
+            misnamed = int(os.environ["LOCAL_RANK"])
+            global_rank = int(os.environ.get("NODE_RANK", 0)) * int(os.environ["LOCAL_WORLD_SIZE"]) + local_rank
+
+            class Trainer:
+                def __init__(self):
+                    self.gpu_id = int(os.environ["LOCAL_RANK"])
+
+                def run(self, args, accelerator):
+                    if self.gpu_id == 0: dist.barrier()
+                    if local_rank == 0: dist.barrier()
+                    if misnamed == 0: dist.barrier()
+                    if rank == 0: dist.barrier()
+                    if global_rank == 0: dist.barrier()
+                    if local_rank == 0 and rank == 0: dist.barrier()
+                    if not args.distributed or local_rank == 0: dist.barrier()
+                    if rank % torch.cuda.device_count() == 0: dist.barrier()
+                    if rank % dist.get_world_size() == 0: dist.barrier()
+                    if args.local_rank == 0: dist.barrier()
+                    if accelerator.is_local_main_process: dist.barrier()
+                    if accelerator.is_main_process: dist.barrier()
+                    if not is_local_master(): dist.barrier()
+
+            Trainer().run(None, None)
+            """
+        ),
+        "t.py",
+    )
+    got = [(ev.rank_ctx[-1].info, ev.rank_ctx[-1].scope) for ev in model.of("collective")]
+    assert got == [
+        ("main", "local"),  # self.gpu_id from LOCAL_RANK (pytorch/examples' ddp-tutorial-series)
+        ("main", "local"),
+        ("main", "local"),
+        ("main", "global"),
+        ("main", "global"),  # node_rank * gpus + local_rank is a global rank
+        ("main", "global"),
+        ("main", "local"),
+        ("main", "local"),  # the ImageNet example's rank % ngpus_per_node
+        ("main", "global"),
+        ("main", "local_by_name"),
+        ("main", "local"),
+        ("main", "global"),
+        ("nonmain", "local"),
+    ]
+
+
+def test_a_per_node_save_is_reported_below_an_unguarded_one_and_says_why():
+    template = """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        gpu_id = int(os.environ["LOCAL_RANK"])
+        model = DDP(torch.nn.Linear(2, 2))
+        if __GUARD__:
+            torch.save(model.module.state_dict(), "snapshot.pt")
+        """
+
+    def dd502(guard: str | None):
+        text = src(template)
+        text = text.replace("if __GUARD__:\n    ", "") if guard is None else text.replace("__GUARD__", guard)
+        found = [f for f in analyze_source(text, "t.py") if f.rule == "DD502"]
+        return found[0] if found else None
+
+    unguarded = dd502(None)
+    assert (unguarded.severity, unguarded.confidence) == (Severity.LOW, Confidence.CERTAIN)
+    assert "every rank" in unguarded.message
+    per_node = dd502("gpu_id == 0")
+    assert (per_node.severity, per_node.confidence) == (Severity.INFO, Confidence.LIKELY)
+    assert "`gpu_id == 0` (line 8)" in per_node.message and "local rank 0 of every node" in per_node.message
+    assert per_node.evidence["guard_line"] == 8 and per_node.evidence["writers"] == "local rank 0 of every node"
+    assert dd502("dist.get_rank() == 0") is None
+    assert dd502("int(os.environ['RANK']) == 0") is None
+
+
 def test_early_return_guards_the_rest_of_the_function():
     model = build_model(
         src(

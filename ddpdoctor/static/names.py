@@ -198,6 +198,12 @@ def is_main_predicate(ident: str | None) -> bool:
     return bool(ident) and bool(_MAIN_PREDICATE.match(ident.lower()))
 
 
+def main_predicate_scope(ident: str | None) -> str:
+    """"local" for the per-node predicates (`is_local_main_process`, `is_local_process_zero`, `local_master`),
+    "global" for the others: `is_local_main_process` is true on one process of every node."""
+    return "local" if ident and "local" in ident.lower() else "global"
+
+
 def is_rank_zero_decorator(ident: str | None) -> bool:
     return bool(ident) and bool(_RANK_ZERO_DECORATOR.match(ident.lower()))
 

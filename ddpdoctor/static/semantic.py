@@ -112,6 +112,11 @@ class Ctx(NamedTuple):
     kind: rank (branch taken by a subset of ranks; info = "main" | "nonmain" | "other") | cond (any other branch;
     info = the test's source text) | loop (info = dict with the loaders it iterates) | grad (info = "off" | "on" |
     None) | no_sync | accumulate | join | try
+
+    scope (rank only): which rank the test reads. "global": the process's rank in the whole job (or not known to
+    be anything else); "local": its index on its node (LOCAL_RANK, `rank % gpus_per_node`,
+    `is_local_main_process`), so "main" means one process *per node*; "local_by_name": the same, known only
+    from a name (`self.gpu_id`, `args.local_rank` with no visible origin).
     """
 
     kind: str
@@ -119,6 +124,7 @@ class Ctx(NamedTuple):
     info: Any
     frame: int
     branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
+    scope: str | None = None
 
 
 @dataclass(eq=False)

@@ -144,7 +144,7 @@ class Walker:
         self._classes: dict[ast.AST, Obj] = {}
         self._instances: dict[ast.AST, list[Obj]] = {}
         self._placeholders: dict[str, Obj] = {}
-        self._guard: tuple[str, Any, int] | None = None
+        self._guard: tuple[str, Any, int, str | None] | None = None  # (kind, info, branch, scope) after an early exit
         self._forward_depth = 0
         self._has_bn_memo: dict[ast.AST, bool] = {}
         self._cond_keys: dict[int, tuple[str, int]] = {}
@@ -351,7 +351,7 @@ class Walker:
                     return True
                 guard, self._guard = self._guard, None
                 if guard is not None:
-                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2]))
+                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3]))
                     pushed += 1
             return False
         finally:
@@ -555,18 +555,20 @@ class Walker:
 
     def st_If(self, st: ast.If) -> bool:
         test = self.eval(st.test)
+        scope = None
         if _is_main_guard(st.test):
             kind, info, else_info = None, None, None
         else:
             polarity = self.rank_condition(test, st.test)
             if polarity is not None:
                 kind, info, else_info = "rank", polarity, _flip(polarity)
+                scope = self.rank_scope(test)
             else:
                 kind, info, else_info = "cond", self.text(st.test), "not " + self.text(st.test)
         frame = self.frame
         before = dict(frame.locals)
         if kind:
-            self.ctx.append(Ctx(kind, st, info, frame.id))
+            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope))
         try:
             ended_body = self.block(st.body)
         finally:
@@ -575,7 +577,7 @@ class Walker:
         after_body = frame.locals
         frame.locals = dict(before)
         if kind:
-            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1))
+            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope))
         try:
             ended_else = self.block(st.orelse)
         finally:
@@ -588,11 +590,11 @@ class Walker:
         if ended_body:
             frame.locals = after_else
             if kind and not st.orelse:
-                self._guard = (kind, else_info, 1)
+                self._guard = (kind, else_info, 1, scope)
         elif ended_else:
             frame.locals = after_body
             if kind:
-                self._guard = (kind, info, 0)
+                self._guard = (kind, info, 0, scope)
         else:
             frame.locals = _merge_env(after_body, after_else)
         return False
@@ -945,7 +947,8 @@ class Walker:
         if isinstance(node.op, ast.Not):
             polarity = self.rank_condition(operand, node.operand)
             if polarity is not None:
-                return (self.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": _flip(polarity)}),)
+                props = {"polarity": _flip(polarity), "scope": self.rank_scope(operand)}
+                return (self.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
             return (self.new("value", node),)
         const = is_constant(operand)
         value = None
@@ -959,11 +962,18 @@ class Walker:
         polarities = [self.rank_condition(v, n) for v, n in zip(values, node.values)]
         present = [p for p in polarities if p is not None]
         if present:
+            scopes = [self.rank_scope(v) for v, p in zip(values, polarities) if p is not None]
             if isinstance(node.op, ast.And):
                 polarity = "main" if "main" in present else ("nonmain" if "nonmain" in present else "other")
+                # `local_rank == 0 and rank == 0` holds on the global main process only
+                main_scopes = [s for s, p in zip(scopes, present) if p == polarity] or scopes
+                scope = "global" if "global" in main_scopes else _narrowest_local(main_scopes)
             else:
                 polarity = present[0] if all(p == present[0] for p in present) else "other"
-            return (self.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity}),)
+                # `not distributed or local_rank == 0`: local rank 0 of every node passes
+                local = [s for s in scopes if s != "global"]
+                scope = _narrowest_local(local) if local else "global"
+            return (self.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
         return union(*values)
 
     def ex_Compare(self, node: ast.Compare) -> Value:
@@ -990,7 +1000,8 @@ class Walker:
         if not present:
             return (self.new("value", node),)
         polarity = present[0] if all(p == present[0] for p in present) else "other"
-        return (self.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity}),)
+        scope = _combine_scopes([_value_scope(operands[i]) for i in ranked])
+        return (self.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
 
     def _is_rank_value(self, value: Value) -> bool:
         return any((o.tags & PER_RANK_TAGS) and (o.props.get("rank_direct") or o.kind in ("value", "unknown")) and not o.const for o in value)
@@ -1003,6 +1014,14 @@ class Walker:
         if any((o.tags & PER_RANK_TAGS) and o.props.get("rank_direct") and not o.const for o in value):
             return "nonmain"  # `if rank:` is true on every rank but 0
         return None
+
+    def rank_scope(self, value: Value) -> str:
+        """Which rank a rank condition reads (see `Ctx.scope`): "global" unless every way the test can be
+        computed reads a node-local rank."""
+        conds = [o for o in value if "rank_cond" in o.tags]
+        if conds:
+            return _combine_scopes([o.props.get("scope") or N.main_predicate_scope(o.label) for o in conds])
+        return _value_scope(value)
 
     def ex_IfExp(self, node: ast.IfExp) -> Value:
         self.eval(node.test)
@@ -1279,6 +1298,7 @@ class Walker:
         if name and N.is_main_predicate(name):
             tags = frozenset({"rank_cond", "named"})
             props["polarity"] = "main"
+            props["scope"] = N.main_predicate_scope(name)
         elif base_name:
             nt = N.name_tags(base_name) - {"rank_cond"}
             if nt & (PER_RANK_TAGS | {"world_size"}) and (name.startswith("get_") or base_name == name):
@@ -1325,7 +1345,7 @@ class Walker:
                     pushed += 1
                     break
         if any(N.is_rank_zero_decorator(n) for n in fobj.props.get("decorator_names", ())):
-            self.ctx.append(Ctx("rank", fnode, "main", frame.id))
+            self.ctx.append(Ctx("rank", fnode, "main", frame.id, 0, "global"))
             pushed += 1
         frame.ctx_base = len(self.ctx)
         self.frames.append(frame)
@@ -2162,6 +2182,53 @@ def _capped(value: Value) -> Value:
 
 def _flip(polarity: str) -> str:
     return {"main": "nonmain", "nonmain": "main"}.get(polarity, "other")
+
+
+_LOCAL_SCOPES = ("local_by_name", "local")  # weakest evidence first
+
+
+def _narrowest_local(scopes: list[str]) -> str:
+    """Of several node-local scopes, the one with the weakest evidence (a name only beats a visible origin)."""
+    for s in _LOCAL_SCOPES:
+        if s in scopes:
+            return s
+    return "global"
+
+
+def _combine_scopes(scopes: list[str]) -> str:
+    """A test that may read a global rank (any alternative) counts as global: only a test that reads a node-local
+    rank on every path is reported as per-node."""
+    if not scopes or "global" in scopes:
+        return "global"
+    return _narrowest_local(scopes)
+
+
+_PER_NODE_WORDS = ("per_node", "local", "device_count", "gpu", "nproc")
+
+
+def _value_scope(value: Value) -> str:
+    """Scope of a rank value compared in a test: "global" for a job-wide rank, "local"/"local_by_name" for a
+    node-local one: LOCAL_RANK and local_rank variables as they are (not `node_rank * gpus + local_rank`, which is
+    global), and `rank % gpus_per_node` (the ImageNet example's `args.rank % ngpus_per_node == 0`)."""
+    scopes: list[str] = []
+    for o in value:
+        if not (o.tags & PER_RANK_TAGS) or o.const:
+            continue
+        op = o.props.get("op")
+        if op == "Mod" and tags_of(o.props.get("left") or ()) & PER_RANK_TAGS:
+            right = o.props.get("right") or ()
+            per_node = all(
+                r.const or "device_count" in r.tags or any(w in (r.label or "").lower() for w in _PER_NODE_WORDS)
+                for r in right
+            ) and bool(right)
+            scopes.append("local" if per_node else "global")
+        elif "rank" in o.tags or op is not None:
+            scopes.append("global")  # a global rank, or local_rank combined with other numbers
+        elif o.tags & {"env", "spawn"} or "named" not in o.tags:
+            scopes.append("local")
+        else:
+            scopes.append("local_by_name")
+    return _combine_scopes(scopes)
 
 
 def _rank_polarity(op: type, const: Any, rank_on_left: bool) -> str | None:

@@ -7,16 +7,22 @@
   a backward is counted as all-reducing or not (DD403).
 - Gradients: a global optimizer step pre-hook summarises the gradients the optimizer is about to use (how many
   are None, exactly zero, non-finite; their norm) and the learning rates (DD405, DD406, DD402).
-- Hand reductions: collectives (`all_reduce`, `reduce`, `all_gather*`) whose tensor is the `.grad` of a
-  parameter DDP registered for reduction are recorded with the gradient norm before the call; the step pre-hook
-  measures the norm the optimizer then used, so the report can say "the optimizer stepped with gradients 2x what
-  DDP produced" (DD404).
+- Hand reductions: collectives (`all_reduce`, `reduce`, `all_gather*`) called *by user code* whose tensor is, or
+  shares memory with, the current `.grad` of a parameter DDP registered for reduction are recorded with the
+  gradient norm before the call; the step pre-hook measures the norm the optimizer then used, so the report can
+  say "the optimizer stepped with gradients 2x what DDP produced" (DD404). Collectives that ddpdoctor itself
+  issues (the CPU SyncBatchNorm's per-channel sums in backward), that torch issues (DDP's built-in comm hooks,
+  torch.distributed.nn) or that run inside a DDP communication hook (the user's own, reducing DDP's bucket) are
+  DDP's or the library's reduction, not a hand reduction. A gradient is matched by its live storage at the time
+  of the call, never by a remembered address: once `zero_grad()` frees a gradient, the allocator hands its
+  memory to the next tensor of that size (the SyncBN sums, a logged loss), which is not a gradient.
 - Non-finite values: the loss (at backward, and the output of `nn` loss modules), the gradients (step pre-hook),
   the parameters and the BatchNorm running statistics (after the step): the first step, rank and tensor (DD406).
 
 Cost: one isinstance check per module call (hooks), an `.item()` per backward, two foreach norms over the
-gradients per step and one over the parameters and norm buffers; nothing else per step. Values are read, never
-written; no generator is touched and no collective is added.
+gradients per step and one over the parameters and norm buffers; per collective while a DDP model exists, a
+step over the wrapper frames to its caller (a few µs) and, for calls from user code only, a dict lookup of the
+tensor's storage. Values are read, never written; no generator is touched and no collective is added.
 
 Install order: this recorder must be installed before `process_group`, so that its collective wrappers sit
 *inside* the process-group recorder's (which looks at its direct caller to tell user code from library code).
@@ -25,10 +31,11 @@ Install order: this recorder must be installed before `process_group`, so that i
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from ddpdoctor.probe.patching import wrap_everywhere
-from ddpdoctor.probe.session import Probe
+from ddpdoctor.probe.session import Probe, is_user_file
 
 NAME = "optim_health"
 LOSSES_PER_STEP = 8  # loss values kept per optimizer step (accumulation micro-steps)
@@ -53,9 +60,12 @@ class _State:
         self.nonfinite_emitted: dict[str, int] = {}
         self.grad_events = 0
         self.names: dict[int, str] = {}  # id(param) -> qualified name (DDP modules)
-        self.names_ddps = 0
-        self.grad_index: dict[tuple[int, int], tuple[Any, str]] = {}  # (data_ptr, numel) of DDP grads -> param
-        self.grad_index_serial = -1
+        self.names_ddps: tuple[int, ...] = ()  # probe ids of the live DDP models `names` was built from
+        # storage address of DDP gradients -> [(param, name)]: candidates only, each checked against p.grad at use
+        self.grad_index: dict[int, list[tuple[Any, str]]] = {}
+        self.grad_index_generation: tuple[int, int] | None = None  # (backward_serial, steps) it was built at
+        self.comm_hooks = 0  # inside a DDP communication hook (DDP's own reduction of a bucket)
+        self.wrapper_codes: dict[str, tuple[tuple[int, ...], frozenset[Any]]] = {}  # op -> (attr ids, codes)
         self.reset_step()
 
     def reset_step(self) -> None:
@@ -150,7 +160,9 @@ def install(probe: Probe) -> None:
         owners = (dist.distributed_c10d, dist)
         for op in HAND_OPS:
             if getattr(dist.distributed_c10d, op, None) is not None:
-                wrap_everywhere(probe, owners, op, lambda fn, op=op: _make_collective(probe, st, op, fn))
+                wrap_everywhere(probe, owners, op, lambda fn, op=op: _make_collective(probe, st, owners, op, fn))
+        if hasattr(DDP, "register_comm_hook"):
+            probe.patcher.wrap(DDP, "register_comm_hook", lambda orig: _make_register_comm_hook(st, orig))
 
 
 # ------------------------------------------------------------------------------------------------ backward
@@ -212,12 +224,13 @@ def _nonfinite(probe: Probe, st: _State, what: str, **fields: Any) -> None:
 
 def _param_names(probe: Probe, st: _State) -> dict[int, str]:
     ddps = list(probe.registry.live_ddps())
-    if len(ddps) != st.names_ddps:
+    key = tuple(rec.pid for rec in ddps)  # not a count: a model can be freed and another one built (same count)
+    if key != st.names_ddps:
         st.names = {}
         for rec in ddps:
             for name, p in rec.module.named_parameters():
                 st.names.setdefault(id(p), name)
-        st.names_ddps = len(ddps)
+        st.names_ddps = key
     return st.names
 
 
@@ -395,40 +408,145 @@ def _grad_arg(op: str, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-def _ddp_grad(probe: Probe, st: _State, tensor: Any) -> tuple[Any, str] | None:
-    """The DDP-registered parameter whose `.grad` is `tensor` (the same storage), or None."""
+def _make_register_comm_hook(st: _State, orig):
+    """DDP.register_comm_hook registering the hook inside a marker: collectives the hook issues reduce DDP's
+    bucket (with gradient_as_bucket_view=True the bucket *is* the gradients' memory): DDP's own reduction."""
+    import functools
+
+    def register_comm_hook(self: Any, state: Any, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        if not callable(hook):
+            return orig(self, state, hook, *args, **kwargs)  # DDP raises its own error
+
+        # functools.wraps: DDP reads the hook's signature (`bucket` annotation), __name__ and __qualname__
+        @functools.wraps(hook)
+        def comm_hook(hook_state: Any, bucket: Any) -> Any:
+            st.comm_hooks += 1
+            try:
+                return hook(hook_state, bucket)
+            finally:
+                st.comm_hooks -= 1
+
+        return orig(self, state, comm_hook, *args, **kwargs)
+
+    return register_comm_hook
+
+
+def _wrapper_codes(st: _State, owners: tuple[Any, ...], op: str) -> frozenset[Any]:
+    """Code objects of the pass-through wrappers now installed around `op` (this recorder's, the process-group
+    recorder's outside it, torch's own decorators): frames running them are not the caller. Followed through
+    `__wrapped__` from the attributes user code looks up; recomputed only when those attributes change."""
+    fns = tuple(getattr(owner, op, None) for owner in owners)
+    key = tuple(id(f) for f in fns)
+    cached = st.wrapper_codes.get(op)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    codes = set()
+    for fn in fns:
+        seen = 0
+        while fn is not None and seen < 16:
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                codes.add(code)
+            fn = getattr(fn, "__wrapped__", None)
+            seen += 1
+    result = frozenset(codes)
+    st.wrapper_codes[op] = (key, result)
+    return result
+
+
+def _user_caller(st: _State, owners: tuple[Any, ...], op: str, frame: Any) -> dict[str, Any] | None:
+    """{file, line, function} of the code that called the collective, if that is the user's code; None when
+    ddpdoctor (the SyncBatchNorm emulation, a recorder), torch (DDP comm hooks, torch.distributed.nn) or another
+    library called it. The direct caller decides, not the innermost user frame further out: SyncBN's backward
+    all-reduce runs *under* the user's `loss.backward()`, but the user did not ask for it. `frame` is the
+    caller of this recorder's wrapper."""
+    codes = _wrapper_codes(st, owners, op)
+    while frame is not None and frame.f_code in codes:
+        frame = frame.f_back
+    if frame is None or not is_user_file(frame.f_code.co_filename):
+        return None
+    return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+
+
+def _byte_span(t: Any) -> tuple[int, int]:
+    """[first, last+1) byte addresses a strided tensor can touch."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+    return (start, start + (extent + 1) * t.element_size())
+
+
+def _build_grad_index(probe: Probe, st: _State) -> None:
     import torch
 
-    if not torch.is_tensor(tensor) or not probe.registry.ddps:
-        return None
-    if st.grad_index_serial != st.backward_serial:
-        st.grad_index = {}
-        names = _param_names(probe, st)
-        for rec in probe.registry.live_ddps():
-            for p in rec.module.parameters():
-                if id(p) in rec.registered_params and p.grad is not None and p.grad.layout == torch.strided:
-                    st.grad_index[(p.grad.data_ptr(), p.grad.numel())] = (p, names.get(id(p), "?"))
-        st.grad_index_serial = st.backward_serial
-    if tensor.layout != torch.strided:
-        return None
-    return st.grad_index.get((tensor.data_ptr(), tensor.numel()))
+    index: dict[int, list[tuple[Any, str]]] = {}
+    names = _param_names(probe, st)
+    for rec in probe.registry.live_ddps():
+        for p in rec.module.parameters():
+            g = p.grad
+            if id(p) in rec.registered_params and g is not None and g.layout == torch.strided:
+                index.setdefault(g.untyped_storage().data_ptr(), []).append((p, names.get(id(p), "?")))
+    st.grad_index = index
+    st.grad_index_generation = (st.backward_serial, probe.steps)
 
 
-def _make_collective(probe: Probe, st: _State, op: str, fn):
+def _ddp_grads(probe: Probe, st: _State, tensor: Any) -> list[tuple[Any, str]]:
+    """The DDP-registered parameters whose *current* `.grad` shares memory with `tensor` (the gradient itself, a
+    view of it, or a flat buffer the gradients are views of), in parameter order; [] for any other tensor."""
+    import torch
+
+    if not torch.is_tensor(tensor) or tensor.layout != torch.strided or tensor.numel() == 0:
+        return []
+    if st.grad_index_generation != (st.backward_serial, probe.steps):
+        _build_grad_index(probe, st)
+    hits = _matching_grads(st, tensor)
+    if not hits and st.depth:
+        # inside a backward (a user hook reducing gradients as they are accumulated): gradients are being created
+        # right now, after the index was built
+        _build_grad_index(probe, st)
+        hits = _matching_grads(st, tensor)
+    return hits
+
+
+def _matching_grads(st: _State, tensor: Any) -> list[tuple[Any, str]]:
+    import torch
+
+    storage = tensor.untyped_storage().data_ptr()
+    candidates = st.grad_index.get(storage)
+    if not candidates:
+        return []
+    lo, hi = _byte_span(tensor)
+    hits = []
+    for p, name in candidates:
+        g = p.grad
+        # The index only remembers addresses: a gradient freed since (zero_grad) is not there any more, and its
+        # memory may now hold the tensor being reduced.
+        if g is None or g.layout != torch.strided or g.untyped_storage().data_ptr() != storage:
+            continue
+        glo, ghi = _byte_span(g)
+        if glo < hi and lo < ghi:
+            hits.append((p, name))
+    return hits
+
+
+def _make_collective(probe: Probe, st: _State, owners: tuple[Any, ...], op: str, fn):
     def collective(*args: Any, **kwargs: Any) -> Any:
         # in_collective: torch.distributed.all_reduce and distributed_c10d.all_reduce may be different layers
         # (the CUDA emulation wraps one of them) that call each other; the outermost call is the user's.
-        if probe.ending or st.in_collective or not probe.registry.ddps:
+        if probe.ending or st.in_collective or st.comm_hooks or not probe.registry.ddps:
             return fn(*args, **kwargs)
         st.in_collective = True
         try:
-            tensor = _grad_arg(op, args, kwargs)
-            hit = probe.safely("grad collective", _ddp_grad, probe, st, tensor) if tensor is not None else None
-            if hit is None:
+            site = probe.safely("grad collective", _user_caller, st, owners, op, sys._getframe(1))
+            tensor = _grad_arg(op, args, kwargs) if site is not None else None
+            hits = probe.safely("grad collective", _ddp_grads, probe, st, tensor) if tensor is not None else None
+            if not hits:
                 return fn(*args, **kwargs)
-            before = probe.safely("grad collective norm", lambda: float(tensor.detach().float().norm()))
+            before = probe.safely("grad collective norm", _norms_before, tensor, hits)
             result = fn(*args, **kwargs)
-            probe.safely("grad collective", _record_hand, probe, st, op, tensor, hit, before, args, kwargs)
+            if before is not None:
+                probe.safely("grad collective", _record_hand, probe, st, op, tensor, hits, before, site, kwargs)
             return result
         finally:
             st.in_collective = False
@@ -436,15 +554,20 @@ def _make_collective(probe: Probe, st: _State, op: str, fn):
     return collective
 
 
-def _record_hand(probe: Probe, st: _State, op: str, tensor: Any, hit: tuple[Any, str], before: Any,
-                 args: tuple, kwargs: dict) -> None:
-    param, name = hit
+def _norms_before(tensor: Any, hits: list[tuple[Any, str]]) -> tuple[float, list[float]]:
+    """Norm of the tensor passed, and of each matched parameter's whole gradient (what DDP produced)."""
+    return (float(tensor.detach().float().norm()), [float(p.grad.detach().float().norm()) for p, _ in hits])
+
+
+def _record_hand(probe: Probe, st: _State, op: str, tensor: Any, hits: list[tuple[Any, str]],
+                 before: tuple[float, list[float]], site: dict[str, Any], kwargs: dict) -> None:
+    tensor_before, grads_before = before
     is_async = bool(kwargs.get("async_op"))
-    site = probe.site()
     after_ddp = st.syncing > 0
-    if id(param) not in st.hand:
-        st.hand[id(param)] = {"op": op, "site": site, "before": before, "numel": int(tensor.numel()),
-                              "after_ddp": after_ddp}
+    for (param, _), grad_before in zip(hits, grads_before):
+        if id(param) not in st.hand:
+            st.hand[id(param)] = {"op": op, "site": site, "before": grad_before, "numel": int(param.grad.numel()),
+                                  "after_ddp": after_ddp}
     if st.grad_events >= GRAD_COLLECTIVE_EVENTS:
         return
     st.grad_events += 1
@@ -455,12 +578,12 @@ def _record_hand(probe: Probe, st: _State, op: str, tensor: Any, hit: tuple[Any,
         "grad_collective",
         op=op,
         site=site,
-        param=name,
+        param=hits[0][1],
         numel=int(tensor.numel()),
         step=probe.steps + 1,
         after_ddp=after_ddp,
         syncing_backwards=st.syncing,
-        norm_before=_float(before) if isinstance(before, float) else None,
+        norm_before=_float(tensor_before),
         norm_after=_float(after) if after is not None else None,
         async_op=is_async,
     )
