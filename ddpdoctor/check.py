@@ -14,7 +14,7 @@ from pathlib import Path
 from ddpdoctor.catalog import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import Finding, merge_findings
+from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 
 _SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
@@ -66,6 +66,27 @@ def filter_findings(
     ]
 
 
+def merge_static_and_probe(
+    static: list[Finding],
+    probe: list[Finding],
+    clearances: tuple[Clearance, ...] | list[Clearance],
+    *,
+    select: tuple[str, ...] = (),
+    ignore: tuple[str, ...] = (),
+) -> tuple[list[Finding], list[str]]:
+    """Static findings the probe's measurements contradict are dropped (findings.Clearance), then static and probe
+    findings of the same cause are merged. Returns (findings, one note per cleared static finding); notes only
+    for the rules the report shows."""
+    try:
+        selected = select_codes(select) if select else None
+        ignored = select_codes(ignore) if ignore else set()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    shown = [c for c in clearances if (selected is None or c.rule in selected) and c.rule not in ignored]
+    kept, notes = apply_clearances(static, shown)
+    return merge_findings(kept + probe), notes
+
+
 def validate_script(script: Path) -> Path:
     if not script.exists():
         raise UsageError(f"{script}: no such file")
@@ -78,7 +99,9 @@ def run_check(cfg: CheckConfig) -> Report:
     from ddpdoctor.static import analyze_file
 
     script = validate_script(cfg.script)
-    findings: list[Finding] = list(analyze_file(script))
+    static: list[Finding] = list(analyze_file(script))
+    probe: list[Finding] = []
+    clearances: tuple[Clearance, ...] = ()
     environment: dict = {"nproc": cfg.nproc}
     notes: list[str] = []
     tables: dict = {}
@@ -88,18 +111,20 @@ def run_check(cfg: CheckConfig) -> Report:
 
         run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
         try:
-            run_probe(cfg, run_dir, static_findings=findings)
+            run_probe(cfg, run_dir, static_findings=static)
             analysis = analyze_run(run_dir, cfg)
         finally:
             if cfg.keep_run is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
-        findings.extend(analysis.findings)
+        probe = list(analysis.findings)
+        clearances = analysis.clearances
         environment = analysis.environment
         notes.extend(analysis.notes)
         tables.update(analysis.tables)
     else:
         environment = {"nproc": cfg.nproc, "static_only": True}
-    merged = merge_findings(findings)
+    merged, cleared = merge_static_and_probe(static, probe, clearances, select=cfg.select, ignore=cfg.ignore)
+    notes.extend(cleared)
     kept = filter_findings(
         merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
     )
@@ -141,15 +166,16 @@ def report_run(
         if v is not None
     }
     analysis = analyze_run(run_dir, None, overrides=overrides)
-    findings = load_static_findings(run_dir) + list(analysis.findings)
-    merged = merge_findings(findings)
+    merged, cleared = merge_static_and_probe(
+        load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+    )
     kept = filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir)
     return Report(
         script=analysis.script,
         args=tuple(analysis.args),
         environment=analysis.environment,
         findings=tuple(kept),
-        notes=tuple(analysis.notes),
+        notes=(*analysis.notes, *cleared),
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )

@@ -58,6 +58,8 @@ META_KEYS = {
     "lr_scaling": "auto | linear | sqrt | none",
     "small_bn_batch": "per-rank BN batch below which local BN is too small",
     "legacy_local_rank_arg": "option passed as --local_rank=N to legacy scripts, or null",
+    "plan": "the launch plan (ddpdoctor.probe.plan.LaunchPlan.to_json): mode, spawn_line, reason, decided_at_runtime, "
+    "...; `runtime_decision` {mode, reason, site} when a single launch asked to be relaunched under torchrun",
     "python": "Python version of the launcher",
     "host": "host name",
     "started": "start time (seconds since the epoch)",
@@ -157,6 +159,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             env_rank="RANK from the launcher",
             env_world_size="WORLD_SIZE from the launcher",
             overridden="{argument: [given, used]} where the probe used the launcher's values",
+            rendezvous="{given, used} when the probe moved the script's own rendezvous (tcp://host:port, or "
+            "MASTER_ADDR/MASTER_PORT set by a self-spawning script) to a free port on 127.0.0.1, else null",
             ok="returned normally",
             backend="backend in use (the rank in use is the event's `rank`)",
             world_size="world size in use",
@@ -166,7 +170,11 @@ EVENT_KINDS: dict[str, EventKind] = {
         _k("pg_init_begin", "init_process_group is about to rendezvous (fields as pg_init)", site="call site",
            rank_arg="rank argument", world_size_arg="world_size argument", backend_requested="backend argument",
            init_method="init_method argument", env_rank="RANK from the launcher", env_world_size="WORLD_SIZE",
-           overridden="{argument: [given, used]}"),
+           overridden="{argument: [given, used]}", rendezvous="{given, used} or null (see pg_init)"),
+        _k("launch_decision", "the main process of a single launch (a script that may spawn its own ranks) showed "
+           "which launch it needs (ddpdoctor.probe.launch_check)", mode="'spawn' (it started its ranks) | "
+           "'torchrun' (it needs a launcher: the process leaves and the run is relaunched under torchrun)",
+           reason="what it did, in words", site="user line that decided it"),
         _k(
             "collective",
             "a torch.distributed collective called from Python (first calls per site only)",
@@ -300,13 +308,16 @@ EVENT_KINDS: dict[str, EventKind] = {
             count="indices in the order",
             digest="blake2b of the whole order (int64)",
             head="first indices",
-            order="blob ref (int64): the whole order, or a consistent sample (see sample_mod)",
+            order="blob ref (int64): the whole order, or a consistent sample (see sample_mod); indices of the dataset "
+            "under any Subset wrappers (see subset_depth)",
             sample_mod="null = whole order; K = only indices i with hash(i) % K == 0, in order",
             num_replicas="at iteration",
             sampler_rank="the sampler's rank at iteration",
             shuffle="at iteration",
             seed="at iteration",
-            dataset_len="len(dataset)",
+            dataset_len="len(dataset) (the sampler's own dataset, Subset included)",
+            subset_depth="Subset wrappers the indices were mapped through to the dataset underneath (0 = none)",
+            base_len="length of the dataset the indices refer to (under the Subsets)",
         ),
         _k(
             "loader_created",
@@ -321,6 +332,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             sampler_kind="distributed | random | sequential | other",
             dataset_cls="dataset class",
             dataset_len="len(dataset) or null",
+            subset="null, or for a Subset dataset (nested ones composed) {depth, base_len, len, indices: blob ref "
+            "(int64) of the dataset indices under the Subsets it covers (a consistent sample, see sample_mod), "
+            "sample_mod}",
         ),
         _k(
             "loader_iter",
@@ -353,8 +367,10 @@ EVENT_KINDS: dict[str, EventKind] = {
             training="optimizer steps happened during it",
             grad_batches="batches drawn with grad enabled",
             reason="'cut' (probe's step limit) | 'exhausted' | 'abandoned' | 'open at end'",
-            indices="blob ref (int64) of the indices drawn from the index sampler, in order (capped)",
+            indices="blob ref (int64) of the indices drawn from the index sampler, in order (capped), mapped through "
+            "any Subset wrappers to the dataset underneath",
             indices_count="indices drawn",
+            subset_depth="Subset wrappers the indices were mapped through (0 = none)",
         ),
         _k(
             "local_rank_arg",

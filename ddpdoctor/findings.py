@@ -214,6 +214,60 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     return rank_findings(unique)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Clearance:
+    """A rule's condition measured on the ranks and found absent at a place in the code.
+
+    Static analysis flags what *may* go wrong from the source (padding "unless len(dataset) is a multiple of the
+    world size", a literal lr "while nothing scales it"); the probe can measure that it did not (48 evaluation
+    samples on 2 ranks, no padding). A clearance removes the static-only findings of its rule below `certain`
+    confidence at its file and line (`line` None: anywhere in the file; `file` None: in any file), and the report
+    says so in a note, with the numbers in `reason`. Static findings that are certain from syntax stay.
+    """
+
+    rule: str
+    reason: str
+    file: str | None = None
+    line: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def covers(self, f: Finding) -> bool:
+        return (
+            f.rule == self.rule
+            and f.sources == ("static",)
+            and f.confidence < Confidence.CERTAIN
+            and (self.file is None or f.file == self.file)
+            and (self.line is None or f.line == self.line)
+        )
+
+    def note(self, f: Finding) -> str:
+        return f"static {f.rule} at {f.location} cleared by the probe: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "reason": self.reason, "file": self.file, "line": self.line,
+                "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Clearance":
+        return cls(rule=data["rule"], reason=data["reason"], file=data.get("file"), line=data.get("line"),
+                   evidence=dict(data.get("evidence") or {}))
+
+
+def apply_clearances(findings: Iterable[Finding], clearances: Iterable[Clearance]) -> tuple[list[Finding], list[str]]:
+    """(the findings no clearance covers, one note per finding cleared). Apply to the static findings before
+    `merge_findings`, so that a cleared static finding cannot pair up with a probe finding of another place."""
+    clearances = list(clearances)
+    kept: list[Finding] = []
+    notes: list[str] = []
+    for f in findings:
+        by = next((c for c in clearances if c.covers(f)), None)
+        if by is None:
+            kept.append(f)
+        else:
+            notes.append(by.note(f))
+    return kept, list(dict.fromkeys(notes))
+
+
 def summarize(findings: Iterable[Finding]) -> dict[str, int]:
     counts = {s.label: 0 for s in sorted(Severity, reverse=True)}
     for f in findings:

@@ -107,3 +107,13 @@ def test_checkpoint_findings_merge_with_static_analysis() -> None:
         assert merged[rule].sources == ("static", "probe") and merged[rule].confidence == Confidence.CERTAIN
     order = [f.rule for f in report_run(RUNS / "ckpt_save_every_rank").ranked()]
     assert order.index("DD503") < order.index("DD501") < order.index("DD502")  # high, medium, low
+
+
+def test_dd503_strict_false_loads_that_loaded_every_key_clear_the_static_finding() -> None:
+    assert probe_findings("ckpt_save_rank0", "DD503") == []
+    report = report_run(RUNS / "ckpt_save_rank0")
+    assert "DD503" not in {f.rule for f in report.findings}
+    assert (
+        "static DD503 at fixtures/probe/ckpt/save_rank0.py:45 cleared by the probe: load_state_dict(strict=False) "
+        "loaded all 4 keys of Sequential (4 loads on ranks 0, 1, 0 missing, 1 unexpected checkpoint key ignored)"
+    ) in report.notes

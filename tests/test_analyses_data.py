@@ -64,6 +64,15 @@ def test_dd303_merges_with_the_static_finding_as_certain() -> None:
     assert f.sources == ("static", "probe") and f.confidence == Confidence.CERTAIN
 
 
+def test_dd303_measured_without_padding_clears_the_static_finding() -> None:
+    report = report_run(RUNS / "data_synthetic_unseeded")
+    assert "DD303" not in {f.rule for f in report.findings}
+    assert (
+        "static DD303 at fixtures/probe/data/synthetic_unseeded.py:31 cleared by the probe: its 48 evaluation "
+        "samples split evenly over 2 ranks (24 each), none padded (counted over the orders of all ranks)"
+    ) in report.notes
+
+
 def test_dd303_drop_last_counts_dropped_samples(tmp_path: Path) -> None:
     created = {"kind": "sampler_created", "sampler": 1, "sampler_kind": "distributed", "site": SITE, "len": 10,
                "num_replicas": 4, "num_samples": 2, "drop_last": True}
@@ -77,6 +86,190 @@ def test_dd303_drop_last_counts_dropped_samples(tmp_path: Path) -> None:
     (f,) = probe_findings(make_run(tmp_path, ranks), "DD303")
     assert f.evidence["dropped"] == 2 and f.evidence["measured_from_orders"] is False
     assert "2 of its 10 samples are never evaluated" in f.message
+
+
+# ------------------------------------------------------------------------------------------------ DD301: samplers as objects
+
+
+def test_dd301_training_sampler_of_a_helper_is_not_mixed_with_the_validation_one() -> None:
+    """`get_ddp_loader(ds, shuffle)` builds the training (shuffle=True) and the validation (shuffle=False) sampler at
+    one line; the validation loader's worker prefetches its order before the iteration's own event."""
+    from ddpdoctor.events import read_run
+
+    (f,) = probe_findings("data_sampler_helper", "DD301")
+    assert f.line == 14 and f.ranks == (0, 1) and f.severity == Severity.HIGH
+    assert "set_epoch was never called" in f.message and f.magnitude == 1.0
+    for r in ("0", "1"):
+        ev = f.evidence["per_rank"][r]
+        assert ev["position_identity_epoch0_vs_1"] == 1.0 and ev["sampler_epoch_values"] == [0, 0] and ev["samplers"] == 1
+    p = read_run(RUNS / "data_sampler_helper").rank_processes[0]
+    created = [e for e in p.of("sampler_created")]
+    assert [e["site"]["line"] for e in created] == [14, 14] and [e["shuffle"] for e in created] == [True, False]
+    val = created[1]["sampler"]
+    first_val_order = next(e for e in p.of("sampler_iter") if e["sampler"] == val)
+    first_val_iter = next(e for e in p.of("loader_iter") if e["sampler"] == val)
+    assert first_val_order["seq"] < first_val_iter["seq"]  # prefetched while the iterator was built
+    # the validation sampler is recognised as one: 48 samples split evenly, measured without padding
+    assert probe_findings("data_sampler_helper", "DD303") == []
+    (cleared,) = [c for c in analyze_run(RUNS / "data_sampler_helper").clearances if c.rule == "DD303"]
+    assert cleared.line == 14 and "48 evaluation samples split evenly over 2 ranks (24 each)" in cleared.reason
+
+
+def _sampler_events(sampler: int, loader: int, it: int, digest: str, *, shuffle: bool = True, training: bool = True,
+                    line: int = 20, epoch: int = 0, created: bool = True) -> list[dict[str, Any]]:
+    site = {**SITE, "line": line}
+    evs: list[dict[str, Any]] = []
+    if created:
+        evs.append({"kind": "sampler_created", "sampler": sampler, "sampler_kind": "distributed", "site": site,
+                    "shuffle": shuffle})
+    evs += [
+        {"kind": "loader_iter", "loader": loader, "it": it, "sampler": sampler, "site": SITE,
+         "sampler_kind": "distributed", "grad_enabled": training},
+        {"kind": "sampler_iter", "sampler": sampler, "iteration": 0, "epoch": epoch, "shuffle": shuffle,
+         "digest": digest, "sample_mod": None},
+        {"kind": "loader_iter_end", "loader": loader, "it": it, "training": training, "steps": 4 if training else 0},
+    ]
+    return evs
+
+
+def test_dd301_a_sampler_re_created_every_epoch_with_the_same_seed(tmp_path: Path) -> None:
+    ranks = {}
+    for r in range(2):
+        evs = []
+        for epoch in range(2):
+            evs += _sampler_events(10 + epoch, 20 + epoch, 30 + epoch, f"same{r}")  # a new sampler, one pass each
+            evs += _sampler_events(40 + epoch, 50 + epoch, 60 + epoch, f"val{r}", shuffle=False, training=False)
+        ranks[r] = evs
+    (f,) = probe_findings(make_run(tmp_path, ranks), "DD301")
+    assert "a new sampler is created every epoch" in f.message and f.evidence["per_rank"]["0"]["samplers"] == 2
+
+
+def test_dd301_an_evaluation_pass_over_the_training_loader_is_not_an_epoch(tmp_path: Path) -> None:
+    ranks = {}
+    for r in range(2):
+        evs = _sampler_events(1, 2, 3, f"e0-{r}")
+        evs += _sampler_events(1, 2, 4, f"e0-{r}", training=False, created=False)  # train accuracy, same order
+        evs += [{"kind": "set_epoch", "sampler": 1, "epoch": 1, "site": SITE}]
+        evs += _sampler_events(1, 2, 5, f"e1-{r}", created=False, epoch=1)
+        ranks[r] = evs
+    run = make_run(tmp_path, ranks)
+    assert probe_findings(run, "DD301") == []
+    (cleared,) = [c for c in analyze_run(run).clearances if c.rule == "DD301"]
+    assert cleared.line == 20
+    assert cleared.reason == ("set_epoch was called with 1 and the order changed from epoch to epoch in the 2 "
+                              "observed epochs on ranks 0, 1")
+
+
+# ------------------------------------------------------------------------------------------------ DD302 and Subset shards
+
+
+@pytest.mark.parametrize("run", ["bn_noniid_small", "bn_rank0_eval_hang", "bn_uneven_hang", "data_uneven_shards"])
+def test_dd302_silent_on_shards_made_by_hand_with_subset(run: str) -> None:
+    """`Subset(ds, range(rank * n, (rank + 1) * n))` and `Subset(ds, range(rank, N, world))`: positions 0..n-1 of
+    each rank's Subset are different samples. The probe records them as indices of the dataset underneath."""
+    from ddpdoctor.analyses import build_context
+    from ddpdoctor.analyses.orders import order, shared_fraction
+
+    assert probe_findings(run, "DD302") == []
+    (cleared,) = [c for c in analyze_run(RUNS / run).clearances if c.rule == "DD302"]  # measured, not skipped
+    assert cleared.evidence["overlap_fraction"] == 0.0
+    ctx = build_context(RUNS / run)
+    shards = {}
+    for r, p in ctx.ranks.items():
+        (created,) = [e for e in p.of("loader_created") if e.get("subset")]
+        assert created["subset"]["depth"] == 1
+        shards[r] = order(ctx, created["subset"]["indices"])
+        trained = [e for e in p.of("loader_iter_end") if e.get("training")]
+        drawn = order(ctx, trained[0]["indices"])
+        assert trained[0]["subset_depth"] == 1 and set(drawn.tolist()) <= set(shards[r].tolist())
+    assert shared_fraction(shards[0], [shards[1]]) == 0.0
+    if run == "data_uneven_shards":  # range(rank, 41, 2)
+        assert sorted(shards[0].tolist()) == list(range(0, 41, 2)) and sorted(shards[1].tolist()) == list(range(1, 41, 2))
+
+
+def test_dd301_and_dd302_measured_absent_clear_the_static_findings(tmp_path: Path) -> None:
+    """A run whose training sampler reshuffles every epoch and whose ranks' shards are disjoint, recorded with
+    static findings the linter could only guess at (likely / possible) and one it is certain of."""
+    import numpy as np
+    import zlib
+
+    static_json = []
+    for rule, line, confidence in (("DD301", 20, "likely"), ("DD302", 21, "possible"), ("DD301", 40, "certain")):
+        static_json.append({"rule": rule, "severity": "high", "confidence": confidence, "source": "static",
+                            "file": "train.py", "line": line, "message": f"{rule} guessed", "fix": "fix"})
+    ranks, blobs = {}, {}
+    for r in range(2):
+        raw = b""
+        refs = []
+        for epoch in range(2):
+            order = np.arange(r, 48, 2)[::(1 if epoch == 0 else -1)].astype(np.int64)
+            data = zlib.compress(order.tobytes())
+            refs.append({"file": f"vm-p{100 + r}.bin", "offset": len(raw), "nbytes": len(data), "codec": "zlib",
+                         "dtype": "int64", "count": len(order)})
+            raw += data
+        blobs[r] = raw
+        evs = [{"kind": "sampler_created", "sampler": 1, "sampler_kind": "distributed", "site": SITE, "shuffle": True}]
+        for epoch in range(2):
+            evs += [
+                {"kind": "set_epoch", "sampler": 1, "epoch": epoch, "site": SITE},
+                {"kind": "loader_iter", "loader": 2, "it": 3 + epoch, "sampler": 1, "sampler_kind": "distributed",
+                 "site": SITE, "created_site": {**SITE, "line": 21}, "grad_enabled": True, "dataset_len": 48},
+                {"kind": "sampler_iter", "sampler": 1, "iteration": epoch, "epoch": epoch, "shuffle": True,
+                 "digest": f"d{r}{epoch}", "order": refs[epoch], "sample_mod": None, "count": 24, "dataset_len": 48,
+                 "num_replicas": 2},
+                {"kind": "loader_iter_end", "loader": 2, "it": 3 + epoch, "training": True, "steps": 4},
+            ]
+        ranks[r] = evs
+    run = make_run(tmp_path, ranks)
+    for r, raw in blobs.items():
+        (run / "events" / f"vm-p{100 + r}.bin").write_bytes(raw)
+    (run / "static.json").write_text(json.dumps(static_json))
+    report = report_run(run)
+    assert [(f.rule, f.line) for f in report.findings] == [("DD301", 40)]  # certain from syntax: kept
+    assert sorted(n for n in report.notes if "cleared by the probe" in n) == [
+        "static DD301 at train.py:20 cleared by the probe: set_epoch was called with 0, 1 and the order changed "
+        "from epoch to epoch in the 2 observed epochs on ranks 0, 1",
+        "static DD302 at train.py:21 cleared by the probe: the training DataLoader's shards on ranks 0, 1 measured "
+        "disjoint: 0% of a rank's samples also seen by another rank (rank 0: 24, rank 1: 24 distinct samples)",
+    ]
+
+
+def _run_with_blobs(tmp_path: Path, shards: dict[int, list[int]], sampler: str = "RandomSampler") -> Path:
+    """Two ranks iterating a Subset shard each (the same for an overlapping split), with the probe's blobs."""
+    import numpy as np
+    import zlib
+
+    ranks = {}
+    for r, indices in shards.items():
+        raw = zlib.compress(np.asarray(indices, dtype=np.int64).tobytes())
+        ref = {"file": f"vm-p{100 + r}.bin", "offset": 0, "nbytes": len(raw), "codec": "zlib", "dtype": "int64",
+               "count": len(indices)}
+        ranks[r] = (raw, [
+            {"kind": "loader_created", "loader": 2, "site": SITE, "dataset_len": len(indices),
+             "subset": {"depth": 1, "base_len": 100, "len": len(indices), "indices": ref, "sample_mod": None}},
+            {"kind": "sampler_created", "sampler": 3, "sampler_kind": "random", "len": len(indices), "replacement": False,
+             "num_samples": len(indices)},
+            {"kind": "loader_iter", "loader": 2, "it": 4, "site": SITE, "created_site": SITE, "sampler": 3,
+             "sampler_kind": "random", "sampler_cls": sampler, "dataset_len": len(indices), "grad_enabled": True},
+            {"kind": "loader_iter_end", "loader": 2, "it": 4, "training": True, "steps": 4},
+        ])
+    run = make_run(tmp_path, {r: evs for r, (_, evs) in ranks.items()})
+    for r, (raw, _) in ranks.items():
+        (run / "events" / f"vm-p{100 + r}.bin").write_bytes(raw)
+    return run
+
+
+def test_dd302_measures_the_samples_under_the_subsets(tmp_path: Path) -> None:
+    disjoint = _run_with_blobs(tmp_path / "a", {0: list(range(0, 50)), 1: list(range(50, 100))})
+    assert probe_findings(disjoint, "DD302") == []
+    # the same Subset on every rank (a split that forgot the rank): every sample is seen twice
+    same = _run_with_blobs(tmp_path / "b", {0: list(range(10, 60)), 1: list(range(10, 60))})
+    (f,) = probe_findings(same, "DD302")
+    assert f.evidence["overlap_fraction"] == 1.0 and f.evidence["distinct_samples"] == {"0": 50, "1": 50}
+    assert "of a Subset of a 100-sample dataset" in f.evidence["index_source"]["0"]
+    half = _run_with_blobs(tmp_path / "c", {0: list(range(0, 60)), 1: list(range(40, 100))})
+    (g,) = probe_findings(half, "DD302")
+    assert g.evidence["overlap_fraction"] == pytest.approx(20 / 60)
 
 
 # ------------------------------------------------------------------------------------------------ DD304

@@ -75,6 +75,28 @@ def test_dd401_without_a_reference_recipe_only_notes_the_global_batch() -> None:
     assert any("global batch 16 (8 per rank × 2 ranks × 1 accumulation step)" in n for n in result.notes)
 
 
+def test_dd401_a_measured_match_with_the_scaled_reference_clears_the_static_finding() -> None:
+    """unscaled_lr: SGD lr 0.1 on 2 × 16; static says "possible"; a 0.1 @ 32 recipe is the linear match, a
+    0.1 @ 16 recipe is off by 2× (the probe's finding merges with the static one instead)."""
+    static = [f for f in load_static_findings(RUNS / "probe_unscaled_lr") if f.rule == "DD401"]
+    assert [(f.line, f.confidence.label) for f in static] == [(24, "possible")]
+    matched = report_run(RUNS / "probe_unscaled_lr", base_lr=0.1, base_batch=32)
+    assert "DD401" not in {f.rule for f in matched.findings}
+    assert (
+        "static DD401 at fixtures/probe/unscaled_lr.py:24 cleared by the probe: SGD lr 0.1 matches the linearly "
+        "scaled reference lr 0.1 (0.1 at batch 32; measured global batch 32 = 16 per rank × 2 ranks × 1 "
+        "accumulation step)"
+    ) in matched.notes
+    near = report_run(RUNS / "probe_unscaled_lr", base_lr=0.095, base_batch=32)  # within 10%
+    assert any("is within 5% of the linearly scaled reference lr 0.095" in n for n in near.notes)
+    off = report_run(RUNS / "probe_unscaled_lr", base_lr=0.1, base_batch=16)
+    (f,) = [f for f in off.findings if f.rule == "DD401"]
+    assert f.sources == ("static", "probe") and not any("cleared" in n for n in off.notes)
+    # 10–25% off: neither measured wrong nor a match: the static finding stays as it is
+    between = report_run(RUNS / "probe_unscaled_lr", base_lr=0.085, base_batch=32)
+    assert [f.sources for f in between.findings if f.rule == "DD401"] == [("static",)]
+
+
 def test_dd104_hardcoded_rank() -> None:
     f = _probe("hardcoded_rank")["DD104"]
     assert f.severity == Severity.CRITICAL and f.line == 11

@@ -186,3 +186,20 @@ def test_sharded_models_are_not_replicas(tmp_path: Path) -> None:
                                         ("done", {"reason": "script returned", "steps": 1, "epochs": 0})])
     f = _rules(tmp_path / "ddp")["DD103"]
     assert f.evidence["first_step"] == 1 and f.magnitude == 0.5
+
+
+def test_ranks_that_spawn_their_own_ranks_under_torchrun_are_called_a_double_launch(tmp_path: Path) -> None:
+    """What the imagenet example did when the probe mistook it for a launcher script: each torchrun rank started
+    two more processes that joined process groups. The report must say where the hang and the clashes come from."""
+    run = Run(tmp_path, timed_out=True)
+    begin = ("pg_init_begin", {"site": SITE, "rank_arg": 0, "world_size_arg": 2, "overridden": {},
+                               "rendezvous": {"given": "tcp://127.0.0.1:29555", "used": "tcp://127.0.0.1:41234"}})
+    run.process(10, 0)
+    run.process(11, 1)
+    for pid in (20, 21, 22, 23):
+        run.process(pid, None, role="spawned", events=[begin])
+    notes = analyze_run(tmp_path).notes
+    assert any("spawned 4 more processes that joined a process group" in n and "double launch" in n for n in notes)
+    assert ("the script's own rendezvous tcp://127.0.0.1:29555 was moved to tcp://127.0.0.1:41234 for the probe: a "
+            "fixed address could collide with another job on this machine, or be out of reach of a one-machine run"
+            ) in notes

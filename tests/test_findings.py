@@ -7,9 +7,11 @@ import json
 import pytest
 
 from ddpdoctor.findings import (
+    Clearance,
     Confidence,
     Finding,
     Severity,
+    apply_clearances,
     merge_findings,
     rank_findings,
     summarize,
@@ -135,6 +137,41 @@ def test_exact_duplicates_are_dropped_but_distinct_findings_kept():
     a = make(line=3)
     merged = merge_findings([a, make(line=3), make(line=4)])
     assert [(f.line, f.source) for f in merged] == [(3, "static"), (4, "static")]
+
+
+def test_a_clearance_drops_static_findings_of_its_rule_below_certain_at_its_place():
+    cleared = Clearance(rule="DD303", file="train.py", line=88, reason="48 eval samples on 2 ranks, no padding")
+    possible = make("DD303", line=88, confidence=Confidence.POSSIBLE, severity=Severity.LOW)
+    likely = make("DD303", line=88, confidence=Confidence.LIKELY, severity=Severity.LOW)
+    assert cleared.covers(possible) and cleared.covers(likely)
+    assert not cleared.covers(make("DD303", line=88))  # certain from syntax: stays
+    assert not cleared.covers(make("DD303", line=90, confidence=Confidence.POSSIBLE))  # another place
+    assert not cleared.covers(make("DD303", line=88, file="other.py", confidence=Confidence.POSSIBLE))
+    assert not cleared.covers(make("DD301", line=88, confidence=Confidence.POSSIBLE))
+    assert not cleared.covers(make("DD303", line=88, confidence=Confidence.POSSIBLE, sources=("probe",)))
+    anywhere = Clearance(rule="DD303", file="train.py", reason="r")
+    assert anywhere.covers(make("DD303", line=3, confidence=Confidence.POSSIBLE))
+    other = make("DD401", line=12, confidence=Confidence.POSSIBLE)
+    kept, notes = apply_clearances([possible, likely, other], [cleared])
+    assert kept == [other]
+    assert notes == ["static DD303 at train.py:88 cleared by the probe: 48 eval samples on 2 ranks, no padding"]
+    assert Clearance.from_json(json.loads(json.dumps(cleared.to_json()))) == cleared
+
+
+def test_clearances_apply_before_merging_so_a_cleared_finding_cannot_pair_with_another_place():
+    """One static DD301 at line 10 (cleared there) and one probe DD301 at line 30: without the clearance they
+    would merge as one cause; with it the probe finding stays alone."""
+    from ddpdoctor.check import merge_static_and_probe
+
+    static = [make("DD301", line=10, confidence=Confidence.LIKELY)]
+    probe = [make("DD301", line=30, sources=("probe",))]
+    assert [f.source for f in merge_findings(static + probe)] == ["static+probe"]
+    clearance = Clearance(rule="DD301", file="train.py", line=10, reason="orders changed every epoch")
+    merged, notes = merge_static_and_probe(static, probe, [clearance])
+    assert [(f.source, f.line) for f in merged] == [("probe", 30)] and len(notes) == 1
+    # a rule the report does not show gets no note
+    _, quiet = merge_static_and_probe(static, probe, [clearance], ignore=("DD3",))
+    assert quiet == []
 
 
 def test_json_round_trip_is_lossless():

@@ -130,6 +130,29 @@ def test_subset_chain_records_the_split() -> None:
     assert type(dataset_rec._innermost(Subset(Subset(base, [1]), [0]))) is TensorDataset
 
 
+def test_subset_indices_map_to_the_dataset_underneath() -> None:
+    """Nested Subsets compose; every index container a Subset accepts (range, list, tensor, numpy array) maps."""
+    import numpy as np
+    from torch.utils.data import Subset, TensorDataset
+
+    from ddpdoctor.probe.recorders.data import consistent_sample, subset_map
+
+    base = TensorDataset(torch.arange(100))
+    assert subset_map(base).depth == 0 and subset_map(base).apply([3, 1]).tolist() == [3, 1]
+    strided = Subset(base, range(1, 100, 2))  # rank 1 of 2, sharded by hand
+    m = subset_map(strided)
+    assert (m.depth, m.base_len) == (1, 100) and m.apply([0, 1, 49]).tolist() == [1, 3, 99]
+    nested = Subset(Subset(base, torch.arange(50, 100)), [4, 0, 2])
+    assert subset_map(nested).depth == 2 and subset_map(nested).apply([0, 1, 2]).tolist() == [54, 50, 52]
+    assert subset_map(Subset(base, np.array([7, 9]))).apply([1]).tolist() == [9]
+    assert subset_map(strided) is m  # computed once per dataset
+    # a consistent sample of mapped indices keeps the same samples whatever rank's Subset they come from
+    big = Subset(TensorDataset(torch.arange(400_000)), range(0, 400_000, 2))
+    kept, k = consistent_sample(subset_map(big).base, 400_000)
+    whole, k2 = consistent_sample(torch.arange(400_000), 400_000)
+    assert k == k2 and set(kept.tolist()) == {i for i in whole.tolist() if i % 2 == 0}
+
+
 def test_generator_states_are_read_without_drawing() -> None:
     torch.manual_seed(3)
     np.random.seed(3)
@@ -166,7 +189,8 @@ DATA_FIXTURES = {
     # fixture: (rules the probe must report, rules it must not)
     "synthetic_unseeded": ({"DD305"}, {"DD303", "DD304", "DD306"}),
     "seeded_augment": ({"DD303", "DD304"}, {"DD305", "DD306"}),
-    "uneven_shards": ({"DD304", "DD306"}, {"DD303", "DD305"}),
+    "uneven_shards": ({"DD304", "DD306"}, {"DD302", "DD303", "DD305"}),
+    "sampler_helper": ({"DD301"}, {"DD302", "DD303", "DD305", "DD306"}),
 }
 LIVE = {"seeded_augment"}  # recorded runs replay the others (tests/test_analyses_data.py)
 

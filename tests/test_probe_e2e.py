@@ -283,3 +283,69 @@ def test_loader_worker_processes_are_cut_and_stopped(probe) -> None:
     assert rows[0][2] == "finished" and rows[0][3] == 8 and rows[1][3] == 8
     out = (run_dir / "logs" / "rank0.stdout").read_text().splitlines()
     assert out == ["epoch 0 validated 32", "epoch 1 validated 32"]  # evaluation kept its (short) passes
+
+
+def _hold_port() -> tuple[Any, int]:
+    """A listening socket on a fixed-looking loopback port, as another job on this machine would hold it."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock, int(sock.getsockname()[1])
+
+
+def test_a_script_that_spawns_behind_a_flag_is_started_once(probe) -> None:
+    """pytorch/examples imagenet's launch: with --multiprocessing-distributed the script spawns its ranks; launched
+    under torchrun it made 4 processes, a hang until the timeout and a false DD104. Its fixed --dist-url port is
+    held by another socket: the probe's ranks must meet elsewhere."""
+    import json
+
+    sock, port = _hold_port()
+    try:
+        report, run_dir, wall = probe("spawn_behind_flag", "--multiprocessing-distributed", "--world-size", "1",
+                                      "--rank", "0", "--dist-url", f"tcp://127.0.0.1:{port}", timeout=90)
+    finally:
+        sock.close()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["mode"] == "spawn" and "--multiprocessing-distributed given" in meta["plan"]["reason"]
+    roles = sorted(json.loads(p.read_text().splitlines()[0])["role"] for p in (run_dir / "events").glob("*.jsonl"))
+    assert roles == ["main", "spawned", "spawned"]
+    found = _by_rule(report)
+    assert not {"DD104", "DD901", "DD902", "DD903"} & set(found), [found[r]["message"] for r in found]
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    # 96 samples, 8 per rank (the script divides its batch of 16 by the 2 GPUs), 4 steps kept per epoch
+    assert rows[0][2] == rows[1][2] == "finished" and rows[0][3] == rows[1][3] == 8
+    assert any(f"tcp://127.0.0.1:{port} was moved to tcp://127.0.0.1:" in n for n in report["notes"])
+    assert wall < 60
+
+
+def test_the_same_script_without_the_flag_runs_under_torchrun(probe) -> None:
+    report, run_dir, _ = probe("spawn_behind_flag", "--dist-url", "env://", timeout=90)
+    import json
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["mode"] == "torchrun" and "--multiprocessing-distributed not given" in meta["plan"]["reason"]
+    assert not {"DD104", "DD901", "DD902", "DD903"} & set(_by_rule(report))
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == rows[1][3] == 6  # 16 per rank: 3 steps per epoch × 2 epochs
+
+
+def test_a_script_whose_main_process_needs_a_launcher_is_relaunched_under_torchrun(probe) -> None:
+    report, run_dir, wall = probe("spawn_decided_at_runtime", timeout=90)
+    import json
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    launch = json.loads((run_dir / "launcher.json").read_text())
+    assert meta["mode"] == "torchrun" and meta["plan"]["decided_at_runtime"]
+    decision = meta["plan"]["runtime_decision"]
+    assert decision["mode"] == "torchrun" and decision["site"]["line"] == 48
+    assert "init_process_group reads RANK and WORLD_SIZE" in decision["reason"]
+    assert launch["first_launch"]["returncode"] == 75 and launch["first_launch"]["mode"] == "spawn"
+    roles = sorted(json.loads(p.read_text().splitlines()[0])["role"] for p in (run_dir / "events").glob("*.jsonl"))
+    assert roles == ["rank", "rank"]  # the first launch's events are gone
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == rows[1][3] == 8
+    assert any("relaunched under torchrun" in n for n in report["notes"])
+    assert not {"DD104", "DD901", "DD902", "DD903"} & set(_by_rule(report))
+    assert wall < 60

@@ -74,6 +74,195 @@ def test_plan_legacy_local_rank_spelling() -> None:
     assert plan_launch("def broken(:\n").mode == "torchrun"
 
 
+def test_plan_spawn_behind_a_flag_follows_the_given_arguments() -> None:
+    """pytorch/examples imagenet: mp.spawn only with --multiprocessing-distributed; RANK/WORLD_SIZE from the
+    launcher in the other branch. Launched under torchrun with the flag, every rank spawned its own ranks."""
+    source = (FIXTURES / "spawn_behind_flag.py").read_text()
+    flag = plan_launch(source, ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0",
+                                "--dist-url", "tcp://127.0.0.1:29555"])
+    assert flag.mode == "spawn" and not flag.decided_at_runtime and flag.spawn_line == 41
+    assert "`args.multiprocessing_distributed` is true: --multiprocessing-distributed given" in flag.reason
+    no_flag = plan_launch(source, ["--dist-url", "env://"])
+    assert no_flag.mode == "torchrun" and no_flag.reads_launcher_env
+    assert "--multiprocessing-distributed not given" in no_flag.reason
+    assert plan_launch(source, []).mode == "torchrun"
+
+
+@pytest.mark.parametrize(
+    "guard, args, mode",
+    [
+        # a derived flag assigned once, unconditionally (three-valued `or`: the unknown world size does not matter)
+        ("args.distributed", ["--spawn"], "spawn"),
+        ("args.distributed", ["--world-size", "4"], "spawn"),
+        ("args.distributed", [], "torchrun"),
+        ("not args.no_spawn", [], "spawn"),
+        ("not args.no_spawn", ["--no-spawn"], "torchrun"),
+        ("args.launcher == 'spawn'", ["--launcher", "spawn"], "spawn"),
+        ("args.launcher == 'spawn'", ["--launcher=torchrun"], "torchrun"),
+        ("args.gpus > 1", ["--gpus", "2"], "spawn"),
+        ("torch.cuda.device_count() > 1 and args.gpus is None", [], "spawn"),
+        ("args.gpus is not None", [], "torchrun"),
+    ],
+)
+def test_plan_evaluates_the_spawn_guard_from_the_script_options(guard: str, args: list[str], mode: str) -> None:
+    source = textwrap.dedent(
+        f"""
+        import argparse, os, torch, torch.multiprocessing as mp, torch.distributed as dist
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--spawn", action="store_true")
+        parser.add_argument("--no-spawn", action="store_true")
+        parser.add_argument("--world-size", type=int, default=1)
+        parser.add_argument("--launcher", choices=sorted(["spawn", "torchrun"]), default="torchrun")
+        parser.add_argument("--gpus", type=int)
+        parser.add_argument("data", help="dataset root")
+
+        def worker(rank, args):
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+
+        def main():
+            args = parser.parse_args()
+            args.distributed = args.spawn or args.world_size > 1
+            if {guard}:
+                mp.spawn(worker, args=(args,), nprocs=2)
+            else:
+                worker(int(os.environ["RANK"]), args)
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    plan = plan_launch(source, args)
+    assert plan.mode == mode, plan.reason
+    assert not plan.decided_at_runtime
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # a config file decides
+        "import json, torch.multiprocessing as mp, torch.distributed as dist\n"
+        "cfg = json.load(open('c.json'))\n"
+        "if cfg['spawn']:\n    mp.spawn(f, nprocs=2)\nelse:\n    dist.init_process_group('gloo')\n",
+        # a custom type= applied to a given value
+        "import argparse, torch.multiprocessing as mp, torch.distributed as dist\n"
+        "def str2bool(v): return v.lower() in ('yes', 'true', '1')\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--spawn', type=str2bool, default=False)\n"
+        "args = p.parse_args()\n"
+        "if args.spawn:\n    mp.spawn(f, nprocs=2)\nelse:\n    dist.init_process_group('gloo')\n",
+        # the function holding the spawn call is only used as a callback
+        "import fire, torch.multiprocessing as mp, torch.distributed as dist\n"
+        "def launch(n=2):\n    mp.spawn(f, nprocs=n)\n"
+        "def f(rank, n):\n    dist.init_process_group('gloo', rank=rank, world_size=n)\n"
+        "fire.Fire(launch)\n",
+    ],
+)
+def test_plan_guard_the_source_cannot_settle_is_decided_at_run_time(source: str) -> None:
+    plan = plan_launch(source, ["--spawn", "false"])
+    assert plan.mode == "spawn" and plan.decided_at_runtime
+    assert "not known before the run" in plan.reason
+
+
+def test_script_options_rebuild_the_parser_from_its_literal_parts() -> None:
+    import ast
+
+    from ddpdoctor.probe.plan import UNKNOWN, script_options
+
+    tree = ast.parse(
+        textwrap.dedent(
+            """
+            import argparse, os
+            p = argparse.ArgumentParser()
+            g = p.add_argument_group("dist")
+            p.add_argument("data", metavar="DIR")
+            p.add_argument("-a", "--arch", choices=MODELS, default="resnet18", help="x" + ", ".join(MODELS))
+            g.add_argument("--lr", "--learning-rate", type=float, default=0.1, dest="lr")
+            g.add_argument("--no-shuffle", dest="shuffle", action="store_false")
+            g.add_argument("--workers", type=int, default=os.cpu_count())
+            p.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=False)
+            p.add_argument("--version", action="version", version="1")
+            p.set_defaults(seed=7)
+            """
+        )
+    )
+    opts = script_options(tree, ["/data", "-a", "vgg", "--learning-rate=0.4", "--no-shuffle", "--fp16", "--unknown"])
+    assert opts["data"] == "/data" and opts["arch"] == "vgg" and opts["lr"] == 0.4
+    assert opts["shuffle"] is False and opts["fp16"] is True and opts["seed"] == 7
+    assert opts["workers"] is UNKNOWN  # computed default, not given
+    assert script_options(tree, ["--workers", "2"])["workers"] == 2
+    assert script_options(tree, [])["data"] is None and script_options(tree, [])["shuffle"] is True
+
+
+def test_launch_check_decides_only_in_the_main_process_of_a_single_launch(tmp_path: Path) -> None:
+    from ddpdoctor.probe import launch_check
+    from ddpdoctor.probe.session import Probe
+
+    settings = ProbeSettings(run_dir=str(tmp_path), mode="spawn", launch_check=1)
+    main = Probe(settings, "main")
+    env_init = launch_check.init_needs_launcher(main, {"backend": "gloo"})
+    assert env_init is not None and "RANK and WORLD_SIZE" in env_init
+    assert "world_size=2" in launch_check.init_needs_launcher(main, {"init_method": "tcp://h:1", "rank": 0, "world_size": 2})
+    assert launch_check.init_needs_launcher(main, {"init_method": "tcp://h:1", "rank": 0, "world_size": 1}) is None
+    assert launch_check.init_needs_launcher(main, {"rank": 0, "world_size": 2, "store": object()}) is None
+    assert "os.environ['LOCAL_RANK']" in launch_check.exception_needs_launcher(main, KeyError("LOCAL_RANK"))
+    assert launch_check.exception_needs_launcher(main, KeyError("HOME")) is None
+    launch_check.ranks_started(main, "torch.multiprocessing.spawn", None)  # from now on: a self-spawning script
+    assert main.launch_decided == "spawn" and launch_check.init_needs_launcher(main, {"backend": "gloo"}) is None
+    for role, check in (("spawned", 1), ("rank", 1), ("main", 0)):
+        other = Probe(ProbeSettings(run_dir=str(tmp_path), mode="spawn", launch_check=check), role)
+        assert launch_check.init_needs_launcher(other, {"backend": "gloo"}) is None
+
+
+def test_a_single_launch_that_reads_a_launcher_variable_asks_for_torchrun(tmp_path: Path) -> None:
+    from ddpdoctor.probe.launch_check import RELAUNCH_EXIT_CODE
+
+    script = tmp_path / "needs_rank.py"
+    script.write_text("import os\nprint('before')\nrank = int(os.environ['RANK'])\nprint('never')\n")
+    run = tmp_path / "run"
+    settings = ProbeSettings(run_dir=str(run), mode="spawn", launch_check=1, nproc=2, timeout=30.0)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_") and k != "RANK"},
+           **settings.to_env()}
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor.probe.bootstrap", str(script)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == RELAUNCH_EXIT_CODE, done.stderr
+    assert "never" not in done.stdout and "Traceback" not in done.stderr
+    (run / "meta.json").write_text(json.dumps({"schema": "ddpdoctor.events/1"}))
+    (decision,) = [e for _, e in read_run(run).events("launch_decision")]
+    assert decision["mode"] == "torchrun" and decision["site"]["line"] == 3
+    assert "os.environ['RANK']" in decision["reason"]
+
+
+def test_a_spawned_child_keeps_its_own_rank_and_the_scripts_rendezvous_moves_to_the_launchers_port(tmp_path: Path) -> None:
+    """A child of mp.spawn inherits RANK/WORLD_SIZE from its parent's environment: they are not its own, so the
+    DD104 override must not apply (under a mistaken torchrun launch it turned rank 0 into 1: a false DD104 and a
+    hang). The script's fixed tcp:// port moves to the one the launcher chose."""
+    code = textwrap.dedent(
+        f"""
+        import json, os, socket
+        from ddpdoctor.probe.settings import ProbeSettings
+        from ddpdoctor.probe.instrument import instrument_process
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        settings = ProbeSettings(run_dir={str(tmp_path)!r}, mode="spawn", device="cpu", nproc=1, rendezvous_port=port)
+        probe = instrument_process(settings, "spawned")
+        import torch.distributed as dist
+        os.environ.update(RANK="1", WORLD_SIZE="2")  # the parent's, as a child of a torchrun rank sees them
+        dist.init_process_group("gloo", init_method="tcp://10.255.255.1:23456", rank=0, world_size=1)
+        print(json.dumps({{"rank": dist.get_rank(), "world": dist.get_world_size(), "port": port}}))
+        dist.destroy_process_group()
+        probe.patcher.undo()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (out["rank"], out["world"]) == (0, 1)
+    (tmp_path / "meta.json").write_text(json.dumps({"schema": "ddpdoctor.events/1"}))
+    (begin,) = [e for _, e in read_run(tmp_path).events("pg_init_begin")]
+    assert begin["overridden"] == {} and begin["env_rank"] == "1"
+    assert begin["rendezvous"] == {"given": "tcp://10.255.255.1:23456", "used": f"tcp://127.0.0.1:{out['port']}"}
+
+
 # ------------------------------------------------------------------------------------------------ patching
 
 
@@ -167,6 +356,89 @@ def test_settings_round_trip_through_the_environment() -> None:
 def test_event_kinds_never_shadow_the_base_fields() -> None:
     for kind in EVENT_KINDS.values():
         assert not set(kind.fields) & set(BASE_FIELDS), kind.kind
+
+
+def _emitted_events() -> dict[str, list[tuple[str, int, set[str]]]]:
+    """kind → [(file, line, fields)] for every `emit("kind", field=..., **spread)` in ddpdoctor/probe (also through
+    `probe.safely(where, probe.emit, "kind", ...)` and the writer's own `_write_locked("kind", {...})`). A `**name`
+    spread contributes the keys a dict literal, `.update(k=...)` and `name["k"] = ...` give it in that function."""
+    import ast
+
+    def spread_keys(func: ast.AST, name: str) -> set[str]:
+        keys: set[str] = set()
+        for n in ast.walk(func):
+            if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                for t in targets:
+                    if isinstance(t, ast.Name) and t.id == name and isinstance(n.value, ast.Dict):
+                        keys |= {k.value for k in n.value.keys if isinstance(k, ast.Constant)}
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name:
+                        if isinstance(t.slice, ast.Constant):
+                            keys.add(t.slice.value)
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update"
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == name):
+                keys |= {k.arg for k in n.keywords if k.arg}
+        return keys
+
+    out: dict[str, list[tuple[str, int, set[str]]]] = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "ddpdoctor" / "probe").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Call):
+                continue
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            args = list(n.args)
+            if name == "safely" and len(args) >= 3 and isinstance(args[1], ast.Attribute) and args[1].attr == "emit":
+                args = args[2:]
+            elif name not in ("emit", "_write_locked"):
+                continue
+            if not args or not isinstance(args[0], ast.Constant) or not isinstance(args[0].value, str):
+                continue
+            fields = {k.arg for k in n.keywords if k.arg}
+            if name == "_write_locked" and len(args) > 1 and isinstance(args[1], ast.Dict):
+                fields |= {k.value for k in args[1].keys if isinstance(k, ast.Constant)}
+            func: ast.AST = n
+            while func in parents and not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                func = parents[func]
+            for k in n.keywords:
+                if k.arg is None and isinstance(k.value, ast.Name):
+                    fields |= spread_keys(func, k.value.id)
+            out.setdefault(args[0].value, []).append((path.name, n.lineno, fields))
+    return out
+
+
+def test_every_event_the_probe_emits_is_documented() -> None:
+    """events.EVENT_KINDS is the one list of event kinds: every kind a recorder emits, with every field it names,
+    is documented there, and every documented kind is emitted somewhere."""
+    emitted = _emitted_events()
+    undocumented = sorted(f"{kind} ({uses[0][0]}:{uses[0][1]})" for kind, uses in emitted.items() if kind not in EVENT_KINDS)
+    assert undocumented == []
+    fields = sorted(
+        f"{kind}.{field} ({file}:{line})"
+        for kind, uses in emitted.items()
+        for file, line, names in uses
+        for field in names - set(EVENT_KINDS[kind].fields) - set(BASE_FIELDS)
+    )
+    assert fields == []
+    assert sorted(set(EVENT_KINDS) - set(emitted)) == []
+    assert {"loader_created", "launch_decision", "sampler_iter"} <= set(emitted)
+
+
+def test_every_field_of_the_recorded_runs_is_documented() -> None:
+    """The fields recorders build dynamically (`**options`) checked on real events: every recorded run fixture."""
+    runs = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+    missing: set[str] = set()
+    for log in runs.rglob("events/*.jsonl"):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            event = json.loads(line)
+            kind = EVENT_KINDS.get(event["kind"])
+            if kind is None:
+                missing.add(event["kind"])
+                continue
+            missing |= {f"{event['kind']}.{f}" for f in set(event) - set(kind.fields) - set(BASE_FIELDS)}
+    assert sorted(missing) == []
 
 
 def test_writer_and_reader_round_trip(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ from ddpdoctor.analyses import (
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE, read_run
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Clearance, Finding
 
 ANALYSES = (
     dd901_probe_hang,
@@ -91,6 +91,8 @@ ANALYSES = (
 @dataclass(frozen=True, kw_only=True)
 class AnalysisResult:
     findings: tuple[Finding, ...] = ()
+    # conditions the probe measured and found absent: they drop static findings of the rule (findings.Clearance)
+    clearances: tuple[Clearance, ...] = ()
     environment: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     tables: dict[str, Any] = field(default_factory=dict)
@@ -148,6 +150,7 @@ def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | N
     summary.add_notes_and_tables(ctx, findings)
     return AnalysisResult(
         findings=tuple(findings),
+        clearances=tuple(ctx.clearances),
         environment=summary.environment(ctx),
         notes=tuple(ctx.notes),
         tables=ctx.tables,

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from ddpdoctor.catalog import get_rule
 from ddpdoctor.events import ProcessLog, RunData
-from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.findings import Clearance, Confidence, Finding, Severity
 
 # Errors a rank sees because a *peer* went away: consequences, never the root cause.
 PEER_ERROR_MARKERS = (
@@ -50,6 +50,7 @@ class RunContext:
     base_dir: Path
     notes: list[str] = field(default_factory=list)
     tables: dict[str, Any] = field(default_factory=dict)
+    clearances: list[Clearance] = field(default_factory=list)
 
     # ------------------------------------------------------------------ places
     def path(self, file: str | None) -> str | None:
@@ -140,6 +141,20 @@ class RunContext:
             evidence=evidence or {},
             magnitude=float(magnitude),
         )
+
+
+    def clear(
+        self,
+        rule: str,
+        *,
+        reason: str,
+        site: dict[str, Any] | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        """Record that the probe measured `rule`'s condition at `site` and found it absent (see
+        findings.Clearance): static findings of the rule there, below certain confidence, are dropped."""
+        file, line = self.where(site)
+        self.clearances.append(Clearance(rule=rule, reason=reason, file=file, line=line, evidence=evidence or {}))
 
 
 def fmt_ranks(ranks: Iterable[int]) -> str:

@@ -3,7 +3,9 @@
 What it does: for each training DataLoader (one during whose iteration optimizer steps ran), builds the set of
 dataset indices each rank visits in an epoch — the DistributedSampler's recorded order, the whole dataset for a
 RandomSampler/SequentialSampler (that is what they visit), otherwise the indices the loader drew — and measures
-the fraction of each rank's samples that another rank also visits. It also compares the batches the ranks drew:
+the fraction of each rank's samples that another rank also visits. Indices are those of the dataset under any
+`Subset` wrappers (the probe maps them), so shards made by hand (`Subset(ds, range(rank, N, world))`) compare as
+the samples they hold. It also compares the batches the ranks drew:
 identical batches mean the ranks shuffle with the same seed and the global batch repeats every sample.
 """
 
@@ -38,11 +40,14 @@ def _key(start: dict[str, Any]) -> tuple:
 def analyze(ctx: RunContext) -> list[Finding]:
     if len(ctx.ranks) < 2:
         return []
-    # loader creation site -> rank -> (first training iteration start, end)
+    # (loader creation site, its dataset class) -> rank -> (first training iteration start, end): a helper that
+    # builds every loader at one line gives loaders of different datasets at one line; a loader re-created every
+    # epoch keeps its dataset (not its length: shards made by hand differ in length from rank to rank)
     groups: dict[tuple, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {}
     for r, p in ctx.ranks.items():
         for start, end in _training_iterations(p):
-            groups.setdefault(_key(start), {}).setdefault(r, (start, end))
+            key = (*_key(start), start.get("dataset_cls"))
+            groups.setdefault(key, {}).setdefault(r, (start, end))
     findings = []
     for key, per_rank in groups.items():
         if len(per_rank) < 2:
@@ -72,6 +77,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
             )
             if full_pass and isinstance(n, int):
+                loader = next((e for e in p.of("loader_created") if e.get("loader") == start.get("loader")), {})
+                subset = loader.get("subset") or {}
+                arr = order(ctx, subset.get("indices"))
+                if arr is not None:  # a Subset (a shard made by hand): the samples under it, not its positions
+                    sets[r] = arr
+                    how[r] = (f"{start.get('sampler_cls')} over all {n} samples of a Subset of a "
+                              f"{subset.get('base_len')}-sample dataset")
+                    k = k or subset.get("sample_mod")
+                    continue
                 sets[r], how[r] = np.arange(n, dtype=np.int64), f"{start.get('sampler_cls')} over all {n} samples"
                 continue
             arr = order(ctx, end.get("indices"))
@@ -82,17 +96,30 @@ def analyze(ctx: RunContext) -> list[Finding]:
         sets = {r: consistent(a, k) for r, a in sets.items()}
         shared = {r: shared_fraction(a, [b for s, b in sets.items() if s != r]) for r, a in sets.items()}
         overlap = float(np.mean(list(shared.values())))
-        if overlap < max(THRESHOLD, padding_share.get("max", 0.0) + 0.01):
-            continue  # a DistributedSampler's padding repeats a few samples by design (DD303's business)
+        start0 = next(iter(per_rank.values()))[0]
+        site = start0.get("created_site") or start0.get("site")
+        sizes = {r: int(len(np.unique(a))) for r, a in sets.items()}
+        padding = padding_share.get("max", 0.0)
+        if overlap < max(THRESHOLD, padding + 0.01):
+            if overlap <= padding + 0.01:  # measured disjoint (a DistributedSampler's padding repeats a few by design)
+                ctx.clear(
+                    RULE,
+                    site=site,
+                    reason=(
+                        f"the training DataLoader's shards on {fmt_ranks(sets)} measured disjoint: "
+                        f"{pct(overlap)} of a rank's samples also seen by another rank ("
+                        + ", ".join(f"rank {r}: {n}" for r, n in sizes.items()) + " distinct samples)"
+                    ),
+                    evidence={"overlap_fraction": overlap, "distinct_samples": {str(r): v for r, v in sizes.items()},
+                              "index_source": {str(r): v for r, v in how.items()}},
+                )
+            continue
         drawn = {r: order(ctx, end.get("indices")) for r, (_, end) in per_rank.items()}
         drawn = {r: a for r, a in drawn.items() if a is not None and len(a)}
         identical = None
         if len(drawn) >= 2:
             ref = next(iter(drawn.values()))
             identical = min(position_identity(ref, a) for a in drawn.values())
-        start0 = next(iter(per_rank.values()))[0]
-        site = start0.get("created_site") or start0.get("site")
-        sizes = {r: int(len(np.unique(a))) for r, a in sets.items()}
         kinds = sorted({start.get("sampler_cls") for start, _ in per_rank.values()})
         nranks = len(sets)
         if all(start.get("sampler_kind") == "distributed" for start, _ in per_rank.values()):

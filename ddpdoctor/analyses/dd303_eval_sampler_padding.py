@@ -91,6 +91,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
         else:
             count = expected
         if count <= 0:
+            ctx.clear(
+                RULE,
+                site=created0.get("site"),
+                reason=(
+                    f"its {n} evaluation samples split evenly over {replicas} ranks ({num_samples} each), "
+                    f"{'none dropped' if drop_last else 'none padded'}"
+                    + (" (counted over the orders of all ranks)" if measured else "")
+                ),
+                evidence={"dataset_len": n, "num_replicas": replicas, "num_samples_per_rank": num_samples,
+                          "measured_from_orders": measured},
+            )
             continue
         how = "counted over the orders of all ranks" if measured else "from the sampler's num_samples × num_replicas"
         if drop_last:

@@ -13,13 +13,14 @@ import math
 from collections import Counter
 from typing import Any
 
-from ddpdoctor.analyses.context import RunContext, fmt_num
+from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.events import rle_expand
 from ddpdoctor.findings import Finding
 
 RULE = "DD401"
 SQRT_FAMILY = ("adam", "lamb", "adagrad", "rmsprop", "adafactor", "adadelta")
 TOLERANCE = 1.25
+CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static finding (a measured match)
 
 
 def scaling_rule(optimizer_cls: str, lr_scaling: str) -> str:
@@ -88,6 +89,21 @@ def analyze(ctx: RunContext) -> list[Finding]:
     factor = batch["global_batch"] / float(s.base_batch)
     expected = s.base_lr * (factor if rule == "linear" else math.sqrt(factor) if rule == "sqrt" else 1.0)
     ratio = opt["lr"] / expected if expected else float("inf")
+    if 1 / CLEAR_WITHIN <= ratio <= CLEAR_WITHIN:
+        how = {"linear": "linearly scaled", "sqrt": "square-root scaled", "none": "unscaled"}[rule]
+        ctx.clear(
+            RULE,
+            site=opt["site"],
+            reason=(
+                f"{opt['cls']} lr {fmt_num(opt['lr'])} "
+                + ("matches" if abs(ratio - 1) < 0.005 else f"is within {pct(abs(ratio - 1))} of")
+                + f" the {how} reference lr {fmt_num(expected)} ({fmt_num(s.base_lr)} at batch {s.base_batch}; "
+                f"measured global batch "
+                f"{batch['global_batch']} = {breakdown})"
+            ),
+            evidence={**batch, "lr": opt["lr"], "expected_lr": expected, "ratio": ratio, "rule": rule},
+        )
+        return []
     if 1 / TOLERANCE <= ratio <= TOLERANCE:
         return []
     rule_text = {"linear": "the linear scaling rule", "sqrt": "the square-root scaling rule (Adam family)",

@@ -22,7 +22,32 @@ def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:
     return (site or {}).get("file", "?"), (site or {}).get("line", 0)
 
 
+def _clear_complete_loads(ctx: RunContext) -> None:
+    """Call sites where every strict=False load of the run left no key of the model unloaded."""
+    sites: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
+    for r, p in ctx.ranks.items():
+        for e in p.of("state_dict_load"):
+            if not e.get("strict") and not e.get("error"):
+                sites.setdefault(_site_key(e.get("site")), []).append((r, e))
+    for loads in sites.values():
+        if any((e.get("missing") or 0) > 0 for _, e in loads):
+            continue
+        r0, e = loads[0]
+        total, unexpected = int(e.get("model_keys") or 0), max(int(e.get("unexpected") or 0) for _, e in loads)
+        ctx.clear(
+            RULE,
+            site=e.get("site"),
+            reason=(
+                f"load_state_dict(strict=False) loaded all {total} keys of {e.get('module_class')} "
+                f"({len(loads)} load{'s' if len(loads) != 1 else ''} on {fmt_ranks({r for r, _ in loads})}, "
+                f"0 missing, {unexpected} unexpected checkpoint key{'s' if unexpected != 1 else ''} ignored)"
+            ),
+            evidence={"model_keys": total, "missing": 0, "unexpected": unexpected, "loads": len(loads)},
+        )
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
+    _clear_complete_loads(ctx)
     groups: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
     for r, p in ctx.ranks.items():
         for e in p.of("state_dict_load"):

@@ -57,12 +57,42 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         words = [w for w in (EMULATION_WORDS.get(x, x) for x in emulated) if w]
         n = meta.get("nproc") or len(ctx.ranks)
         ctx.notes.insert(0, f"CUDA was emulated on CPU: {n} virtual devices" + (", " + ", ".join(words) if words else ""))
+    plan = meta.get("plan") or {}
     if mode == "spawn":
-        line = (meta.get("plan") or {}).get("spawn_line")
+        line = plan.get("spawn_line")
         children = [p for p in ctx.run.processes if p.role in ("spawned", "forked") and p.is_rank_process]
+        decided = next((e for _, e in ctx.run.events("launch_decision") if e.get("mode") == "spawn"), None)
+        if plan.get("decided_at_runtime") and decided:
+            why = f"{decided.get('reason')} at {ctx.at(decided.get('site'))}"
+        else:
+            why = plan.get("reason") or f"line {line}"
         ctx.notes.append(
-            f"the script starts its own ranks (line {line}): the probe started it once and instrumented its "
+            f"the script starts its own ranks ({why}): the probe started it once and instrumented its "
             f"{len(children)} child process{'es' if len(children) != 1 else ''}"
+        )
+    runtime = plan.get("runtime_decision") or {}
+    if runtime.get("mode") == "torchrun":
+        ctx.notes.append(
+            f"the script may spawn its own ranks ({plan.get('reason') or 'line ' + str(plan.get('spawn_line'))}), "
+            f"so the probe started it once: {runtime.get('reason')} (at {ctx.at(runtime.get('site'))}), so it was "
+            "relaunched under torchrun"
+        )
+    elif mode == "torchrun" and plan.get("spawn_line") and plan.get("reason"):
+        ctx.notes.append(f"launched under torchrun: {plan['reason']}")
+    if mode == "torchrun":
+        nested = [p for p in ctx.run.processes if p.role in ("spawned", "forked") and p.is_rank_process]
+        if nested:
+            ctx.notes.append(
+                f"the ranks torchrun started spawned {len(nested)} more process{'es' if len(nested) != 1 else ''} "
+                "that joined a process group: with these arguments the script starts its own ranks, so under "
+                "torchrun every rank started a set of its own; hangs and rank clashes in this report can come "
+                "from that double launch"
+            )
+    moved = {(r.get("given"), r.get("used")) for _, e in ctx.run.events("pg_init_begin") if (r := e.get("rendezvous"))}
+    for given, used in sorted(moved, key=str):
+        ctx.notes.append(
+            f"the script's own rendezvous {given} was moved to {used} for the probe: a fixed address could collide "
+            "with another job on this machine, or be out of reach of a one-machine run"
         )
     if meta.get("legacy_local_rank_arg"):
         ctx.notes.append(f"the script declares {meta['legacy_local_rank_arg']}: each rank got it, as torch.distributed.launch passed it")

@@ -13,9 +13,12 @@ import runpy
 import sys
 import threading
 import time
+import traceback
 
+from ddpdoctor.probe import launch_check
 from ddpdoctor.probe.instrument import instrument_process
 from ddpdoctor.probe.procs import die_with_parent
+from ddpdoctor.probe.session import user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
 
@@ -65,6 +68,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         probe.patcher.undo()
         raise
     except BaseException as exc:
+        why = launch_check.exception_needs_launcher(probe, exc)
+        if why is not None:
+            launch_check.relaunch_under_launcher(probe, why, user_frame_of(traceback.extract_tb(exc.__traceback__)))
         probe.record_exception(exc, "script")
         probe.patcher.undo()
         raise

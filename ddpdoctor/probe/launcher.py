@@ -14,7 +14,15 @@ Decisions:
 - The user's output never reaches our stdout (it would garble the report, JSON included): elastic redirects each
   rank's stdout/stderr into RUN/logs/rank<r>.{stdout,stderr}; the report shows tails in DD902/DD901 evidence.
 - Timeout: every instrumented process dumps its Python stacks (faulthandler on SIGUSR2) into the run directory,
-  then the whole run is SIGKILLed. Every process carries DDPDOCTOR_RUN_TAG, so nothing escapes the sweep.
+  then the whole run is SIGKILLed. Every process carries DDPDOCTOR_RUN_TAG, so nothing escapes the sweep. The
+  timeout covers everything from the start of `run_probe`, a relaunch included.
+- The mode follows what the script does with the given arguments (ddpdoctor.probe.plan). A script started once
+  whose main process turns out to need a launcher leaves with launch_check.RELAUNCH_EXIT_CODE before any
+  rendezvous; it is started again under torchrun (the first launch's events and output are dropped, its
+  decision is kept in meta.json `plan.runtime_decision` and launcher.json `first_launch`).
+- The script's own rendezvous (a `tcp://host:port` init method, MASTER_PORT set by a self-spawning script) is
+  moved to a free port chosen here (settings.rendezvous_port): a fixed port could collide with another job on
+  the machine, or join its rendezvous.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,10 +64,14 @@ class ProbeOutcome:
     wall_seconds: float
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(avoid: int | None = None) -> int:
+    for _ in range(16):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != avoid:
+            return port
+    return port
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -111,18 +123,21 @@ def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> dict[str, Any]:
     }
 
 
-def _require_cuda() -> None:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-        capture_output=True, text=True, timeout=120,
-    )
+def _require_cuda(timeout: float = 120.0) -> None:
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True, text=True, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"--device cuda: checking for CUDA devices took more than {timeout:.0f} s") from None
     if probe.returncode != 0 or not probe.stdout.strip().isdigit() or int(probe.stdout.strip()) == 0:
         raise UsageError("--device cuda: no CUDA device is visible (use --device cpu to emulate CUDA on CPU)")
 
 
-def _command(plan: LaunchPlan, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
+def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
     script_args = [str(cfg.script), *cfg.script_args]
-    if plan.spawns_own_ranks:
+    if mode == "spawn":
         return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
     return [
         sys.executable, "-m", "ddpdoctor.probe.agent",
@@ -234,12 +249,18 @@ def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, plan: LaunchPlan, deadline: float) -> dict[str, Any]:
+def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+    mode = settings.mode
     port = free_port()
-    cmd = _command(plan, cfg, run_dir, port)
+    if mode == "spawn":
+        # nothing of ours listens on MASTER_PORT in spawn mode: the script's own rendezvous may use it
+        settings = replace(settings, rendezvous_port=port)
+    else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
+        settings = replace(settings, rendezvous_port=free_port(avoid=port))
+    cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port)
     logs = run_dir / LOGS_DIR
-    who = "main" if plan.spawns_own_ranks else "agent"
+    who = "main" if mode == "spawn" else "agent"
     started = time.time()
     t0 = time.monotonic()
     timed_out = interrupted = False
@@ -258,7 +279,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, plan:
                     dumped = dump_stacks(run_dir, settings.run_tag)
                     break
                 polls += 1
-                if not plan.spawns_own_ranks and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+                if mode != "spawn" and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
                     # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
                     # teardown, ~1 s) tells us nothing more
                     finished_early = True
@@ -291,9 +312,10 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, plan:
             agent = None
         agent_file.unlink(missing_ok=True)
     record = {
-        "mode": plan.mode,
+        "mode": mode,
         "command": cmd,
         "port": port,
+        "rendezvous_port": settings.rendezvous_port,
         "returncode": proc.returncode,
         "timed_out": timed_out,
         "interrupted": interrupted,
@@ -348,13 +370,43 @@ def _port_clash(record: dict[str, Any], run_dir: Path) -> bool:
     return "address already in use" in error.lower() or "EADDRINUSE" in error
 
 
+def _relaunch_request(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The main process of a single launch asked for torchrun (ddpdoctor.probe.launch_check): its decision."""
+    from ddpdoctor.probe.launch_check import RELAUNCH_EXIT_CODE
+
+    if record["returncode"] != RELAUNCH_EXIT_CODE or record["timed_out"] or record["interrupted"]:
+        return None
+    for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
+        try:
+            lines = log.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"launch_decision"' in line:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("kind") == "launch_decision" and event.get("mode") == "torchrun":
+                    return {k: event.get(k) for k in ("mode", "reason", "site")}
+    return None
+
+
+def _clear_attempt(run_dir: Path) -> None:
+    """Forget a launch that only decided the mode: its events and the script's output."""
+    for name in (EVENTS_DIR, LOGS_DIR):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+        (run_dir / name).mkdir(exist_ok=True)
+
+
 def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = ()) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, launcher.json)."""
+    deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     run_dir = Path(run_dir).resolve()
     prepare_run_dir(run_dir)
     if cfg.device == "cuda":
-        _require_cuda()
-    plan = plan_for_file(Path(cfg.script))
+        _require_cuda(max(1.0, deadline - time.monotonic()))
+    plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
     settings = ProbeSettings(
         run_dir=str(run_dir),
         run_tag=uuid.uuid4().hex,
@@ -366,21 +418,40 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
         timeout=cfg.timeout,
         script=str(cfg.script),
         local_rank_arg=plan.local_rank_option or "",
+        launch_check=1 if plan.mode == "spawn" else 0,
     )
-    write_json(run_dir / META_FILE, meta_for(cfg, plan, plan.mode))
+    meta = meta_for(cfg, plan, plan.mode)
+    write_json(run_dir / META_FILE, meta)
     write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
-    deadline = time.monotonic() + cfg.timeout
-    for _attempt in range(2):
-        record = _launch_once(cfg, run_dir, settings, plan, deadline)
-        if not _port_clash(record, run_dir) or record["interrupted"]:
-            break
+    record = _launch(cfg, run_dir, settings, deadline)
+    relaunch = _relaunch_request(run_dir, record) if plan.mode == "spawn" else None
+    if relaunch is not None:
+        # the script's main process needs a launcher: start it again under torchrun, within the same timeout
+        first = record
+        _clear_attempt(run_dir)
+        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
+        meta["mode"] = "torchrun"
+        meta["legacy_local_rank_arg"] = plan.local_rank_declared
+        meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
+        write_json(run_dir / META_FILE, meta)
+        record = _launch(cfg, run_dir, settings, deadline)
+        record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
+        record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
     write_json(run_dir / LAUNCHER_FILE, record)
     if record["interrupted"]:
         raise KeyboardInterrupt
     return ProbeOutcome(
         run_dir=run_dir,
-        mode=plan.mode,
+        mode=settings.mode,
         returncode=record["returncode"],
         timed_out=record["timed_out"],
         wall_seconds=record["wall_seconds"],
     )
+
+
+def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+    for _attempt in range(2):
+        record = _launch_once(cfg, run_dir, settings, deadline)
+        if not _port_clash(record, run_dir) or record["interrupted"]:
+            break
+    return record

@@ -251,6 +251,7 @@ class Probe:
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0
         self.open_training_iterations = 0
+        self.launch_decided: str | None = None  # "spawn" | "torchrun" once the main process showed which it needs
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)

@@ -27,6 +27,11 @@ class ProbeSettings:
     script: str = ""
     local_rank_arg: str = ""  # "--local_rank" for legacy scripts: the bootstrap passes it as the old launcher did
     stall_timeout: float = 0.0  # attach mode: dump stacks when no step happened for this long (0 = off)
+    # spawn mode: the main process may ask to be relaunched under torchrun (ddpdoctor.probe.launch_check); 0/1
+    launch_check: int = 0
+    # a free port on 127.0.0.1 the launcher chose for the script's own rendezvous (tcp://host:port init methods,
+    # MASTER_PORT set by a self-spawning script): a fixed port could collide with another job; 0 = leave it alone
+    rendezvous_port: int = 0
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}

@@ -9,6 +9,11 @@ after S batches. When a loop site is about to start its (E+1)-th training iterat
 Index orders are stored compactly in the process's binary side file: a DistributedSampler's whole order for an
 epoch up to ORDER_CAP indices, beyond that a consistent 1/K sample (index i kept iff hash(i) % K == 0, the same
 rule on every rank and epoch, so overlaps estimated on it are unbiased).
+
+Indices are recorded in the index space of the dataset under any `Subset` wrappers (nested ones composed): a rank
+that iterates `Subset(ds, range(rank * n, (rank + 1) * n))` draws positions 0..n-1 of its own Subset, which are
+different samples on every rank. Mapped to `ds`, overlaps between ranks measure shared samples, not shared
+positions. Events say how many Subsets were unwrapped (`subset_depth`) and the length of the dataset underneath.
 """
 
 from __future__ import annotations
@@ -63,22 +68,78 @@ def batch_size_of(batch: Any) -> int | None:
     return _len(batch)
 
 
-def consistent_sample(indices: list[int], dataset_len: int | None) -> tuple[Any, int | None]:
-    """(int64 tensor of the kept indices in order, K or None when all are kept)."""
+def consistent_sample(indices: Any, dataset_len: int | None) -> tuple[Any, int | None]:
+    """(int64 tensor of the kept indices in order, K or None when all are kept). `indices`: a list or a tensor."""
     import torch
 
-    t = torch.tensor(indices, dtype=torch.int64)
-    if len(indices) <= ORDER_CAP:
+    t = indices.to(torch.int64) if torch.is_tensor(indices) else torch.tensor(indices, dtype=torch.int64)
+    if len(t) <= ORDER_CAP:
         return t, None
-    k = max(2, math.ceil((dataset_len or len(indices)) / ORDER_CAP))
+    k = max(2, math.ceil((dataset_len or len(t)) / ORDER_CAP))
     mask = ((t * HASH_MULT) % (1 << 32)) % k == 0
     return t[mask], k
+
+
+class SubsetMap:
+    """Where a dataset's indices point in the dataset under its Subset wrappers: `base[i]` for position i (None
+    when the dataset is not a Subset), `depth` Subsets unwrapped, `base_len` the length underneath."""
+
+    __slots__ = ("base", "depth", "base_len")
+
+    def __init__(self, base: Any, depth: int, base_len: int | None) -> None:
+        self.base, self.depth, self.base_len = base, depth, base_len
+
+    def apply(self, indices: Any) -> Any:
+        """Map positions (a list or an int64 tensor) to base indices; unchanged without a Subset."""
+        import torch
+
+        t = indices if torch.is_tensor(indices) else torch.tensor(indices, dtype=torch.int64)
+        return t if self.base is None else self.base[t]
+
+
+_NO_SUBSET = SubsetMap(None, 0, None)
+_SUBSET_MAPS: dict[int, tuple[Any, SubsetMap]] = {}
+
+
+def _subset_indices(indices: Any) -> Any:
+    import torch
+
+    if isinstance(indices, range):
+        return torch.arange(indices.start, indices.stop, indices.step, dtype=torch.int64)
+    if torch.is_tensor(indices):
+        return indices.to(torch.int64).reshape(-1)
+    return torch.as_tensor(indices if hasattr(indices, "__array__") else list(indices)).to(torch.int64).reshape(-1)
+
+
+def subset_map(dataset: Any) -> SubsetMap:
+    """The composed index map of nested `Subset`s (computed once per dataset object)."""
+    from torch.utils.data import Subset
+
+    if not isinstance(dataset, Subset):
+        return _NO_SUBSET
+    cached = _SUBSET_MAPS.get(id(dataset))
+    if cached is not None and cached[0]() is dataset:
+        return cached[1]
+    base = None
+    depth = 0
+    inner = dataset
+    while isinstance(inner, Subset) and depth < 8:
+        idx = _subset_indices(inner.indices)
+        base = idx if base is None else idx[base]
+        inner = inner.dataset
+        depth += 1
+    result = SubsetMap(base, depth, _len(inner))
+    try:
+        _SUBSET_MAPS[id(dataset)] = (weakref.ref(dataset), result)
+    except TypeError:
+        pass
+    return result
 
 
 class _Iteration:
     __slots__ = (
         "it_ref", "loader", "it", "site_key", "site_seq", "grad_enabled", "steps_at_start", "batches", "sizes",
-        "grad_batches", "training", "closed", "indices", "indices_ok", "indices_count", "counted_open",
+        "grad_batches", "training", "closed", "indices", "indices_ok", "indices_count", "counted_open", "subset",
     )
 
     def __init__(self, it: Any, loader: int, it_id: int, site_key: tuple[str, int], site_seq: int, grad: bool, steps: int) -> None:
@@ -98,6 +159,7 @@ class _Iteration:
         self.indices_ok = True
         self.indices_count = 0
         self.counted_open = False
+        self.subset = _NO_SUBSET
 
 
 class _State:
@@ -274,10 +336,11 @@ def _sampler_iter(probe: Probe, state: _State, sampler: Any, indices: list[int])
     seq = state.sampler_seq.get(sid, 0)
     state.sampler_seq[sid] = seq + 1
     dataset_len = _len(sampler.dataset)
-    kept, k = consistent_sample(indices, dataset_len)
-    full = array("q", indices) if k is not None else None
+    smap = subset_map(sampler.dataset)
+    mapped = smap.apply(indices)
+    kept, k = consistent_sample(mapped, smap.base_len if smap.depth else dataset_len)
     raw = kept.numpy().tobytes()
-    digest = hashlib.blake2b(full.tobytes() if full is not None else raw, digest_size=16).hexdigest()
+    digest = hashlib.blake2b(mapped.numpy().tobytes() if k is not None else raw, digest_size=16).hexdigest()
     ref = probe.blob(raw, dtype="int64", count=int(kept.numel()))
     probe.emit(
         "sampler_iter",
@@ -286,7 +349,7 @@ def _sampler_iter(probe: Probe, state: _State, sampler: Any, indices: list[int])
         epoch=_scalar_int(sampler.epoch),
         count=len(indices),
         digest=digest,
-        head=[int(i) for i in indices[:HEAD]],
+        head=[int(i) for i in mapped[:HEAD].tolist()],
         order=ref,
         sample_mod=k,
         num_replicas=sampler.num_replicas,
@@ -294,6 +357,8 @@ def _sampler_iter(probe: Probe, state: _State, sampler: Any, indices: list[int])
         shuffle=bool(sampler.shuffle),
         seed=_scalar_int(sampler.seed),
         dataset_len=dataset_len,
+        subset_depth=smap.depth,
+        base_len=smap.base_len if smap.depth else dataset_len,
     )
 
 
@@ -302,10 +367,22 @@ def _loader_created(probe: Probe, state: _State, loader: Any) -> None:
     site = probe.site()
     state.loader_sites[id(loader)] = (weakref.ref(loader), site)
     sampler = getattr(loader, "sampler", None)
+    smap = subset_map(loader.dataset)
+    subset = None
+    if smap.depth:
+        kept, k = consistent_sample(smap.base, smap.base_len)
+        subset = {
+            "depth": smap.depth,
+            "base_len": smap.base_len,
+            "len": int(smap.base.numel()),
+            "indices": probe.blob(kept.numpy().tobytes(), dtype="int64", count=int(kept.numel())),
+            "sample_mod": k,
+        }
     probe.emit(
         "loader_created",
         loader=lid,
         site=site,
+        subset=subset,
         batch_size=loader.batch_size,
         drop_last=bool(loader.drop_last),
         num_workers=int(loader.num_workers),
@@ -330,6 +407,7 @@ def _loader_iter(probe: Probe, state: _State, loader: Any, it: Any, site: Any, s
         state.site_seq[site_key] = site_seq + 1
     it_id = probe.registry.new_id()
     cur = _Iteration(it, lid, it_id, site_key, site_seq, grad, probe.steps)
+    cur.subset = subset_map(loader.dataset)
     if grad:
         cur.counted_open = True
         probe.open_training_iterations += 1
@@ -409,8 +487,14 @@ def _close(probe: Probe, state: _State, cur: _Iteration, reason: str) -> None:
             probe.epochs_observed, state.loader_epochs[cur.loader], probe.training_site_epochs[cur.site_key]
         )
     ref = None
+    depth = cur.subset.depth
     if cur.indices_ok and len(cur.indices):
-        ref = probe.blob(cur.indices.tobytes(), dtype="int64", count=len(cur.indices))
+        data = cur.indices.tobytes()
+        if depth:
+            data = probe.safely("subset indices", _map_drawn, cur.subset, data)
+            if data is None:  # keep the positions rather than lose the iteration's record
+                data, depth = cur.indices.tobytes(), 0
+        ref = probe.blob(data, dtype="int64", count=len(cur.indices))
     probe.emit(
         "loader_iter_end",
         loader=cur.loader,
@@ -423,7 +507,14 @@ def _close(probe: Probe, state: _State, cur: _Iteration, reason: str) -> None:
         reason=reason,
         indices=ref,
         indices_count=cur.indices_count if cur.indices_ok else None,
+        subset_depth=depth,
     )
+
+
+def _map_drawn(subset: SubsetMap, data: bytes) -> bytes:
+    import torch
+
+    return subset.apply(torch.frombuffer(bytearray(data), dtype=torch.int64)).numpy().tobytes()
 
 
 def _close_site(probe: Probe, state: _State, site_key: tuple[str, int], loader: int) -> None:

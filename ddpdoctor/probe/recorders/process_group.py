@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from ddpdoctor.probe import launch_check
 from ddpdoctor.probe.patching import wrap_everywhere
 from ddpdoctor.probe.session import Probe, is_user_file
 
@@ -88,7 +89,12 @@ def install(probe: Probe) -> None:
         bound = probe.safely("pg_init arguments", _arguments, signature, args, kwargs)
         info: dict[str, Any] = {"site": site}
         overridden: dict[str, list[Any]] = {}
+        rendezvous = None
         if bound is not None:
+            if launch_check.deciding(probe):
+                why = probe.safely("launch check", launch_check.init_needs_launcher, probe, dict(bound.arguments))
+                if why:
+                    launch_check.relaunch_under_launcher(probe, why, site)
             info.update(
                 backend_requested=_literal(bound.arguments.get("backend")),
                 init_method=_literal(bound.arguments.get("init_method")),
@@ -97,10 +103,13 @@ def install(probe: Probe) -> None:
                 env_rank=os.environ.get("RANK"),
                 env_world_size=os.environ.get("WORLD_SIZE"),
             )
-            overridden = probe.safely("pg_init override", _override, bound) or {}
-            if overridden:
+            if probe.role in ("rank", "attached"):  # RANK in a child's environment is its parent's, not its own
+                overridden = probe.safely("pg_init override", _override, bound) or {}
+            rendezvous = probe.safely("pg_init rendezvous", _rendezvous, probe, bound)
+            if overridden or rendezvous:
                 args, kwargs = tuple(bound.args), dict(bound.kwargs)
         info["overridden"] = overridden
+        info["rendezvous"] = rendezvous
         probe.emit("pg_init_begin", **info)
         t0 = time.perf_counter()
         try:
@@ -140,6 +149,33 @@ def _override(bound: inspect.BoundArguments) -> dict[str, list[Any]]:
             bound.arguments[name] = env_value
             out[name] = [given, env_value]
     return out
+
+
+def _rendezvous(probe: Probe, bound: inspect.BoundArguments) -> dict[str, str] | None:
+    """Move the script's own rendezvous to the port the launcher chose on 127.0.0.1: `tcp://host:port` init
+    methods, and MASTER_ADDR/MASTER_PORT that a self-spawning script set itself. Every process of the run applies
+    the same mapping, so the ranks still meet; a fixed port of the user's could otherwise collide with another
+    job on this machine (or join its rendezvous), and a remote address could not be reached by a one-machine
+    probe. torchrun's own env:// rendezvous and an explicit store are left alone."""
+    port = probe.settings.rendezvous_port
+    if not port or probe.settings.mode not in ("torchrun", "spawn") or bound.arguments.get("store") is not None:
+        return None
+    init = bound.arguments.get("init_method")
+    if isinstance(init, str) and init.startswith("tcp://"):
+        _, sep, query = init[len("tcp://"):].partition("?")
+        used = f"tcp://127.0.0.1:{port}" + sep + query
+        if used == init:
+            return None
+        bound.arguments["init_method"] = used
+        return {"given": init, "used": used}
+    if probe.settings.mode == "spawn" and (init is None or (isinstance(init, str) and init.startswith("env:"))):
+        given = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        used = f"127.0.0.1:{port}"
+        if given == used:
+            return None
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        return {"given": f"MASTER_ADDR:MASTER_PORT={given}", "used": f"MASTER_ADDR:MASTER_PORT={used}"}
+    return None
 
 
 def _after_init(probe: Probe, state: _State, info: dict[str, Any], seconds: float) -> None:

@@ -11,7 +11,9 @@ import functools
 import multiprocessing.process
 from typing import Any
 
-from ddpdoctor.probe.session import Probe
+from ddpdoctor.probe import launch_check
+from ddpdoctor.probe.patching import wrap_everywhere
+from ddpdoctor.probe.session import Probe, is_user_file
 
 NAME = "processes"
 
@@ -45,6 +47,25 @@ def install_process_run(probe: Probe) -> None:
         return run
 
     probe.patcher.wrap(multiprocessing.process.BaseProcess, "run", make_run)
+
+    def make_start(orig):
+        def start(self) -> None:  # noqa: ANN001
+            if launch_check.deciding(probe):
+                probe.safely("launch check", _process_started, probe, self)
+            return orig(self)
+
+        return start
+
+    probe.patcher.wrap(multiprocessing.process.BaseProcess, "start", make_start)
+
+
+def _process_started(probe: Probe, process: Any) -> None:
+    """A process whose target (or run method) is the user's own code trains as a rank; DataLoader workers,
+    managers and resource trackers run library code."""
+    target = getattr(process, "_target", None) or getattr(type(process), "run", None)
+    code = getattr(target, "__code__", None)
+    if code is not None and is_user_file(code.co_filename):
+        launch_check.ranks_started(probe, "multiprocessing.Process", probe.site())
 
 
 def install(probe: Probe) -> None:
@@ -82,3 +103,13 @@ def install(probe: Probe) -> None:
 
     functools.update_wrapper(_wrap, original)
     probe.patcher.setattr(spawn_mod, "_wrap", _wrap)
+
+    def make_start_processes(orig):
+        def start_processes(*args: Any, **kwargs: Any) -> Any:
+            probe.safely("launch check", launch_check.ranks_started, probe, "torch.multiprocessing.spawn", probe.site())
+            return orig(*args, **kwargs)
+
+        return start_processes
+
+    # the parent's side: torch.multiprocessing.spawn() calls its module's start_processes
+    wrap_everywhere(probe, (spawn_mod, sys.modules["torch.multiprocessing"]), "start_processes", make_start_processes)

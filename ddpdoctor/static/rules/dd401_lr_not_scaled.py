@@ -11,19 +11,25 @@ world_size / 256`, `args.lr * dist.get_world_size()`, `lr *= world_size`); `loss
 instead of averaging — the same scaling for SGD); a per-process batch divided by the world size (the global
 batch stays the single-process one); lr from a config object the walk cannot see.
 
-Confidence: likely for a literal lr with SGD-like optimizers; possible (medium severity) for command-line
-defaults — the user may pass a scaled value —, for Adam-family optimizers, and when a warmup schedule suggests the
-literal was already scaled by hand.
+Confidence: without the reference recipe nobody can tell from the source that a literal lr is wrong — it may
+already be the value tuned for this world size — so a literal, a command-line default or the optimizer's default
+is `possible` (medium). It is `likely` (high) only where the file itself shows the single-process recipe:
+- the lr is scaled with the per-process batch size but not with the world size (`lr = 0.1 * batch_size / 256`
+  with `DataLoader(batch_size=batch_size)`): the author applied the scaling rule to a batch DDP multiplies;
+- the same lr also trains the script's own single-process run (`if args.distributed: model = DDP(model)` with the
+  optimizer built for both): one lr serves two global batches that differ by the world size.
+The probe settles it: with --base-lr/--base-batch it measures the global batch and the lr, and clears this
+finding when the lr matches the scaled reference.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.static import names as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached, lower
-from ddpdoctor.static.semantic import WORLD_TAGS, Obj, Value, constant_values, is_constant, tags_of
+from ddpdoctor.static.semantic import WORLD_TAGS, Event, Obj, Value, constant_values, is_constant, tags_of
 
 CODE = "DD401"
 
@@ -70,6 +76,67 @@ def _group_lrs(opt: Obj) -> Value:
     return tuple(out)
 
 
+def _same_quantity(batch: Value) -> Callable[[Obj], bool]:
+    """Whether an operand is the per-process batch size: the same object, the same command-line option, or the
+    same name (`args.batch_size` read twice gives two objects of one option)."""
+    ids = {id(o) for o in batch}
+    dests = {o.props["cli_arg"].dest for o in batch if o.props.get("cli_arg") is not None}
+    labels = {o.label for o in batch if o.label}
+
+    def match(o: Obj) -> bool:
+        cli = o.props.get("cli_arg")
+        return id(o) in ids or (cli is not None and cli.dest in dests) or (bool(o.label) and o.label in labels)
+
+    return match
+
+
+def _grows_with(obj: Obj, match: Callable[[Obj], bool], depth: int = 0) -> bool:
+    """`base_lr * batch_size / 256`, `lr * batch / 32`: the value grows with a matching operand."""
+    if depth > 8:
+        return False
+    if match(obj):
+        return True
+    op = obj.props.get("op")
+    left, right = obj.props.get("left", ()), obj.props.get("right", ())
+    if op == "Mult":
+        return any(_grows_with(o, match, depth + 1) for o in left + right)
+    if op in ("Div", "FloorDiv", "Pow"):
+        return any(_grows_with(o, match, depth + 1) for o in left)
+    return False
+
+
+def _scaled_with_batch(script: ScriptModel, opt: Obj, loaders: list[Obj]) -> str | None:
+    """The text of the per-process batch size the lr was scaled with (but not with the world size), or None."""
+    lr = opt.props.get("lr") or ()
+    if not lr or tags_of(lr) & WORLD_TAGS:
+        return None
+    for loader in loaders:
+        batch = loader.props.get("batch_size") or ()
+        if not batch or tags_of(batch) & WORLD_TAGS:
+            continue
+        match = _same_quantity(batch)
+        if any(_grows_with(o, match) for o in lr):
+            node = loader.props.get("batch_size_node")
+            return script.text(node) if node is not None else (batch[0].label or "the per-process batch size")
+    return None
+
+
+def _also_single_process(script: ScriptModel, ev: Event, wrapped: list[Obj]) -> str | None:
+    """The condition under which the script wraps the model in DDP, when the optimizer (built outside it) also
+    trains the model unwrapped: the same lr serves the script's single-process run."""
+    families = {id(o.family) for o in wrapped if o.family is not None}
+    wraps = [w for w in script.ddp_wraps if w.data["wrapper"].family is not None and id(w.data["wrapper"].family) in families]
+    if not wraps:
+        return None
+    opt_conds = {id(c.node) for c in ev.ctx if c.kind == "cond"}
+    for w in wraps:
+        conds = [c for c in w.ctx if c.kind == "cond" and id(c.node) not in opt_conds]
+        if not conds:
+            return None  # wrapped on every path the optimizer sees
+    cond = next(c for c in wraps[0].ctx if c.kind == "cond" and id(c.node) not in opt_conds)
+    return str(cond.info)
+
+
 def check(script: ScriptModel) -> Iterator[Finding]:
     if not script.ddp_wraps or script.lr_scaled_up:
         return
@@ -93,7 +160,14 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         wrapped = [o for o in owners if o.family is not None and o.family.wrapped]
         if owners and not wrapped:
             continue
+        batch_text = _scaled_with_batch(script, opt, training_loaders)
         described = _describe_lr(script, opt)
+        if batch_text is not None:
+            node = opt.props.get("lr_node")
+            text = f"lr={script.text(node) if node is not None else 'lr'}"
+            lr0 = (opt.props.get("lr") or (None,))[0]
+            expr = script.text(lr0.node) if lr0 is not None and lr0.node is not None else None
+            described = ("batch", text + (f" (= {expr})" if expr and f"lr={expr}" != text else ""), None)
         if described is None:
             continue
         kind, text, value = described
@@ -102,25 +176,38 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             continue
         cls = opt.props.get("cls") or "optimizer"
         adam = cls in N.ADAM_FAMILY
-        severity = None
-        if kind == "literal" and not adam:
-            confidence = Confidence.LIKELY
+        rule = "√world_size" if adam else "world_size"
+        single = _also_single_process(script, ev, wrapped) if kind != "batch" else None
+        # Without a sign of the single-process recipe in the file, a literal lr may be the value tuned for this
+        # world size: heuristic. The probe with --base-lr/--base-batch measures it.
+        if kind == "batch" or single is not None:
+            confidence, severity = Confidence.LIKELY, None
         else:
             confidence, severity = Confidence.POSSIBLE, Severity.MEDIUM
         if not owners:
             confidence = lower(confidence)
-        if warmup and confidence > Confidence.POSSIBLE:
+        if warmup and confidence > Confidence.POSSIBLE and kind != "batch":
             # a warmup schedule usually comes with an lr already scaled by hand (`lr=0.4  # 0.1 x 4 GPUs`)
             confidence, severity = Confidence.POSSIBLE, Severity.MEDIUM
-        rule = "√world_size" if adam else "world_size"
-        evidence = {"optimizer": cls, "optimizer_line": ev.line, "lr": value, "lr_source": kind, "suggested_scaling": "sqrt" if adam else "linear"}
+        evidence = {"optimizer": cls, "optimizer_line": ev.line, "lr": value, "lr_source": kind,
+                    "suggested_scaling": "sqrt" if adam else "linear"}
+        if kind == "batch":
+            evidence["scaled_with_per_process_batch"] = batch_text
+            message = (
+                f"{cls} at line {ev.line} uses {text}, scaled with the per-process batch size `{batch_text}` but not "
+                f"with the world size, while DDP averages gradients over world_size × that batch: the global batch "
+                f"is world_size times the one the lr was scaled for"
+            )
+        else:
+            message = (
+                f"{cls} at line {ev.line} uses {text}, a per-process value, while DDP averages gradients over "
+                f"world_size × the per-process batch and nothing scales the lr by {rule}"
+            )
+            if single is not None:
+                evidence["ddp_only_when"] = single
+                message += (
+                    f"; the same lr also trains the script's single-process run (DDP only when `{single}`), so one "
+                    "of the two uses an lr tuned for the other's global batch"
+                )
         reported[text] = evidence
-        yield script.finding(
-            CODE,
-            ev.line,
-            f"{cls} at line {ev.line} uses {text}, a per-process value, while DDP averages gradients over "
-            f"world_size × the per-process batch and nothing scales the lr by {rule}",
-            cap_unreached(confidence, ev),
-            evidence=evidence,
-            severity=severity,
-        )
+        yield script.finding(CODE, ev.line, message, cap_unreached(confidence, ev), evidence=evidence, severity=severity)
