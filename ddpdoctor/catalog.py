@@ -1119,12 +1119,16 @@ RULES: tuple[Rule, ...] = (
         probe=True,
         what=_prose(
             """
-            Given the single-process recipe the script was ported from (`--base-lr` and `--base-batch`, or
-            `base_lr`/`base_batch` in `[tool.ddpdoctor]`), static analysis compares the optimizer's learning rate,
-            where it can be evaluated from the source, with the recipe scaled to the global batch.
+            Static analysis flags an optimizer of a DDP-trained model whose learning rate is a literal, an
+            argparse default or the optimizer's default while nothing in the file scales it by the world size:
+            `possible` at low severity, since the value may already be tuned for this world size; `likely` and
+            high where the file itself shows the single-process recipe (the lr scaled with the per-process batch
+            only, or the same lr also training the script's non-DDP run).
 
-            The probe measures the real global batch (per-rank batch × world size) and the learning rate in the
-            optimizer's param_groups at the first step, and fires when the learning rate differs from
+            The probe, given the single-process recipe the script was ported from (`--base-lr` and
+            `--base-batch`, or `base_lr`/`base_batch` in `[tool.ddpdoctor]`), measures the real global batch (per-rank
+            batch × world size × accumulation) and the learning rate in the optimizer's param_groups at the first
+            step; it confirms the static finding or clears it, and fires when the learning rate differs from
             base_lr × (global batch / base batch) under the linear rule or base_lr × sqrt(global batch / base
             batch) under the square-root rule (`--lr-scaling auto` picks sqrt for Adam-family, LAMB, Adagrad and
             RMSprop, linear otherwise), with the expected and actual values in evidence.

@@ -13,7 +13,7 @@ batch stays the single-process one); lr from a config object the walk cannot see
 
 Confidence: without the reference recipe nobody can tell from the source that a literal lr is wrong — it may
 already be the value tuned for this world size — so a literal, a command-line default or the optimizer's default
-is `possible` (medium). It is `likely` (high) only where the file itself shows the single-process recipe:
+is `possible` at low severity (it must not fail a CI gate on correct code). It is `likely` (high) only where the file itself shows the single-process recipe:
 - the lr is scaled with the per-process batch size but not with the world size (`lr = 0.1 * batch_size / 256`
   with `DataLoader(batch_size=batch_size)`): the author applied the scaling rule to a batch DDP multiplies;
 - the same lr also trains the script's own single-process run (`if args.distributed: model = DDP(model)` with the
@@ -183,12 +183,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if kind == "batch" or single is not None:
             confidence, severity = Confidence.LIKELY, None
         else:
-            confidence, severity = Confidence.POSSIBLE, Severity.MEDIUM
+            confidence, severity = Confidence.POSSIBLE, Severity.LOW
         if not owners:
             confidence = lower(confidence)
         if warmup and confidence > Confidence.POSSIBLE and kind != "batch":
             # a warmup schedule usually comes with an lr already scaled by hand (`lr=0.4  # 0.1 x 4 GPUs`)
-            confidence, severity = Confidence.POSSIBLE, Severity.MEDIUM
+            confidence, severity = Confidence.POSSIBLE, Severity.LOW
         evidence = {"optimizer": cls, "optimizer_line": ev.line, "lr": value, "lr_source": kind,
                     "suggested_scaling": "sqrt" if adam else "linear"}
         if kind == "batch":
@@ -199,10 +199,17 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 f"is world_size times the one the lr was scaled for"
             )
         else:
-            message = (
-                f"{cls} at line {ev.line} uses {text}, a per-process value, while DDP averages gradients over "
-                f"world_size × the per-process batch and nothing scales the lr by {rule}"
-            )
+            if single is None:
+                message = (
+                    f"{cls} at line {ev.line} uses {text} and nothing scales it by {rule}, while DDP averages "
+                    "gradients over world_size × the per-process batch: if it is the single-GPU value, the global "
+                    "batch is world_size times the one it was tuned for (pass --base-lr/--base-batch to measure it)"
+                )
+            else:
+                message = (
+                    f"{cls} at line {ev.line} uses {text}, a per-process value, while DDP averages gradients over "
+                    f"world_size × the per-process batch and nothing scales the lr by {rule}"
+                )
             if single is not None:
                 evidence["ddp_only_when"] = single
                 message += (
