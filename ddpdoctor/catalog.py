@@ -1537,9 +1537,12 @@ RULES: tuple[Rule, ...] = (
         probe=True,
         what=_prose(
             """
-            The probe fires when the ranks stop making progress (no step, collective or other event) before the
-            observed steps are done, or the probe's `--timeout` expires. Before it ends the ranks it records each
-            rank's Python stack and the collective each rank entered and has not left.
+            The probe fires when, at its `--timeout`, a rank has been silent (no step, collective or other event)
+            much longer than its own step pace while blocked in a call that waits for the other ranks (a
+            collective, a point-to-point receive, DDP's buffer broadcast or backward). Before it ends the ranks it
+            records each rank's Python stack and the collective each rank entered and has not left. A run that
+            was still making progress when the timeout expired is not a hang: the report says so in a note, with
+            the observed step time and a --timeout that would fit, and analyses the steps it recorded.
             """
         ),
         why=_prose(

@@ -36,8 +36,12 @@ def filter_findings(
     select: tuple[str, ...] = (),
     ignore: tuple[str, ...] = (),
     base_dir: Path | None = None,
+    sources: dict[str, Path] | None = None,
 ) -> list[Finding]:
-    """Apply --select/--ignore (prefix match) and inline suppressions in the files findings point at."""
+    """Apply --select/--ignore (prefix match) and inline suppressions in the files findings point at.
+
+    `sources` maps a finding's file to the copy a recorded run kept (`RUN/source/`), so a report replayed away
+    from the user's tree honours the same `# ddpdoctor: ignore[...]` comments."""
     try:
         selected = select_codes(select) if select else None
         ignored = select_codes(ignore) if ignore else set()
@@ -50,7 +54,9 @@ def filter_findings(
             return False
         if f.file not in cache:
             path = Path(f.file)
-            if not path.is_absolute() and base_dir is not None:
+            if sources and f.file in sources and Path(sources[f.file]).is_file():
+                path = Path(sources[f.file])
+            elif not path.is_absolute() and base_dir is not None:
                 path = base_dir / path
             try:
                 cache[f.file] = inline_suppressions(path.read_text(encoding="utf-8", errors="replace"))
@@ -169,7 +175,9 @@ def report_run(
     merged, cleared = merge_static_and_probe(
         load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
-    kept = filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir)
+    kept = filter_findings(
+        merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources
+    )
     return Report(
         script=analysis.script,
         args=tuple(analysis.args),

@@ -15,6 +15,12 @@ Run directory layout (schema `SCHEMA`):
                                from events by a *blob reference* (see `BlobRef`)
     events/<host>-p<pid>.stack Python stacks of every thread, dumped by faulthandler when the probe timed out
     logs/                      the user's stdout/stderr per rank (launcher mode)
+    source/<path>              copies of the user's source files the run refers to (the script, and in launcher
+                               modes every user file named by a recorded site, traceback or stack), at their path
+                               relative to the user's working directory (`_outside/<name>` for files outside it);
+                               meta.json `sources` maps recorded paths to them. Analyses read user source from
+                               here first (analyses.context.RunContext.source_text), so a run directory copied to
+                               another machine is analysed the same.
 
 Every event is one JSON object on one line with at least `kind`, `t` (seconds since the epoch), `pid`, `seq`
 (per process) and `rank` (null until the process knows it: a child of mp.spawn learns it in
@@ -38,6 +44,7 @@ STATIC_FILE = "static.json"
 LAUNCHER_FILE = "launcher.json"
 EVENTS_DIR = "events"
 LOGS_DIR = "logs"
+SOURCE_DIR = "source"
 
 # What meta.json holds (written by the launcher, or by the first rank in attach mode).
 META_KEYS = {
@@ -60,6 +67,9 @@ META_KEYS = {
     "legacy_local_rank_arg": "option passed as --local_rank=N to legacy scripts, or null",
     "plan": "the launch plan (ddpdoctor.probe.plan.LaunchPlan.to_json): mode, spawn_line, reason, decided_at_runtime, "
     "...; `runtime_decision` {mode, reason, site} when a single launch asked to be relaunched under torchrun",
+    "sources": "{recorded path: copy under source/, relative to the run directory} of the user's source files "
+    "(the script always; in launcher modes also every user file named by the recorded sites, tracebacks and stacks, "
+    "bounded in number and size); absent in runs recorded before snapshots existed",
     "python": "Python version of the launcher",
     "host": "host name",
     "started": "start time (seconds since the epoch)",
@@ -542,10 +552,11 @@ EVENT_KINDS: dict[str, EventKind] = {
         ),
         _k(
             "grad_collective",
-            "user code passed the .grad of a parameter DDP reduces to a collective (first 20 per process)",
+            "user code passed the .grad of a parameter DDP reduces to a collective (first 20 per process): called "
+            "directly by user code; not inside DDP comm hooks",
             op="all_reduce | reduce | all_gather | all_gather_into_tensor",
             site="call site",
-            param="parameter name",
+            param="the first parameter whose gradient the tensor covers (a flat buffer may cover several)",
             numel="elements",
             step="the optimizer step this belongs to",
             after_ddp="DDP had already all-reduced gradients in this step",

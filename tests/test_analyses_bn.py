@@ -329,9 +329,8 @@ def test_rank_dependent_conditions(test, expected):
     assert dd206._rank_dependent(ast.parse(test, mode="eval").body) is expected
 
 
-def test_enclosing_rank_branch(tmp_path):
-    src = tmp_path / "s.py"
-    src.write_text(
+def test_enclosing_rank_branch():
+    src = (
         "def f(rank, model, x):\n"
         "    if rank == 0:\n"
         "        y = model(x)\n"
@@ -341,10 +340,11 @@ def test_enclosing_rank_branch(tmp_path):
         "        dist.barrier()\n"
         "    return model(x)\n"
     )
-    assert dd206._enclosing_rank_branch(str(src), 3)["test"] == "rank == 0"
-    assert dd206._enclosing_rank_branch(str(src), 7)["part"] == "else"
-    assert dd206._enclosing_rank_branch(str(src), 8) is None
-    assert dd206._enclosing_rank_branch(str(src), 5)["line"] == 2  # `if y is None` is not rank-dependent
+    assert dd206._enclosing_rank_branch(src, 3)["test"] == "rank == 0"
+    assert dd206._enclosing_rank_branch(src, 7)["part"] == "else"
+    assert dd206._enclosing_rank_branch(src, 8) is None
+    assert dd206._enclosing_rank_branch(src, 5)["line"] == 2  # `if y is None` is not rank-dependent
+    assert dd206._enclosing_rank_branch("def f(:\n", 1) is None  # a file that does not parse
 
 
 # ---------------------------------------------------------------------------------------------- DD203 calibration

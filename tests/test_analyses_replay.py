@@ -152,6 +152,27 @@ def test_dd901_hang() -> None:
     assert f.ranks == (0, 1) and "DD902" not in found
 
 
+def test_a_slow_run_that_runs_out_of_time_is_not_a_hang() -> None:
+    """slow_steps.py: 1.5 s per step, --timeout 10: both ranks were still stepping when the timeout hit. No DD901,
+    a note with what was observed and what would cover the run, and the analyses ran on the 4 steps recorded."""
+    from ddpdoctor.analyses import build_context
+    from ddpdoctor.analyses.outcome import timeout_view
+
+    result = analyze_run(RUNS / "probe_slow_steps")
+    found = {f.rule for f in result.findings}
+    assert not {"DD901", "DD206", "DD902"} & found
+    assert "DD202" in found  # measured on the recorded steps: 8 samples per rank through a local BatchNorm
+    note = next(n for n in result.notes if "timeout ended the run" in n)
+    assert note.startswith("the probe's 10 s timeout ended the run while ranks 0, 1 were still making progress — "
+                           "not a hang: 4 optimizer steps per rank observed")
+    assert "about 1.5 s per step" in note
+    assert "to observe all 2 epochs × 4 steps, rerun with --timeout 40 (or keep this timeout with --steps 1)" in note
+    assert [row[2:4] for row in result.tables["ranks"]["rows"]] == [["running at timeout", 4]] * 2
+    view = timeout_view(build_context(RUNS / "probe_slow_steps"))
+    assert view.pace == pytest.approx(1.5, abs=0.1) and view.at - view.launched == pytest.approx(10.0)
+    assert all(r.state == "running" and r.silent < r.allowance for r in view.ranks.values())
+
+
 def test_dd903_not_distributed() -> None:
     f = _probe("not_distributed")["DD903"]
     assert f.severity == Severity.INFO and "never initialised a process group" in f.message
@@ -199,3 +220,90 @@ def test_recorded_runs_use_only_documented_event_kinds_and_fields() -> None:
             if extra:
                 problems.append(f"{log.parent.parent.name}: {event['kind']} has undocumented {sorted(extra)}")
     assert sorted(set(problems)) == []
+
+
+# ---------------------------------------------------------------------------------------------- relocated runs
+
+ELSEWHERE = "/nonexistent/another/machine"
+
+
+def _relocated(tmp_path: Path, name: str) -> Path:
+    """A copy of a recorded run as another machine holds it: every path under the recording's working directory
+    (the script, the recording checkout of ddpdoctor, its venv) moved under a prefix that does not exist."""
+    import shutil
+
+    src = RUNS / name
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    recorded_cwd = json.loads((src / "meta.json").read_text())["cwd"]
+    assert not Path(ELSEWHERE).exists()
+    for f in dst.rglob("*"):
+        if f.is_file() and f.suffix != ".bin" and "source" not in f.relative_to(dst).parts:
+            text = f.read_text(encoding="utf-8")
+            f.write_text(text.replace(recorded_cwd, ELSEWHERE), encoding="utf-8")
+    assert recorded_cwd not in (dst / "meta.json").read_text()
+    return dst
+
+
+def _shown(findings) -> list[tuple]:
+    return sorted((f.rule, f.file, f.line, f.ranks, f.severity.label, f.confidence.label, f.message)
+                  for f in findings)
+
+
+def test_a_recorded_run_is_analysed_the_same_on_another_machine(tmp_path: Path, monkeypatch) -> None:
+    """bn_rank0_eval_hang moved where its recorded paths do not exist, replayed from another working directory:
+    the same findings on the same lines — DD206 included, which parses the script around the stuck frame from
+    the copy the launcher kept in the run directory."""
+    here = analyze_run(RUNS / "bn_rank0_eval_hang")
+    moved = _relocated(tmp_path, "bn_rank0_eval_hang")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    there = analyze_run(moved)
+    assert _shown(there.findings) == _shown(here.findings)
+    assert there.notes == here.notes
+    dd206 = next(f for f in there.findings if f.rule == "DD206")
+    assert (dd206.file, dd206.line, dd206.evidence["stuck"][0]["branch_test"]) == (
+        "fixtures/probe/bn/final_eval.py", 80, "rank == 0")
+    copy = moved / "source" / "fixtures" / "probe" / "bn" / "final_eval.py"
+    assert copy.read_text() == (RUNS.parent / "probe" / "bn" / "final_eval.py").read_text()
+    assert there.sources == {"fixtures/probe/bn/final_eval.py": copy.resolve()}
+    merged_here = report_run(RUNS / "bn_rank0_eval_hang").to_json()["findings"]
+    merged_there = report_run(moved).to_json()["findings"]
+    assert [(f["rule"], f["file"], f["line"], f["message"]) for f in merged_there] == [
+        (f["rule"], f["file"], f["line"], f["message"]) for f in merged_here]
+    # the copy is what makes it work: without it, nothing on this machine holds the script
+    import shutil
+
+    shutil.rmtree(moved / "source")
+    assert "DD206" not in {f.rule for f in analyze_run(moved).findings}
+
+
+def test_a_run_without_copies_reads_the_recorded_paths(tmp_path: Path, monkeypatch) -> None:
+    """Runs recorded before the copies were kept: the source is read where it was recorded, or at the same path
+    relative to this working directory (a clone of the recording checkout)."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(RUNS / "bn_rank0_eval_hang", old)
+    shutil.rmtree(old / "source")
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["sources"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    monkeypatch.chdir(RUNS.parents[1])
+    dd206 = next(f for f in analyze_run(old).findings if f.rule == "DD206")
+    assert dd206.line == 80
+
+
+def test_inline_suppressions_are_read_from_the_kept_copy(tmp_path: Path, monkeypatch) -> None:
+    """`ddpdoctor report` away from the user's tree honours `# ddpdoctor: ignore[...]` through the run's copy."""
+    moved = _relocated(tmp_path, "bn_rank0_eval_hang")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    dd206 = next(f for f in report_run(moved).to_json()["findings"] if f["rule"] == "DD206")
+    copy = moved / "source" / "fixtures" / "probe" / "bn" / "final_eval.py"
+    lines = copy.read_text().splitlines()
+    lines[dd206["line"] - 1] += "  # ddpdoctor: ignore[DD206]"
+    copy.write_text("\n".join(lines) + "\n")
+    assert "DD206" not in {f["rule"] for f in report_run(moved).to_json()["findings"]}

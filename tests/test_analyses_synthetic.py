@@ -203,3 +203,100 @@ def test_ranks_that_spawn_their_own_ranks_under_torchrun_are_called_a_double_lau
     assert ("the script's own rendezvous tcp://127.0.0.1:29555 was moved to tcp://127.0.0.1:41234 for the probe: a "
             "fixed address could collide with another job on this machine, or be out of reach of a one-machine run"
             ) in notes
+
+
+# ---------------------------------------------------------------------------------------------- timeouts
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+
+
+def _stack(run: Run, pid: int, *frames: tuple[str, int, str]) -> None:
+    """A faulthandler dump of the main thread, innermost frame first, as the launcher collects it at the timeout."""
+    lines = ["Current thread 0x1 (most recent call first):"]
+    lines += [f'  File "{file}", line {line} in {fn}' for file, line, fn in frames]
+    (run.root / "events" / f"h-p{pid}.stack").write_text("\n".join(lines) + "\n")
+
+
+def _training(steps: list[float]) -> list[tuple[str, dict]]:
+    """A DDP rank that took optimizer steps at these times (seconds since the epoch)."""
+    events: list[tuple[str, dict]] = [("torch_ready", {"t": 1.0}), ("pg_init", {"t": 1.5, "ok": True, "world_size": 2}),
+                                      ("ddp_init", {"t": 2.0, "ok": True, "ddp": 1})]
+    return events + [("optimizer_step", {"t": t, "step": i + 1, "opt": 1}) for i, t in enumerate(steps)]
+
+
+def test_a_rank_silent_while_its_peer_keeps_stepping_is_a_hang(tmp_path: Path) -> None:
+    """Rank 0 steps every 2 s up to the timeout (t=60); rank 1 stopped at t=20 inside a barrier: rank 1 is stuck,
+    rank 0 is not, and the finding says both."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=61.5, timeout=60)
+    run.process(10, 0, events=_training([10.0 + 2 * i for i in range(25)]))  # last step at t=58
+    run.process(11, 1, events=_training([10.0, 12.0, 14.0, 16.0, 18.0, 20.0]))
+    _stack(run, 10, (f"{TORCH}/nn/modules/conv.py", 548, "_conv_forward"), (SCRIPT, 30, "<module>"))
+    _stack(run, 11, (f"{TORCH}/distributed/distributed_c10d.py", 4811, "barrier"), (SCRIPT, 41, "<module>"))
+    found = _rules(tmp_path)
+    f = found["DD901"]
+    assert f.ranks == (1,) and f.line == 41 and f.confidence.label == "certain"
+    assert f.message.startswith("rank 1 made no progress for 40 s until the 60 s timeout: rank 1 blocked in barrier")
+    assert "while rank 0 kept making progress (last event 2 s before the timeout, 25 optimizer steps)" in f.message
+    assert f.evidence["seconds_per_step"] == 2.0 and f.evidence["stuck"][0]["state"] == "waiting"
+    assert f.evidence["stuck"][0]["allowance_seconds"] == 6.0  # 3 steps of 2 s
+    assert [r["rank"] for r in f.evidence["still_running"]] == [0]
+    rows = {row[0]: row[2] for row in analyze_run(tmp_path).tables["ranks"]["rows"]}
+    assert rows == {0: "running at timeout", 1: "stuck"}
+
+
+def test_ranks_busy_in_a_slow_first_step_ran_out_of_time(tmp_path: Path) -> None:
+    """No step within the timeout, both ranks computing (not in a collective) since t=5: a big model on a CPU,
+    not a hang — a note, no DD901, and the other analyses still run."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=30.5, timeout=30)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=_training([]) + [("loader_iter", {"t": 5.0, "loader": 7, "it": 1})])
+        _stack(run, pid, (f"{TORCH}/nn/modules/conv.py", 548, "_conv_forward"), (SCRIPT, 30, "<module>"))
+    result = analyze_run(tmp_path)
+    assert "DD901" not in {f.rule for f in result.findings}
+    note = next(n for n in result.notes if "timeout ended the run" in n)
+    assert note.startswith("the probe's 30 s timeout ended the run while ranks 0, 1 were still working — not a hang: "
+                           "0 optimizer steps per rank observed")
+    assert "rank 0 had been busy for 25 s at train.py:30 (in _conv_forward (conv.py:548))" in note
+    assert "rerun with a longer --timeout" in note
+    assert [row[2] for row in result.tables["ranks"]["rows"]] == ["busy at timeout", "busy at timeout"]
+
+
+def test_ranks_waiting_for_a_busy_rank_is_a_likely_hang(tmp_path: Path) -> None:
+    """Rank 1 has waited in a barrier since t=20 while rank 0 computes outside any collective: rank 0 may loop
+    forever or need more time than the timeout — reported, with less than certain confidence."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=61.0, timeout=60)
+    run.process(10, 0, events=_training([10.0, 12.0, 14.0, 16.0, 18.0, 20.0]))
+    run.process(11, 1, events=_training([10.0, 12.0, 14.0, 16.0, 18.0, 20.0]))
+    _stack(run, 10, ("/proj/metrics.py", 12, "slow_metric"), (SCRIPT, 50, "<module>"))
+    _stack(run, 11, (f"{TORCH}/distributed/distributed_c10d.py", 4811, "barrier"), (SCRIPT, 52, "<module>"))
+    f = _rules(tmp_path)["DD901"]
+    assert f.ranks == (1,) and f.line == 52 and f.confidence.label == "likely"
+    assert ("waiting for rank 0, busy outside any collective for 40 s (rank 0 at metrics.py:12 in slow_metric "
+            "(metrics.py:12)): either that work never ends, or it needs more than the timeout") in f.message
+
+
+def test_a_stall_in_a_ddp_backward_is_a_hang(tmp_path: Path) -> None:
+    """Both ranks silent for 40 s at 2 s per step, one in DDP's backward (its all-reduce), one in a collective."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=60.0, timeout=60)
+    run.process(10, 0, events=_training([10.0, 12.0, 14.0, 16.0, 18.0, 20.0]))
+    run.process(11, 1, events=_training([10.0, 12.0, 14.0, 16.0, 18.0, 20.0]))
+    _stack(run, 10, (f"{TORCH}/autograd/graph.py", 829, "_engine_run_backward"),
+           (f"{TORCH}/_tensor.py", 625, "backward"), (SCRIPT, 33, "<module>"))
+    _stack(run, 11, (f"{TORCH}/distributed/distributed_c10d.py", 2799, "recv"), (SCRIPT, 35, "<module>"))
+    f = _rules(tmp_path)["DD901"]
+    assert f.ranks == (0, 1) and f.confidence.label == "certain"
+    kinds = {s["rank"]: s["waiting_in"]["kind"] for s in f.evidence["stuck"]}
+    assert kinds == {0: "backward", 1: "collective"}
+
+
+def test_a_long_first_backward_is_not_a_hang(tmp_path: Path) -> None:
+    """No step yet and both ranks in DDP's backward for 20 s: a big model's first backward on a CPU looks the same
+    as one waiting in the all-reduce, and nothing tells the pace yet — not called a hang."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=30.0, timeout=30)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=_training([]) + [("rng_forward", {"t": 10.0, "n": 1})])
+        _stack(run, pid, (f"{TORCH}/autograd/graph.py", 829, "_engine_run_backward"),
+               (f"{TORCH}/_tensor.py", 625, "backward"), (SCRIPT, 33, "<module>"))
+    result = analyze_run(tmp_path)
+    assert "DD901" not in {f.rule for f in result.findings}
+    assert any("were still working — not a hang: 0 optimizer steps per rank observed" in n for n in result.notes)

@@ -31,6 +31,9 @@ def test_attach_under_torchrun_then_report(tmp_path: Path) -> None:
     assert done.stdout.count("finished") == 2  # the script's own output reaches the user's launcher
     meta = json.loads((out / "meta.json").read_text())
     assert meta["mode"] == "attach" and meta["nproc"] == 2 and meta["epochs"] == 0
+    script = REPO / "fixtures" / "probe" / "missing_set_epoch.py"
+    assert meta["sources"] == {str(script): "source/fixtures/probe/missing_set_epoch.py"}  # the first process copied it
+    assert (out / meta["sources"][str(script)]).read_text() == script.read_text()
     report = report_run(out).to_json()
     dd301 = next(f for f in report["findings"] if f["rule"] == "DD301" and "probe" in f["sources"])
     per_rank = dd301["evidence"]["per_rank"]["0"]

@@ -236,6 +236,27 @@ def test_a_rank_stuck_in_a_collective_is_a_hang_with_stacks(probe) -> None:
     assert "DD902" not in _by_rule(report)
 
 
+def test_a_slow_run_that_runs_out_of_time_is_not_a_hang(probe) -> None:
+    """1.5 s per step and a 10 s timeout: both ranks are still training when it hits. Not DD901: a note with the
+    steps observed and the timeout that would cover the run; the other analyses run on what was recorded."""
+    import json
+
+    report, run_dir, wall = probe("slow_steps", timeout=10)
+    found = _by_rule(report)
+    assert not {"DD901", "DD206", "DD902"} & set(found), [found[r]["message"] for r in found]
+    assert "DD202" in found  # 8 samples per rank through a local BatchNorm, measured on the recorded steps
+    note = next(n for n in report["notes"] if "timeout ended the run" in n)
+    assert "not a hang" in note and "rerun with --timeout" in note
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][2] == rows[1][2] == "running at timeout" and rows[0][3] >= 1
+    # the launcher kept a copy of the script: the run directory is analysed the same elsewhere
+    meta = json.loads((run_dir / "meta.json").read_text())
+    script = REPO / "fixtures" / "probe" / "slow_steps.py"
+    assert meta["sources"] == {str(script): "source/fixtures/probe/slow_steps.py"}
+    assert (run_dir / "source" / "fixtures" / "probe" / "slow_steps.py").read_text() == script.read_text()
+    assert 10 <= wall < 30
+
+
 def test_a_script_that_never_initialises_a_process_group(probe) -> None:
     report, _, _ = probe("not_distributed")
     f = _by_rule(report)["DD903"]

@@ -542,3 +542,80 @@ def test_sitecustomize_chains_to_the_next_one_and_stays_inert_outside_a_run(tmp_
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["yes", "False", "False"]
+
+
+# ------------------------------------------------------------------------------------------------ source copies
+
+
+def test_source_copies_keep_the_path_under_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    from ddpdoctor.probe import sources
+
+    proj, run = tmp_path / "proj", tmp_path / "run"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "train.py").write_text("import pkg.util\n")
+    (proj / "pkg" / "util.py").write_text("def f(): pass\n")
+    other = tmp_path / "lib" / "train.py"  # outside the working directory, and the same file name
+    other.parent.mkdir()
+    other.write_text("# elsewhere\n")
+    (proj / "link.py").symlink_to(proj / "train.py")
+    (proj / "big.py").write_text("x = 1\n" * 100)
+    monkeypatch.setattr(sources, "MAX_FILE_BYTES", 200)
+    got = sources.snapshot(run, [str(proj / "train.py"), "pkg/util.py", str(other), str(proj / "link.py"),
+                                 str(proj / "big.py"), str(proj / "missing.py")], cwd=str(proj))
+    assert got == {
+        str(proj / "train.py"): "source/train.py",
+        "pkg/util.py": "source/pkg/util.py",  # recorded relative: resolved against the working directory
+        str(other): "source/_outside/train.py",
+        str(proj / "link.py"): "source/train.py",  # the same file: one copy
+    }  # big.py is over the size bound, missing.py does not exist
+    assert (run / "source" / "pkg" / "util.py").read_text() == "def f(): pass\n"
+    assert (run / "source" / "_outside" / "train.py").read_text() == "# elsewhere\n"
+    assert not [p for p in run.rglob("*.tmp")]
+    # a second file of the same name outside the tree gets its own copy; earlier copies are kept
+    other2 = tmp_path / "lib2" / "train.py"
+    other2.parent.mkdir()
+    other2.write_text("# another\n")
+    more = sources.snapshot(run, [str(other2)], cwd=str(proj), taken=got)
+    assert more[str(other2)] == "source/_outside/train-2.py" and more[str(proj / "train.py")] == "source/train.py"
+
+
+def test_source_copies_are_bounded_in_number(tmp_path: Path, monkeypatch) -> None:
+    from ddpdoctor.probe import sources
+
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text(f"x = {i}\n")
+    monkeypatch.setattr(sources, "MAX_FILES", 3)
+    got = sources.snapshot(tmp_path / "run", [str(tmp_path / f"m{i}.py") for i in range(5)], cwd=str(tmp_path))
+    assert sorted(got.values()) == ["source/m0.py", "source/m1.py", "source/m2.py"]
+
+
+def test_a_run_copies_the_user_files_it_names(tmp_path: Path) -> None:
+    """Sites, exception frames, stack dumps and tracebacks in stderr name user files; ddpdoctor's own code, the
+    standard library and installed packages are not copied."""
+    import ddpdoctor
+    from ddpdoctor.probe import sources
+
+    proj, run = tmp_path / "proj", tmp_path / "run"
+    proj.mkdir()
+    for name in ("train.py", "model.py", "data.py", "hang.py", "crash.py"):
+        (proj / name).write_text(f"# {name}\n")
+    (run / "events").mkdir(parents=True)
+    (run / "logs").mkdir()
+    ours = str(Path(ddpdoctor.__file__).parent / "probe" / "bootstrap.py")
+    stdlib = os.__file__
+    events = [
+        {"kind": "script_start", "script": str(proj / "train.py")},
+        {"kind": "ddp_init", "site": {"file": str(proj / "model.py"), "line": 3, "function": "build"}},
+        {"kind": "sampler_iter", "order": {"file": "h-p1.bin", "offset": 0, "nbytes": 8}},  # a blob, not a source
+        {"kind": "exception", "frames": [[ours, 63, "run_script"], [str(proj / "data.py"), 9, "load"]],
+         "user_frame": {"file": str(proj / "data.py"), "line": 9}},
+    ]
+    (run / "events" / "h-p1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "events" / "h-p1.stack").write_text(
+        f'Current thread 0x1 (most recent call first):\n  File "{stdlib}", line 1 in f\n'
+        f'  File "{proj / "hang.py"}", line 2 in g\n')
+    (run / "logs" / "rank0.stderr").write_text(
+        f'Traceback (most recent call last):\n  File "{proj / "crash.py"}", line 4, in <module>\nValueError\n')
+    got = sources.snapshot_run(run, cwd=str(proj), script=str(proj / "train.py"))
+    assert sorted(got) == sorted(str(proj / n) for n in ("train.py", "model.py", "data.py", "hang.py", "crash.py"))
+    assert all((run / rel).read_text() == f"# {Path(rel).name}\n" for rel in got.values())

@@ -99,6 +99,9 @@ class AnalysisResult:
     script: str = ""
     args: tuple[str, ...] = ()
     base_dir: Path = Path(".")
+    # file as findings show it -> the copy of it kept in the run directory (read inline suppressions there when
+    # the user's tree is not where the run was recorded)
+    sources: dict[str, Path] = field(default_factory=dict)
 
 
 def _settings(meta: dict[str, Any], cfg: Any, overrides: dict[str, Any] | None) -> Settings:
@@ -157,6 +160,7 @@ def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | N
         script=ctx.script,
         args=tuple(ctx.args),
         base_dir=ctx.base_dir,
+        sources=ctx.shown_sources(),
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ddpdoctor.catalog import get_rule
-from ddpdoctor.events import ProcessLog, RunData
+from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity
 
 # Errors a rank sees because a *peer* went away: consequences, never the root cause.
@@ -51,6 +51,8 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     tables: dict[str, Any] = field(default_factory=dict)
     clearances: list[Clearance] = field(default_factory=list)
+    # what several analyses derive once from the run (outcome.timeout_view, source texts)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ places
     def path(self, file: str | None) -> str | None:
@@ -78,6 +80,61 @@ class RunContext:
         if file is None:
             return "an unknown place"
         return f"{file}:{line}" if line else file
+
+    # ------------------------------------------------------------------ source
+    @property
+    def snapshots(self) -> dict[str, Path]:
+        """Recorded path (normalised) → the copy of that file kept in the run directory (meta.json `sources`)."""
+        if "snapshots" not in self.memo:
+            root = (self.run.path / SOURCE_DIR).resolve()
+            out: dict[str, Path] = {}
+            sources = self.run.meta.get("sources")
+            for recorded, rel in (sources.items() if isinstance(sources, dict) else ()):
+                copy = (self.run.path / str(rel)).resolve()
+                if copy.is_relative_to(root) and copy.is_file():  # never outside the run's own source/
+                    out[os.path.normpath(str(recorded))] = copy
+            self.memo["snapshots"] = out
+        return self.memo["snapshots"]
+
+    def source_file(self, file: str | None) -> Path | None:
+        """The user source file a recorded path names, as this machine can read it: the copy kept in the run
+        directory first (what the ranks ran, wherever the run is replayed), then the recorded path itself, then
+        the same file relative to the recorded or the current working directory (runs recorded before copies
+        were kept, replayed from another checkout)."""
+        if not file or file.startswith("<"):
+            return None
+        copy = self.snapshots.get(os.path.normpath(file))
+        if copy is not None:
+            return copy
+        candidates = [Path(file)]
+        shown = self.path(file)
+        if shown and not os.path.isabs(shown):
+            candidates += [self.base_dir / shown, Path(shown)]
+        return next((c for c in candidates if c.is_file()), None)
+
+    def source_text(self, file: str | None) -> str | None:
+        """The text of that file (see `source_file`), or None when no copy of it can be read. The one way
+        analyses read user source."""
+        path = self.source_file(file)
+        if path is None:
+            return None
+        key = f"source:{path}"
+        if key not in self.memo:
+            try:
+                self.memo[key] = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                self.memo[key] = None
+        return self.memo[key]
+
+    def shown_sources(self) -> dict[str, Path]:
+        """File as findings show it (`path`) → the copy kept in the run directory: where `ddpdoctor report` reads
+        inline suppressions when the user's tree is not there."""
+        out: dict[str, Path] = {}
+        for recorded, copy in self.snapshots.items():
+            shown = self.path(recorded)
+            if shown:
+                out.setdefault(shown, copy)
+        return out
 
     # ------------------------------------------------------------------ ranks
     @property

@@ -1,15 +1,16 @@
 """DD206 collective-on-subset: a hang whose stuck rank sits in a rank-conditional branch that reaches a collective.
 
-What it does: when the probe timed out (DD901), reads each stuck rank's main-thread stack (faulthandler dump) and
-walks its user frames from the innermost outwards. For each, it parses that file's source (ast only) and asks
+What it does: when the probe timed out on a stall (DD901; not a slow run that ran out of time), reads each stuck
+rank's main-thread stack (faulthandler dump) and walks its user frames from the innermost outwards. For each, it
+parses that file's source (ast only; the copy kept in the run directory, see RunContext.source_text) and asks
 whether the line lies inside the body or `else` of an `if` whose test depends on the rank (`rank == 0`,
 `dist.get_rank() != 0`, `args.local_rank == 0`, `is_main_process()`, `os.environ["RANK"] == "0"`, ...; tests
 that are the same on every rank, such as `local_rank != -1`, do not count). The finding needs both halves: such a
 branch around a user frame, and, deeper in the same stack, a call that waits for the other ranks — a
 torch.distributed collective, a forward through the DDP wrapper (its buffer broadcast), a SyncBatchNorm training
 forward (its all_gather) or a backward (DDP's gradient all-reduce) — and at least one rank that is not inside
-that branch (finished, or stuck elsewhere). The reported line is the user frame inside the branch, with the
-branch's condition and what blocked in evidence.
+that branch (finished, still making progress, or stuck elsewhere). The reported line is the user frame inside
+the branch, with the branch's condition and what blocked in evidence.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from __future__ import annotations
 import ast
 import os
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.analyses.outcome import is_user_path, main_stack
+from ddpdoctor.analyses.outcome import is_user_path, main_stack, timeout_view
 from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 from ddpdoctor.static.names import env_tags, name_tags
@@ -36,11 +36,17 @@ _UNIFORM = (-1, None)  # `local_rank != -1` / `rank is None`: the same answer on
 def analyze(ctx: RunContext) -> list[Finding]:
     if not ctx.timed_out and not (ctx.run.meta.get("mode") == "attach"):
         return []
+    at_timeout = timeout_view(ctx)
+    if at_timeout is not None and not at_timeout.stalled:
+        return []  # the run ran out of time while still making progress: nothing hung
     stuck: list[dict[str, Any]] = []
     others: dict[int, str] = {}  # rank -> where it was instead
     for rank, p in ctx.ranks.items():
         if p.done is not None:
             others[rank] = "had finished"
+            continue
+        if at_timeout is not None and at_timeout.ranks[rank].state == "running":
+            others[rank] = "was still making progress"
             continue
         view = main_stack(ctx, p)
         if view is None:
@@ -93,10 +99,10 @@ def _branch_hit(ctx: RunContext, frames: list[dict[str, Any]]) -> dict[str, Any]
     for i, frame in enumerate(frames):
         if not is_user_path(ctx, frame["file"]):
             continue
-        source = _source_path(ctx, frame["file"])
+        source = ctx.source_text(frame["file"])
         if source is None:
             continue
-        branch = _enclosing_rank_branch(str(source), int(frame["line"]))
+        branch = _enclosing_rank_branch(source, int(frame["line"]))
         if branch is None:
             continue
         blocked = _blocking_call(frames[:i])
@@ -104,15 +110,6 @@ def _branch_hit(ctx: RunContext, frames: list[dict[str, Any]]) -> dict[str, Any]
             return None
         return {"frame": frame, "branch": branch, "blocked": blocked, "user_frames": user_frames}
     return None
-
-
-def _source_path(ctx: RunContext, file: str) -> Path | None:
-    """The recorded file, or the same file relative to the user's (or this) working directory."""
-    candidates = [Path(file)]
-    rel = ctx.path(file)
-    if rel:
-        candidates += [Path(rel), ctx.base_dir / rel]
-    return next((c for c in candidates if c.is_file()), None)
 
 
 _DDP = "torch/nn/parallel/distributed.py"
@@ -160,12 +157,11 @@ def _is_syncbn(path: str, fn: str, frame: dict[str, Any], inner: list[dict[str, 
 
 
 @lru_cache(maxsize=32)
-def _rank_branches(source_path: str, mtime: float) -> tuple[tuple[int, int, int, str, str], ...]:
-    """(first line, last line, if line, test text, 'body'|'else') of every rank-conditional branch in a file."""
+def _rank_branches(text: str) -> tuple[tuple[int, int, int, str, str], ...]:
+    """(first line, last line, if line, test text, 'body'|'else') of every rank-conditional branch in a source."""
     try:
-        text = Path(source_path).read_text(encoding="utf-8", errors="replace")
         tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError):
+    except (SyntaxError, ValueError):
         return ()
     out = []
     for node in ast.walk(tree):
@@ -179,12 +175,9 @@ def _rank_branches(source_path: str, mtime: float) -> tuple[tuple[int, int, int,
     return tuple(out)
 
 
-def _enclosing_rank_branch(source_path: str, line: int) -> dict[str, Any] | None:
-    try:
-        mtime = os.path.getmtime(source_path)
-    except OSError:
-        return None
-    inside = [b for b in _rank_branches(source_path, mtime) if b[0] <= line <= b[1]]
+def _enclosing_rank_branch(source: str, line: int) -> dict[str, Any] | None:
+    """The innermost rank-conditional branch of `source` (the file's text) around `line`, or None."""
+    inside = [b for b in _rank_branches(source) if b[0] <= line <= b[1]]
     if not inside:
         return None
     first, last, if_line, test, part = max(inside, key=lambda b: b[0])  # the innermost branch

@@ -234,3 +234,168 @@ def main_stack(ctx: RunContext, p: ProcessLog) -> StackView | None:
     frames = chosen["frames"]
     user = next((f for f in frames if is_user_path(ctx, f["file"])), None)
     return StackView(frames=frames, user_frame=user, blocked_in=frames[0] if frames else None)
+
+
+# ---------------------------------------------------------------------------------------------- timeouts
+#
+# A timeout is a hang only if ranks stopped making progress. A slow run (a big model on a CPU: a step every
+# 10 s) that runs out of time is still emitting events shortly before the timeout; a stalled rank has been silent
+# for much longer than its own pace, and its stack shows it waiting for the other ranks.
+
+# A rank that had not finished had stalled when it was silent for longer than all of: MIN_ALLOWANCE (or
+# MIN_ALLOWANCE_SHARE of a shorter timeout: a 15 s probe of a hang sees ~10 s of silence), PACE_FACTOR typical
+# steps, and PAUSE_FACTOR times the longest pause it already made after its first step (an evaluation pass) —
+# and its stack shows it waiting for the other ranks (else it was busy: slow, or looping, but not blocked).
+MIN_ALLOWANCE = 5.0
+MIN_ALLOWANCE_SHARE = 0.2
+PACE_FACTOR = 3.0
+PAUSE_FACTOR = 1.5
+
+_C10D_DIR = "torch/distributed/"
+_DDP_FILE = "torch/nn/parallel/distributed.py"
+# DDP's own calls that wait for the other ranks (buffer broadcast, parameter checks at construction)
+_DDP_WAITS = {
+    "_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced", "_distributed_broadcast_coalesced",
+    "_sync_params_and_buffers", "_verify_param_shape_across_processes", "_check_sync_bufs_pre_fwd",
+    "_match_all_reduce_for_bwd_pass", "_match_unused_params_allreduce", "_check_global_requires_backward_grad_sync",
+}
+
+
+@dataclass
+class RankAtTimeout:
+    rank: int
+    pid: int
+    # finished | running (events within its allowance) | waiting (silent longer, blocked in a call that waits
+    # for the other ranks) | busy (silent longer, computing or waiting on something else) | silent (no stack)
+    state: str
+    silent: float  # seconds from its last event to the timeout
+    allowance: float  # silence that still counts as progress for this rank
+    steps: int
+    last_event: dict[str, Any]
+    last_step_t: float | None
+    view: StackView | None
+    waiting_in: dict[str, Any] | None  # {kind, function, what} of the call that waits for the other ranks
+
+    @property
+    def stalled(self) -> bool:
+        return self.state in ("waiting", "silent")
+
+
+@dataclass
+class TimeoutView:
+    at: float  # when the timeout hit (seconds since the epoch)
+    timeout: float
+    launched: float | None  # when the (last) launch started
+    startup_offset: float  # seconds of the timeout spent before `launched` (a first launch that was relaunched)
+    pace: float | None  # seconds per optimizer step (median over ranks), or None before two steps
+    ranks: dict[int, RankAtTimeout]
+
+    def having(self, *states: str) -> list[RankAtTimeout]:
+        return [r for r in self.ranks.values() if r.state in states]
+
+    @property
+    def stalled(self) -> list[RankAtTimeout]:
+        return [r for r in self.ranks.values() if r.stalled]
+
+    @property
+    def out_of_time(self) -> bool:
+        """The probe ran out of time while no rank had stalled: a slow run, not a hang."""
+        return not self.stalled and any(r.state != "finished" for r in self.ranks.values())
+
+
+def waiting_in(ctx: RunContext, frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the innermost frame of a stack (where the thread sits, in the C call it made) waits for, when that is
+    the other ranks: a torch.distributed call (collective, point-to-point, barrier, rendezvous), DDP's buffer
+    broadcast, or — when the run uses DDP — a backward (its gradient all-reduce runs inside). None: computing, or
+    waiting on something else (data, I/O, a lock)."""
+    if not frames:
+        return None
+    f = frames[0]
+    path, fn = str(f["file"]).replace(os.sep, "/"), str(f["function"])
+    if _C10D_DIR in path or path.endswith("ddpdoctor/bn/syncbn.py"):
+        return {"kind": "collective", "function": fn, "what": f"dist.{fn}"}
+    if path.endswith(_DDP_FILE) and fn in _DDP_WAITS:
+        return {"kind": "ddp_sync", "function": fn, "what": f"DDP's synchronisation with the other ranks ({fn})"}
+    if "torch/autograd/" in path and _uses_ddp(ctx):
+        return {"kind": "backward", "function": fn, "what": "backward (DDP's gradient all-reduce)"}
+    return None
+
+
+def _uses_ddp(ctx: RunContext) -> bool:
+    return any(e.get("ok") for _, e in ctx.run.events("ddp_init"))
+
+
+def _timeout_moment(ctx: RunContext) -> tuple[float, float | None, float]:
+    """(when the timeout hit, when the last launch started, seconds of the timeout spent before it)."""
+    launcher = ctx.launcher
+    last = max((p.events[-1]["t"] for p in ctx.run.processes if p.events), default=0.0)
+    ended = float(launcher.get("ended") or last)
+    started = launcher.get("started")
+    before = float((launcher.get("first_launch") or {}).get("wall_seconds") or 0.0)
+    timeout = launcher.get("timeout") or ctx.run.meta.get("timeout")
+    if started is None or not timeout:
+        return ended, None, before
+    return min(ended, float(started) + float(timeout) - before), float(started), before
+
+
+def _pace(ctx: RunContext) -> float | None:
+    gaps: list[float] = []
+    firsts: list[float] = []
+    for p in ctx.ranks.values():
+        times = [float(e["t"]) for e in p.of("optimizer_step")]
+        gaps += [b - a for a, b in zip(times, times[1:])]
+        if times:
+            ready = p.first("torch_ready") or p.first("script_start") or p.start
+            if ready.get("t") is not None:
+                firsts.append(times[0] - float(ready["t"]))  # one step with its set-up: an upper bound
+    if gaps:
+        gaps.sort()
+        mid = len(gaps) // 2
+        return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
+    return max(firsts) if firsts else None
+
+
+def timeout_view(ctx: RunContext) -> TimeoutView | None:
+    """How each rank stood when the probe's timeout hit; None when the run did not time out."""
+    if not ctx.timed_out:
+        return None
+    if "timeout_view" in ctx.memo:
+        return ctx.memo["timeout_view"]
+    at, launched, before = _timeout_moment(ctx)
+    timeout = float(ctx.launcher.get("timeout") or ctx.run.meta.get("timeout") or 0.0)
+    floor = min(MIN_ALLOWANCE, MIN_ALLOWANCE_SHARE * timeout) if timeout > 0 else MIN_ALLOWANCE
+    pace = _pace(ctx)
+    ranks: dict[int, RankAtTimeout] = {}
+    for rank, p in ctx.ranks.items():
+        last = p.events[-1] if p.events else {}
+        steps = p.of("optimizer_step")
+        last_step_t = float(steps[-1]["t"]) if steps else None
+        silent = max(0.0, at - float(last.get("t", at)))
+        pause = 0.0
+        if steps:
+            times = [float(e["t"]) for e in p.events if float(e.get("t", 0.0)) >= float(steps[0]["t"])]
+            pause = max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        allowance = max(floor, PACE_FACTOR * (pace or 0.0), PAUSE_FACTOR * pause)
+        stack = None
+        waiting = None
+        if p.done is not None:
+            state = "finished"
+        else:
+            stack = main_stack(ctx, p)
+            waiting = waiting_in(ctx, stack.frames) if stack is not None else None
+            if silent <= allowance:
+                state = "running"
+            elif stack is None:
+                state = "silent"
+            elif waiting is not None and (waiting["kind"] != "backward" or pace is not None):
+                state = "waiting"
+            else:  # a backward before any step was timed may just be slow: computing, as far as we can tell
+                state = "busy"
+        ranks[rank] = RankAtTimeout(
+            rank=rank, pid=p.pid, state=state, silent=round(silent, 3), allowance=round(allowance, 3),
+            steps=len(steps), last_event={k: last.get(k) for k in ("kind", "t", "step") if k in last},
+            last_step_t=last_step_t, view=stack, waiting_in=waiting,
+        )
+    result = TimeoutView(at=at, timeout=timeout, launched=launched, startup_offset=before, pace=pace, ranks=ranks)
+    ctx.memo["timeout_view"] = result
+    return result

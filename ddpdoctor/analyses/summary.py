@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num
-from ddpdoctor.analyses.outcome import failures, root_causes
+from ddpdoctor.analyses.outcome import failures, root_causes, timeout_view
 from ddpdoctor.findings import Finding
 
 EMULATION_WORDS = {
@@ -35,6 +35,10 @@ def environment(ctx: RunContext) -> dict[str, Any]:
     }
 
 
+# how a rank stood at the probe's timeout (outcome.RankAtTimeout.state) as the ranks table says it
+_AT_TIMEOUT = {"running": "running at timeout", "busy": "busy at timeout", "waiting": "stuck", "silent": "stuck"}
+
+
 def _rank_status(ctx: RunContext, p, fails, roots) -> str:  # noqa: ANN001
     if p.done is not None:
         return "finished" if p.last("exit") else "finished (no clean exit)"
@@ -42,9 +46,19 @@ def _rank_status(ctx: RunContext, p, fails, roots) -> str:  # noqa: ANN001
         return "failed (root cause)"
     if any(f.pid == p.pid for f in fails):
         return "failed"
-    if ctx.timed_out:
-        return "stuck"
+    view = timeout_view(ctx)
+    if view is not None:
+        state = next((r.state for r in view.ranks.values() if r.pid == p.pid), "waiting")
+        return _AT_TIMEOUT.get(state, "stuck")
     return "stopped"
+
+
+def _epochs(p) -> int:  # noqa: ANN001
+    """Training epochs a rank observed: its own count when it finished, else the training loader passes that
+    ended (a run stopped by the timeout never recorded `done`)."""
+    if p.done is not None and p.done.get("epochs") is not None:
+        return int(p.done["epochs"])
+    return sum(1 for e in p.of("loader_iter_end") if e.get("training"))
 
 
 def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
@@ -98,7 +112,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         ctx.notes.append(f"the script declares {meta['legacy_local_rank_arg']}: each rank got it, as torch.distributed.launch passed it")
     steps = {r: len(p.of("optimizer_step")) for r, p in ctx.ranks.items()}
     if steps:
-        epochs = max((p.done or {}).get("epochs", 0) or 0 for p in ctx.ranks.values())
+        epochs = max(_epochs(p) for p in ctx.ranks.values())
         wall = ctx.launcher.get("wall_seconds")
         lim = f"limit {meta.get('epochs')} epochs × {meta.get('steps')} steps; " if meta.get("epochs") else ""
         ctx.notes.append(
@@ -122,7 +136,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
                 p.pid,
                 _rank_status(ctx, p, fails, roots),
                 len(p.of("optimizer_step")),
-                (p.done or {}).get("epochs", sum(1 for e in p.of("loader_iter_end") if e.get("training"))),
+                _epochs(p),
                 sum(int(e.get("train_batches") or 0) for e in p.of("optimizer_step")),
                 last.get("kind"),
             ]

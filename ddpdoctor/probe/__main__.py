@@ -5,8 +5,9 @@
     ddpdoctor report run
 
 Each process runs the script instrumented (real devices, the launcher's own env contract, no CUDA emulation) and
-writes its events into DIR (one directory per node, or a shared one: file names carry host and pid). Without
---no-limit the run ends itself after --epochs × --steps, as `ddpdoctor check` does.
+writes its events into DIR (one directory per node, or a shared one: file names carry host and pid). The first
+processes copy the script into DIR/source/, so DIR can be analysed on another machine. Without --no-limit the
+run ends itself after --epochs × --steps, as `ddpdoctor check` does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from ddpdoctor.events import EVENTS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host
 from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
+from ddpdoctor.probe.sources import snapshot
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +76,11 @@ def main(argv: list[str] | None = None) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     plan = plan_for_file(script)
     limited = not ns.no_limit
+    sources: dict[str, str] = {}
+    if not (out / META_FILE).exists():
+        # the first processes copy the script (atomically: several may do it at once), so the run directory can
+        # be analysed where this checkout does not exist; the others find meta.json written
+        sources = snapshot(out, [os.path.abspath(script), str(script.resolve())], cwd=os.getcwd())
     _write_once(
         out / META_FILE,
         {
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             "small_bn_batch": 16,
             "legacy_local_rank_arg": None,
             "plan": plan.to_json(),
+            "sources": sources,
             "python": sys.version.split()[0],
             "host": default_host(),
             "started": time.time(),

@@ -23,6 +23,9 @@ Decisions:
 - The script's own rendezvous (a `tcp://host:port` init method, MASTER_PORT set by a self-spawning script) is
   moved to a free port chosen here (settings.rendezvous_port): a fixed port could collide with another job on
   the machine, or join its rendezvous.
+- The run directory is a complete input: the script is copied into RUN/source/ before the launch, and every user
+  file the run names (sites, tracebacks, stacks) after it (ddpdoctor.probe.sources), so `ddpdoctor report RUN`
+  reads the same source on a machine where the user's tree is not.
 """
 
 from __future__ import annotations
@@ -43,16 +46,27 @@ from typing import Any, Sequence
 
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import EVENTS_DIR, LAUNCHER_FILE, LOGS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host, is_run_dir
+from ddpdoctor.events import (
+    EVENTS_DIR,
+    LAUNCHER_FILE,
+    LOGS_DIR,
+    META_FILE,
+    SCHEMA,
+    SOURCE_DIR,
+    STATIC_FILE,
+    default_host,
+    is_run_dir,
+)
 from ddpdoctor.findings import Finding
 from ddpdoctor.probe.agent import AGENT_FILE
 from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
 from ddpdoctor.probe.procs import kill_run, signal_processes
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
+from ddpdoctor.probe.sources import snapshot, snapshot_run
 
 STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
-_OURS = (EVENTS_DIR, LOGS_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
+_OURS = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,7 +414,7 @@ def _clear_attempt(run_dir: Path) -> None:
 
 
 def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = ()) -> ProbeOutcome:
-    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, launcher.json)."""
+    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json)."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     run_dir = Path(run_dir).resolve()
     prepare_run_dir(run_dir)
@@ -421,6 +435,9 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
         launch_check=1 if plan.mode == "spawn" else 0,
     )
     meta = meta_for(cfg, plan, plan.mode)
+    # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
+    script_as_run = os.path.abspath(cfg.script)
+    meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
     write_json(run_dir / META_FILE, meta)
     write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
     record = _launch(cfg, run_dir, settings, deadline)
@@ -437,6 +454,10 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
         record = _launch(cfg, run_dir, settings, deadline)
         record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
         record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
+    if not record["interrupted"]:
+        # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
+        meta["sources"] = snapshot_run(run_dir, cwd=meta["cwd"], script=script_as_run, taken=meta["sources"])
+        write_json(run_dir / META_FILE, meta)
     write_json(run_dir / LAUNCHER_FILE, record)
     if record["interrupted"]:
         raise KeyboardInterrupt
