@@ -300,3 +300,39 @@ def test_a_long_first_backward_is_not_a_hang(tmp_path: Path) -> None:
     result = analyze_run(tmp_path)
     assert "DD901" not in {f.rule for f in result.findings}
     assert any("were still working — not a hang: 0 optimizer steps per rank observed" in n for n in result.notes)
+
+
+def _lr_run(root: Path, train_batches: list[int], backwards: list[int]) -> dict:
+    """Two ranks, SGD at lr 0.1, per-rank batch 8: each step drew `train_batches[i]` batches from grad-enabled
+    loaders and ran `backwards[i]` backward passes."""
+    run = Run(root)
+    meta = json.loads((root / "meta.json").read_text())
+    (root / "meta.json").write_text(json.dumps({**meta, "base_lr": 0.1, "base_batch": 16}))
+    events: list[tuple[str, dict]] = [
+        ("pg_init", {"ok": True, "world_size": 2, "backend": "gloo"}),
+        ("ddp_init", {"ok": True, "ddp": 1}),
+        ("optimizer_init", {"opt": 3, "cls": "SGD", "site": SITE, "groups": [{"lr": 0.1, "numel": 10}]}),
+        ("loader_iter_end", {"training": True, "sizes": [[8, sum(train_batches)]], "reason": "cut"}),
+    ]
+    for i, (batches, bw) in enumerate(zip(train_batches, backwards), 1):
+        events.append(("train_step", {"step": i, "opt": 3, "backwards": bw, "syncing_backwards": bw}))
+        events.append(("optimizer_step", {"step": i, "opt": 3, "opt_step": i, "train_batches": batches,
+                                          "lrs": [0.1]}))
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=events)
+    return _rules(root)
+
+
+def test_batches_fetched_for_evaluation_with_grad_on_are_not_accumulation(tmp_path: Path) -> None:
+    """minGPT's trainer evaluates with grad disabled only inside its step function, and multinode.py peeks at
+    `next(iter(loader))`: those batches count as grad-enabled fetches but were never trained on. The global batch
+    is 16 (8 × 2 ranks), the reference recipe's, so the lr 0.1 needs no scaling."""
+    found = _lr_run(tmp_path / "eval", train_batches=[1, 1, 1, 6, 1, 1, 1, 6], backwards=[1] * 8)
+    assert "DD401" not in found
+
+
+def test_real_accumulation_scales_the_global_batch(tmp_path: Path) -> None:
+    found = _lr_run(tmp_path / "acc", train_batches=[4] * 8, backwards=[4] * 8)
+    f = found["DD401"]
+    assert f.evidence["accumulation"] == 4 and f.evidence["global_batch"] == 64
+    assert f.evidence["expected_lr"] == 0.4

@@ -1,7 +1,8 @@
 """DD401 lr-not-scaled: the learning rate does not follow the global batch relative to the reference recipe.
 
 What it does: measures the global batch the ranks trained on — per-rank batch (the most common batch size of the
-training loader) × world size × batches per optimizer step (gradient accumulation) — and compares the
+training loader) × world size × micro-batches per optimizer step (gradient accumulation: batches from
+grad-enabled loaders, capped by the step's backward passes) — and compares the
 optimizer's lr with the reference recipe (--base-lr / --base-batch) scaled by the rule for its family: linear
 for SGD-like optimizers, square root for Adam-family / LAMB / Adagrad / RMSprop (--lr-scaling auto). Without a
 reference recipe it only notes the global batch.
@@ -10,6 +11,7 @@ reference recipe it only notes the global batch.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -29,10 +31,29 @@ def scaling_rule(optimizer_cls: str, lr_scaling: str) -> str:
     return "sqrt" if any(k in optimizer_cls.lower() for k in SQRT_FAMILY) else "linear"
 
 
+def micro_batches_per_step(train_steps: list[dict[str, Any]], opt_steps: list[dict[str, Any]]) -> list[int]:
+    """Micro-batches each optimizer step accumulated: the batches drawn from grad-enabled loaders since the previous
+    step, but never more than the backward passes of that step. Either count alone over-counts: a batch fetched with
+    grad enabled but never trained on (an evaluation loop that disables grad only inside its step function, a
+    `next(iter(loader))` peek) is not a micro-batch, and two losses backpropagated for one batch are not two.
+    Steps are matched on (optimizer, step)."""
+    backwards = {(e.get("opt"), e.get("step")): int(e.get("backwards") or 0) for e in train_steps}
+    out: list[int] = []
+    for e in opt_steps:
+        batches = int(e.get("train_batches") or 0)
+        b = backwards.get((e.get("opt"), e.get("step")))
+        if b:
+            batches = min(batches, b) if batches else b
+        if batches:
+            out.append(batches)
+    return out
+
+
 def measured_batch(ctx: RunContext) -> dict[str, Any] | None:
     """Per-rank batch, accumulation, world size and global batch, from the training loaders and steps."""
     sizes: list[int] = []
-    train_batches = steps = 0
+    micro: list[int] = []
+    steps = 0
     for p in ctx.ranks.values():
         for e in p.of("loader_iter_end"):
             if e.get("training"):
@@ -42,11 +63,11 @@ def measured_batch(ctx: RunContext) -> dict[str, Any] | None:
                 sizes.extend(s)
         st = p.of("optimizer_step")
         steps += len(st)
-        train_batches += sum(int(e.get("train_batches") or 0) for e in st)
+        micro.extend(micro_batches_per_step(p.of("train_step"), st))
     if not sizes or not steps:
         return None
     per_rank = Counter(sizes).most_common(1)[0][0]
-    accumulation = max(1, round(train_batches / steps)) if train_batches else 1
+    accumulation = max(1, round(statistics.median(micro))) if micro else 1
     world = ctx.world_size
     return {"per_rank_batch": per_rank, "world_size": world, "accumulation": accumulation,
             "global_batch": per_rank * world * accumulation}
