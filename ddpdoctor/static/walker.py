@@ -187,7 +187,11 @@ class Walker:
         self._walk_unreached()
 
     def _walk_unreached(self) -> None:
-        defs = sorted(self._functions, key=lambda n: (n.lineno, n.col_offset))
+        """Walk what the module body never called, callers before callees: a helper that the file calls
+        (`self._save_snapshot(epoch)` under `if self.local_rank == 0` in a Trainer used from another file) is then
+        entered at its call sites, with their rank guards and arguments, rather than on its own with neither."""
+        called = self._called_names()
+        defs = sorted(self._functions, key=lambda n: (n.name in called, n.lineno, n.col_offset))
         self.frames.append(self.module_frame)
         try:
             for d in defs:
@@ -209,6 +213,17 @@ class Walker:
                     del self._active[depth[2] :]
         finally:
             self.frames.pop()
+
+    def _called_names(self) -> set[str]:
+        """Names the file calls (`f(...)`, `obj.f(...)`): functions with these names may have a caller here."""
+        out: set[str] = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Name):
+                    out.add(node.func.id)
+                elif isinstance(node.func, ast.Attribute):
+                    out.add(node.func.attr)
+        return out
 
     def _walk_entry(self, d: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         parent = self._method_class.get(d)

@@ -11,7 +11,10 @@ unguarded save because it only bites multi-node runs; the message says why it fi
 
 What stays silent: saves inside `if rank == 0`, `if dist.get_rank() == 0`, `if is_main_process()`, after
 `if rank != 0: return`, in a `save_on_master()`-style helper that checks the rank, in `@rank_zero_only`
-functions, under both a local and a global rank-0 test; per-rank files (a path built from the rank).
+functions, under both a local and a global rank-0 test; per-rank files (a path built from the rank); saves into
+an in-memory buffer (`buf = io.BytesIO(); torch.save(sd, buf)`, `with BytesIO() as buf:`) or a private temporary
+file (`tempfile.TemporaryFile()`): nothing shared is written there — pytorch/examples' minGPT serialises its
+snapshot to memory and uploads it to S3 under a rank guard.
 
 Confidence: certain when the save is unconditional; likely when it sits under conditions that do not depend on
 the rank. Per-node saves: likely when the guard reads the local rank from its source (LOCAL_RANK, the spawn
@@ -20,6 +23,7 @@ index, `% gpus_per_node`), possible when only a name says it is one (`args.local
 
 from __future__ import annotations
 
+import ast
 from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding, Severity
@@ -28,12 +32,25 @@ from ddpdoctor.static.semantic import PER_RANK_TAGS, Ctx, Event
 
 CODE = "DD502"
 
+# File-like objects that belong to one process: bytes in memory, or a temporary file with a name of its own.
+PRIVATE_TARGETS = frozenset(
+    {
+        "io.BytesIO",
+        "tempfile.TemporaryFile",
+        "tempfile.NamedTemporaryFile",
+        "tempfile.SpooledTemporaryFile",
+    }
+)
+
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     if not script.distributed:
         return
+    private = _private_target_nodes(script)
     for ev in script.of("save"):
         path = ev.data.get("path") or ()
+        if path and all(id(o.node) in private or o.props.get("qual") in PRIVATE_TARGETS for o in path):
+            continue
         if any(o.tags & (PER_RANK_TAGS | {"rank_dep"}) for o in path) or "rank" in script.text(ev.data.get("path_node")).lower():
             continue
         if ev.rank_ctx:
@@ -51,6 +68,19 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "path": script.text(ev.data.get("path_node"))},
         )
+
+
+def _private_target_nodes(script: ScriptModel) -> set[int]:
+    """ids of the `as` targets of `with io.BytesIO() as buf:`-style blocks: the walker binds a with-target to an
+    opaque value, so the buffer is recognised from the call that made it."""
+    calls = {id(ev.node) for ev in script.of("call") if ev.data.get("qual") in PRIVATE_TARGETS}
+    out: set[int] = set()
+    for node in ast.walk(script.tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None and id(item.context_expr) in calls:
+                    out.add(id(item.optional_vars))
+    return out
 
 
 def _per_node_guard(ev: Event) -> Ctx | None:
