@@ -336,3 +336,129 @@ def test_real_accumulation_scales_the_global_batch(tmp_path: Path) -> None:
     f = found["DD401"]
     assert f.evidence["accumulation"] == 4 and f.evidence["global_batch"] == 64
     assert f.evidence["expected_lr"] == 0.4
+
+
+# ------------------------------------------------------------------------------------------------ differing splits
+# pytorch/examples distributed/minGPT-ddp: `random_split(dataset, [n_train, n_test])` without a seeded generator,
+# so every rank holds its own train/test split, and a DistributedSampler shards positions of different Subsets.
+
+SPLIT_SITE = {"file": SCRIPT, "line": 30, "function": "<module>"}
+
+
+def _split_loader(run: Run, pid: int, *, subset: np.ndarray, order_positions: np.ndarray, base_len: int,
+                  training: bool, ids: int, num_samples: int, kept: int | None = None, replicas: int = 2) -> list:
+    """A DataLoader with a DistributedSampler (rank `pid - 10` of `replicas`, shuffle=False) over a Subset of a
+    `base_len`-sample dataset, iterated once: the probe's events, orders mapped to the dataset under the Subset.
+    `kept`: record only a consistent sample of the Subset's index list (as for large subsets)."""
+    n, it = len(subset), ids + 2
+    indices = subset if kept is None else subset[:kept]
+    return [
+        ("sampler_created", {"sampler": ids, "sampler_kind": "distributed", "site": SPLIT_SITE, "len": n,
+                             "num_replicas": replicas, "num_samples": num_samples, "drop_last": False,
+                             "sampler_rank": (pid - 10) % replicas}),
+        ("loader_created", {"loader": ids + 1, "site": SPLIT_SITE, "sampler": ids, "sampler_kind": "distributed",
+                            "dataset_cls": "Subset", "dataset_len": n,
+                            "subset": {"depth": 1, "base_len": base_len, "len": n,
+                                       "indices": run.blob(pid, indices), "sample_mod": None if kept is None else 7}}),
+        ("loader_iter", {"loader": ids + 1, "it": it, "sampler": ids, "sampler_kind": "distributed",
+                         "sampler_cls": "DistributedSampler", "dataset_cls": "Subset", "dataset_len": n,
+                         "grad_enabled": training, "site": SPLIT_SITE, "created_site": SPLIT_SITE}),
+        ("sampler_iter", {"sampler": ids, "iteration": 0, "epoch": 0, "shuffle": False, "digest": f"o{pid}",
+                          "count": len(order_positions), "dataset_len": n, "num_replicas": replicas,
+                          "sampler_rank": (pid - 10) % replicas, "order": run.blob(pid, subset[order_positions]),
+                          "sample_mod": None, "subset_depth": 1, "base_len": base_len}),
+        ("loader_iter_end", {"loader": ids + 1, "it": it, "training": training, "steps": 4 if training else 0,
+                             "sizes": [[4, 4]]}),
+    ]
+
+
+def _eval_positions(rank: int) -> np.ndarray:
+    """DistributedSampler(shuffle=False) over 69 samples on 2 ranks: 0..68 padded with position 0, interleaved."""
+    return np.concatenate([np.arange(69), [0]])[rank::2]
+
+
+def test_eval_padding_over_differing_splits_is_counted_within_each_subset(tmp_path: Path) -> None:
+    """69 evaluation samples on 2 ranks, each rank's test Subset its own (rank 0: 100..168, rank 1: 101..169):
+    padding is 1, although 34 dataset indices are evaluated by both ranks by chance of the two splits."""
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        subset = np.arange(100 + rank, 169 + rank)
+        run.process(pid, rank, events=_split_loader(run, pid, subset=subset, order_positions=_eval_positions(rank),
+                                                    base_len=1000, training=False, ids=40, num_samples=35))
+    f = _rules(tmp_path)["DD303"]
+    assert f.evidence["duplicated"] == 1 and f.evidence["duplicated_indices"] == []
+    assert f.evidence["measured_from_orders"] is True and f.evidence["subsets_differ_across_ranks"] is True
+    assert f.evidence["per_rank_order_length"] == {"0": 35, "1": 35}
+    assert "1 sample is evaluated twice to pad 69 samples to 35 per rank" in f.message
+    assert "counts 70 results for 69 samples" in f.message and "(index" not in f.message
+    assert "positions each rank's order takes in its own Subset" in f.message
+    assert "the ranks evaluate different subsets" in f.message and "DD305" in f.message
+    assert f.magnitude == 1 / 69
+
+
+def test_eval_padding_over_differing_splits_without_whole_index_lists(tmp_path: Path) -> None:
+    """Where only a sample of the Subsets' index lists was kept, the count is the sampler's arithmetic."""
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        subset = np.arange(100 + rank, 169 + rank)
+        run.process(pid, rank, events=_split_loader(run, pid, subset=subset, order_positions=_eval_positions(rank),
+                                                    base_len=1000, training=False, ids=40, num_samples=35, kept=10))
+    f = _rules(tmp_path)["DD303"]
+    assert f.evidence["duplicated"] == 1 and f.evidence["measured_from_orders"] is False
+    assert "from the sampler's num_samples × num_replicas" in f.message
+    assert f.evidence["subsets_differ_across_ranks"] is True
+
+
+def test_eval_padding_over_the_same_split_still_names_the_index(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=_split_loader(run, pid, subset=np.arange(100, 169), base_len=1000,
+                                                    order_positions=_eval_positions(rank), training=False, ids=40,
+                                                    num_samples=35))
+    f = _rules(tmp_path)["DD303"]
+    assert f.evidence["duplicated"] == 1 and f.evidence["duplicated_indices"] == [100]
+    assert f.evidence["subsets_differ_across_ranks"] is False and "different subsets" not in f.message
+
+
+def test_distributed_sampler_over_differing_splits_asks_for_a_seeded_split(tmp_path: Path) -> None:
+    """60 training samples per rank's split (rank 0: dataset 0..59, rank 1: 39..98), sharded by position: rank 0
+    trains 0, 2, …, 58, rank 1 40, 42, …, 98, so 10 of each rank's 30 samples are also the other's."""
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        subset = np.arange(0, 60) if rank == 0 else np.arange(39, 99)
+        run.process(pid, rank, events=_split_loader(run, pid, subset=subset, order_positions=np.arange(rank, 60, 2),
+                                                    base_len=100, training=True, ids=50, num_samples=30))
+    f = _rules(tmp_path)["DD302"]
+    assert f.evidence["overlap_fraction"] == 1 / 3 and f.evidence["distinct_samples"] == {"0": 30, "1": 30}
+    assert f.evidence["splits_differ_across_ranks"] is True
+    assert "has a DistributedSampler, but ranks 0, 1 hold different splits" in f.message
+    assert "33% of the samples a rank sees are also seen by another rank" in f.message
+    assert "generator=torch.Generator().manual_seed(s)" in f.fix and "sampler=DistributedSampler" not in f.fix
+    assert f.line == 30
+
+
+def test_distributed_sampler_over_the_same_subset_keeps_the_generic_fix(tmp_path: Path) -> None:
+    """DistributedSampler(num_replicas=1) on both ranks over one split: the overlap is the sampler's."""
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=_split_loader(run, pid, subset=np.arange(0, 60), base_len=100,
+                                                    order_positions=np.arange(60), training=True, ids=50,
+                                                    num_samples=60, replicas=1))
+    f = _rules(tmp_path)["DD302"]
+    assert f.evidence["overlap_fraction"] == 1.0 and f.evidence["splits_differ_across_ranks"] is False
+    assert "sampler=DistributedSampler" in f.fix and "overlapping shards" in f.message
+
+
+def test_dataset_differing_by_split_names_the_subset_and_a_seeded_split(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=[("dataset_items", {
+            "loader": 51, "dataset": 9, "dataset_cls": "Subset", "base_cls": "CharDataset", "site": SPLIT_SITE,
+            "len": 60, "sampler_cls": "DistributedSampler", "sharded": True, "deterministic": True,
+            "subsets": [{"len": 60, "digest": f"split{rank}", "head": [rank * 39, rank * 39 + 1]}],
+            "items": [{"index": i, "digest": f"d{rank}-{i}", "parts": None} for i in (0, 1, 30, 59)]})])
+    f = _rules(tmp_path)["DD305"]
+    assert "it is a Subset of CharDataset whose index list differs across ranks" in f.message
+    assert "(first indices rank 0: [0, 1]; rank 1: [39, 40])" in f.message
+    assert "generator=torch.Generator().manual_seed(s)" in f.fix and f.evidence["split_differs"] is True
+    assert f.evidence["differing_fraction"] == 1.0 and "not recorded" in f.evidence["location"]

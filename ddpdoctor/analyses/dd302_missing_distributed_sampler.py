@@ -7,6 +7,11 @@ the fraction of each rank's samples that another rank also visits. Indices are t
 `Subset` wrappers (the probe maps them), so shards made by hand (`Subset(ds, range(rank, N, world))`) compare as
 the samples they hold. It also compares the batches the ranks drew:
 identical batches mean the ranks shuffle with the same seed and the global batch repeats every sample.
+
+A DistributedSampler over Subsets that differ from rank to rank (a `random_split` without a seeded generator) shards
+positions of different splits: its shards overlap by chance in the samples underneath. The sampler is not what is
+missing there, so the finding names the differing splits and its fix is a seeded split (DD305 reports the same
+cause from the dataset's items; DD302 is kept because it measures what it costs: the overlap).
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
-from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction
+from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
 from ddpdoctor.findings import Finding
 
 RULE = "DD302"
 THRESHOLD = 0.25
+FIX = ("Give the training DataLoader sampler=DistributedSampler(dataset) (shuffle in the sampler, not the loader) "
+       "and call sampler.set_epoch(epoch) every epoch.")
+SPLIT_FIX = ("Split with a seeded generator (random_split(..., generator=torch.Generator().manual_seed(s)), the same "
+             "s on every rank) so every rank holds the same split and the DistributedSampler partitions it.")
 
 
 def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001
@@ -122,7 +131,19 @@ def analyze(ctx: RunContext) -> list[Finding]:
             identical = min(position_identity(ref, a) for a in drawn.values())
         kinds = sorted({start.get("sampler_cls") for start, _ in per_rank.values()})
         nranks = len(sets)
-        if all(start.get("sampler_kind") == "distributed" for start, _ in per_rank.values()):
+        distributed = all(start.get("sampler_kind") == "distributed" for start, _ in per_rank.values())
+        split_differs = distributed and subsets_differ(
+            ctx, {r: start.get("loader") for r, (start, _) in per_rank.items() if start.get("loader") is not None}
+        ) is True
+        if split_differs:
+            lead = (
+                f"the training DataLoader at {ctx.at(site)} has a DistributedSampler, but {fmt_ranks(sets)} hold "
+                f"different splits of the dataset (their Subset index lists differ: a random_split without a seeded "
+                f"generator), so the sampler shards positions of different subsets: {pct(overlap)} of the samples "
+                f"a rank sees are also seen by another rank "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples)"
+            )
+        elif distributed:
             lead = (
                 f"the DistributedSampler of the training DataLoader at {ctx.at(site)} gives {fmt_ranks(sets)} "
                 f"overlapping shards: {pct(overlap)} of the samples a rank sees are also seen by another rank"
@@ -140,7 +161,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=lead,
-                fix="Give the training DataLoader sampler=DistributedSampler(dataset) (shuffle in the sampler, not the loader) and call sampler.set_epoch(epoch) every epoch.",
+                fix=SPLIT_FIX if split_differs else FIX,
                 site=site,
                 ranks=list(sets),
                 evidence={
@@ -150,6 +171,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "index_source": {str(r): v for r, v in how.items()},
                     "identical_batches_fraction": identical,
                     "consistent_sample_mod": k,
+                    "splits_differ_across_ranks": split_differs,
                 },
                 magnitude=overlap,
             )

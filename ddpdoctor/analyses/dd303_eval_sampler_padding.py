@@ -6,6 +6,11 @@ orders every rank's sampler produced for the same pass, the indices evaluated mo
 the sampler repeats indices from the start until the length divides by the world size) or never
 (drop_last=True). Where not every rank's order was recorded, the count follows from the sampler's own numbers:
 num_samples × num_replicas − len(dataset).
+
+Orders are recorded as indices of the dataset under any Subset. When the ranks' Subsets hold different samples (a
+`random_split` without a seeded generator: DD305), a base index shared by two ranks is a chance overlap of two
+splits, not padding, so the orders are counted as positions within each rank's own Subset (or, where those cannot
+be recovered, from the sampler's arithmetic), and the finding says the ranks evaluate different subsets.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, pct
-from ddpdoctor.analyses.orders import order
+from ddpdoctor.analyses.orders import loader_subset, order, subsets_differ
 from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
@@ -42,6 +47,31 @@ def _evaluation_samplers(p) -> dict[Any, bool]:  # noqa: ANN001
         )
         verdict[sid] = verdict.get(sid, True) and evaluating
     return verdict
+
+
+def _loader_of(p, sampler: Any) -> Any:  # noqa: ANN001
+    """The DataLoader iterating a sampler (its creation event, else its first iteration)."""
+    for kind in ("loader_created", "loader_iter"):
+        e = next((e for e in p.of(kind) if e.get("sampler") == sampler and e.get("loader") is not None), None)
+        if e is not None:
+            return e["loader"]
+    return None
+
+
+def _subset_positions(ctx: RunContext, p, loader: Any, base_order: np.ndarray) -> np.ndarray | None:  # noqa: ANN001
+    """A rank's order (indices under its Subset) as positions within that rank's own Subset; None when the
+    Subset's whole index list was not kept or does not map every index back to one position."""
+    subset = loader_subset(p, loader)
+    if not subset or subset.get("sample_mod") is not None:
+        return None
+    base = order(ctx, subset.get("indices"))
+    if base is None or len(np.unique(base)) != len(base):
+        return None
+    position = {int(b): i for i, b in enumerate(base.tolist())}
+    try:
+        return np.array([position[int(b)] for b in base_order.tolist()], dtype=np.int64)
+    except KeyError:
+        return None
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -78,6 +108,12 @@ def analyze(ctx: RunContext) -> list[Finding]:
             arr = order(ctx, it.get("order")) if it and it.get("sample_mod") is None else None
             if arr is not None:
                 orders[r] = arr
+        loaders = {r: _loader_of(ctx.ranks[r], created.get("sampler")) for r, (created, _) in per_rank.items()}
+        split_differs = subsets_differ(ctx, {r: lid for r, lid in loaders.items() if lid is not None}) is True
+        if split_differs:  # count positions within each rank's own Subset, not chance overlaps of base indices
+            local = {r: _subset_positions(ctx, ctx.ranks[r], loaders[r], a) for r, a in orders.items()}
+            orders = {r: a for r, a in local.items() if a is not None} if all(
+                a is not None for a in local.values()) else {}
         measured = len(orders) == replicas and replicas > 1
         duplicated_indices: list[int] = []
         if measured:
@@ -87,9 +123,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 count = n - len(counts)
             else:
                 count = int(sum(c - 1 for c in counts.values() if c > 1))
-                duplicated_indices = sorted(i for i, c in counts.items() if c > 1)[:10]
+                if not split_differs:  # positions in different Subsets name no one sample
+                    duplicated_indices = sorted(i for i, c in counts.items() if c > 1)[:10]
         else:
             count = expected
+        if measured:
+            how = ("counted over the positions each rank's order takes in its own Subset" if split_differs
+                   else "counted over the orders of all ranks")
+        else:
+            how = "from the sampler's num_samples × num_replicas"
         if count <= 0:
             ctx.clear(
                 RULE,
@@ -97,13 +139,12 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 reason=(
                     f"its {n} evaluation samples split evenly over {replicas} ranks ({num_samples} each), "
                     f"{'none dropped' if drop_last else 'none padded'}"
-                    + (" (counted over the orders of all ranks)" if measured else "")
+                    + (f" ({how})" if measured else "")
                 ),
                 evidence={"dataset_len": n, "num_replicas": replicas, "num_samples_per_rank": num_samples,
                           "measured_from_orders": measured},
             )
             continue
-        how = "counted over the orders of all ranks" if measured else "from the sampler's num_samples × num_replicas"
         if drop_last:
             consequence = (
                 f"{count} of its {n} samples {'is' if count == 1 else 'are'} never evaluated (drop_last=True), "
@@ -121,6 +162,11 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"the evaluation DistributedSampler created at {ctx.at(created0.get('site'))} splits {n} samples over "
             f"{replicas} ranks: {consequence} ({how})"
         )
+        if split_differs:
+            message += (
+                "; moreover the ranks evaluate different subsets: their Subset index lists differ (a random_split "
+                "without a seeded generator, DD305), so the gathered metric mixes samples of different splits"
+            )
         findings.append(
             ctx.finding(
                 RULE,
@@ -136,6 +182,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "duplicated" if not drop_last else "dropped": count,
                     "duplicated_indices": duplicated_indices,
                     "measured_from_orders": measured,
+                    "subsets_differ_across_ranks": split_differs,
                     "per_rank_order_length": {str(r): int(len(a)) for r, a in orders.items()},
                 },
                 magnitude=count / n,

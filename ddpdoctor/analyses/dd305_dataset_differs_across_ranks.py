@@ -23,6 +23,10 @@ METHOD = (
     "device generators seeded to the same constant on every rank (states restored afterwards), so random "
     "augmentation cannot make them differ; digests cover dtype, shape and bytes of every tensor/array"
 )
+SPLIT_FIX = ("Split with a seeded generator (random_split(..., generator=torch.Generator().manual_seed(s)), the same "
+             "s on every rank) so every rank holds the same split.")
+# The probe records where a DataLoader is created, not where its dataset or Subset is: findings point at the loader.
+LOCATION = "the DataLoader over the dataset (where the dataset or its split is created is not recorded)"
 
 
 def _key(e: dict[str, Any]) -> tuple:
@@ -57,6 +61,7 @@ def _compare(per_rank: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     if not differing and not lengths_differ:
         return None
     subsets = {r: [s.get("digest") for s in e.get("subsets") or []] for r, e in per_rank.items()}
+    heads = {r: (e.get("subsets") or [{}])[0].get("head") for r, e in per_rank.items()}
     return {
         "events": per_rank,
         "lengths": lengths,
@@ -64,6 +69,7 @@ def _compare(per_rank: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         "common": common,
         "differing": differing,
         "subsets": subsets,
+        "subset_heads": heads,
         "split_differs": any(subsets.values()) and len({tuple(v) for v in subsets.values()}) > 1,
     }
 
@@ -110,7 +116,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
         if c["lengths_differ"]:
             what.append("its length differs (" + ", ".join(f"rank {r}: {n}" for r, n in c["lengths"].items()) + ")")
         if c["split_differs"]:
-            cause = "; it is a Subset whose indices differ across ranks (random_split without a seeded generator)"
+            heads = "; ".join(f"rank {r}: {h}" for r, h in c["subset_heads"].items() if h is not None)
+            cause = (f"; it is a Subset of {cls} whose index list differs across ranks"
+                     + (f" (first indices {heads})" if heads else "")
+                     + ": a random_split without a seeded generator gives every rank its own split")
         elif not c["lengths_differ"]:
             cause = ("; the data was generated or ordered differently per process (unseeded synthetic data, "
                      "unsorted file lists)")
@@ -130,7 +139,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=get_rule(RULE).fix,
+                fix=SPLIT_FIX if c["split_differs"] else get_rule(RULE).fix,
                 site=site,
                 ranks=list(per_rank),
                 evidence={
@@ -142,6 +151,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "differing_fraction": fraction,
                     "datasets_of_this_class_differing": len(cmps),
                     "method": METHOD,
+                    "location": LOCATION,
+                    "split_differs": c["split_differs"],
                     **({"subset_index_digests": {str(r): v for r, v in c["subsets"].items()}}
                        if any(c["subsets"].values()) else {}),
                 },

@@ -45,3 +45,39 @@ def consistent(arr: np.ndarray, k: int | None) -> np.ndarray:
         return arr
     a = arr.astype(np.int64)
     return a[((a * HASH_MULT) % (1 << 32)) % k == 0]
+
+
+def loader_subset(p, loader: Any) -> dict[str, Any] | None:  # noqa: ANN001
+    """The `subset` record of a DataLoader's creation (None when its dataset is no Subset or it was not seen)."""
+    created = next((e for e in p.of("loader_created") if e.get("loader") == loader), None)
+    return (created or {}).get("subset") or None
+
+
+def subsets_differ(ctx: RunContext, loaders: dict[int, Any]) -> bool | None:
+    """Whether the ranks' DataLoaders (rank -> loader id) iterate Subsets holding different samples: True when
+    the Subset index lists differ (a `random_split` without a seeded generator gives every rank its own split),
+    False when they agree, None when no rank's dataset is a Subset or it cannot be told.
+
+    The exact digests of the index lists (`dataset_items.subsets`) decide where every rank recorded them; otherwise
+    the index lists kept with `loader_created` (whole, or the same consistent sample on every rank) are compared."""
+    if len(loaders) < 2:
+        return None
+    digests = {}
+    for r, lid in loaders.items():
+        items = next((e for e in ctx.ranks[r].of("dataset_items") if e.get("loader") == lid), None)
+        chain = (items or {}).get("subsets")
+        if chain:
+            digests[r] = tuple(s.get("digest") for s in chain)
+    if len(digests) == len(loaders):
+        return len(set(digests.values())) > 1
+    subsets = {r: loader_subset(ctx.ranks[r], lid) for r, lid in loaders.items()}
+    if not any(subsets.values()):
+        return None
+    if not all(subsets.values()):
+        return True  # a Subset on some ranks only
+    if len({(s.get("len"), s.get("base_len"), s.get("sample_mod")) for s in subsets.values()}) > 1:
+        return True
+    arrays = [order(ctx, s.get("indices")) for s in subsets.values()]
+    if any(a is None for a in arrays):
+        return None
+    return any(not np.array_equal(arrays[0], a) for a in arrays[1:])
