@@ -5,7 +5,6 @@ Bad input of any kind ends as one line on stderr and exit code 2, never a traceb
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional

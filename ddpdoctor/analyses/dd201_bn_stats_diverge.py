@@ -29,7 +29,6 @@ from typing import Any
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.bn.stats import relative_error
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding, Severity
 
 RULE = "DD201"
@@ -127,7 +126,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             severity=severity,
             site=site,
             ranks=bn.ranks,

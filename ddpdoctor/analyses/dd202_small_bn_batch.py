@@ -80,7 +80,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             severity=severity,
             site=site,
             ranks=sorted(per_rank),

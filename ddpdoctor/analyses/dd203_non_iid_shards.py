@@ -84,7 +84,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             severity=severity,
             confidence=confidence,
             site=site,

@@ -19,7 +19,6 @@ import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD204"
@@ -86,7 +85,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             site=site,
             ranks=bn.ranks,
             evidence=evidence,

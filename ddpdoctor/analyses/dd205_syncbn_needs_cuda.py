@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD205"
@@ -47,6 +46,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "emulated": emulated,
     }
     return [
-        ctx.finding(RULE, message=message, fix=get_rule(RULE).fix, site=site, ranks=ranks, evidence=evidence,
+        ctx.finding(RULE, message=message, site=site, ranks=ranks, evidence=evidence,
                     magnitude=float(len(layers)))
     ]

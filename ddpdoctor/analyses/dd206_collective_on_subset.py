@@ -22,7 +22,6 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import is_user_path, main_stack, timeout_view
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 from ddpdoctor.static.names import env_tags, name_tags
 
@@ -88,7 +87,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "sites_in_branch": len(in_branch),
     }
     return [
-        ctx.finding(RULE, message=message, fix=get_rule(RULE).fix, site=first["frame"],
+        ctx.finding(RULE, message=message, site=first["frame"],
                     ranks=[h["rank"] for h in stuck], evidence=evidence, magnitude=float(len(stuck)))
     ]
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD207"
@@ -81,7 +80,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "syncbn_replay_rel_error": bc.replay_errors(ctx),
     }
     return [
-        ctx.finding(RULE, message=message, fix=get_rule(RULE).fix, site=first["site"], ranks=ranks,
+        ctx.finding(RULE, message=message, site=first["site"], ranks=ranks,
                     evidence=evidence, magnitude=float(share or forwards))
     ]
 

@@ -22,7 +22,6 @@ import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, pct
 from ddpdoctor.analyses.orders import loader_subset, order, subsets_differ
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD303"
@@ -171,7 +170,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=get_rule(RULE).fix,
                 site=created0.get("site"),
                 ranks=list(per_rank),
                 evidence={

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Confidence, Finding
 
 RULE = "DD304"
@@ -215,7 +214,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             confidence=confidence,
             site=site,
             ranks=list(ctx.ranks),

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD305"
@@ -139,7 +138,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=SPLIT_FIX if c["split_differs"] else get_rule(RULE).fix,
+                fix=SPLIT_FIX if c["split_differs"] else None,
                 site=site,
                 ranks=list(per_rank),
                 evidence={

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.events import rle_expand
 from ddpdoctor.findings import Finding, Severity
 
@@ -110,7 +109,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=get_rule(RULE).fix,
                 severity=severity,
                 site=plan0.get("site"),
                 ranks=list(per_rank),

@@ -13,7 +13,6 @@ from collections import Counter
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD402"
@@ -91,7 +90,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             site=opt["site"],
             ranks=[opt["rank"]],
             evidence={

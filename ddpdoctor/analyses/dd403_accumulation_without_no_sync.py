@@ -12,7 +12,6 @@ import statistics
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD403"
@@ -45,7 +44,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             site=site,
             ranks=list(per_rank),
             evidence={

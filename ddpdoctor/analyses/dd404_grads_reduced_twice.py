@@ -14,7 +14,6 @@ import statistics
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding, Severity
 
 RULE = "DD404"
@@ -64,7 +63,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             severity=severity,
             site=site,
             ranks=list(per_rank),

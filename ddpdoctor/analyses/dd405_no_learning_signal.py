@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD405"
@@ -85,7 +84,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.finding(
             RULE,
             message=message,
-            fix=get_rule(RULE).fix,
             site=s["site"],
             ranks=list(per_rank),
             evidence={"per_rank": {str(r): {k: v for k, v in sig.items() if k != "site"} for r, sig in per_rank.items()}},

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding
 
 RULE = "DD501"
@@ -63,7 +62,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=get_rule(RULE).fix,
                 site=e.get("site"),
                 ranks=sorted({r for r, _ in saves}),
                 evidence={

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.findings import Finding, Severity
 
 RULE = "DD503"
@@ -79,7 +78,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 RULE,
                 message=message,
-                fix=get_rule(RULE).fix,
                 severity=Severity.HIGH if nothing else None,
                 site=e.get("site"),
                 ranks=sorted({r for r, _ in loads}),

@@ -67,7 +67,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             ev.line,
             f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
             f"`{script.name(wrapper)}`" + (f" (line {wrap.line})" if wrap else "") + ", so every key starts with "
-            f"\"module.\" and the plain model cannot load it",
+            "\"module.\" and the plain model cannot load it",
             cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None, "saved_by": how},
         )
