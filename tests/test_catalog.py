@@ -55,6 +55,23 @@ EXPECTED = [
     ("DD903", "not-distributed", "info", False, True),
 ]
 
+# Rows SPEC.md added for issues still open (trust, triage). SPEC: "until the issue that adds a row lands, a test
+# that holds the implementation against this table treats that row as pending, not as a failure." A pending row
+# moves into EXPECTED (at its place in code order) when the rule lands in the catalog.
+PENDING = [
+    ("DD110", "model-not-wrapped", "critical", True, True),
+    ("DD208", "conversion-changed-function", "critical", False, True),
+    ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
+    ("DD210", "frozen-bn-unfrozen", "high", False, True),
+    ("DD211", "syncbn-stats-wrong", "high", False, True),
+    ("DD212", "syncbn-scope", "high", False, True),
+    ("DD213", "stale-running-stats", "info", False, True),
+    ("DD214", "bn-train-test-inconsistency", "low", False, True),
+    ("DD215", "micro-batch-bn", "low", False, True),
+    ("DD216", "bn-params-not-trained", "critical", True, True),
+    ("DD904", "nothing-observed", "high", False, True),
+]
+
 DOC_PARTS = ("summary", "what", "why", "example", "fix")
 
 
@@ -76,7 +93,10 @@ def test_catalog_matches_the_frozen_contract():
 def test_frozen_contract_matches_spec_md():
     if not SPEC.is_file():
         pytest.skip("SPEC.md is not beside this clone (../shared)")
-    assert _spec_rows() == EXPECTED
+    implemented = {r.code for r in RULES}
+    pending = [row for row in PENDING if row[0] not in implemented]
+    assert not [row for row in PENDING if row[0] in implemented], "a landed rule belongs in EXPECTED, not PENDING"
+    assert _spec_rows() == sorted(EXPECTED + pending)
 
 
 def test_codes_and_names_are_unique_and_well_formed():
