@@ -27,6 +27,7 @@ PYPROJECT_KEYS = {
     "lr_scaling",
     "nproc",
     "small_bn_batch",
+    "exclude",
 }
 
 
@@ -51,6 +52,9 @@ class CheckConfig:
     keep_run: Path | None = None
     small_bn_batch: int = 16
     pyproject: Path | None = None
+    # `check --static PATH...`: the paths after the first (files or directories), and the globs that drop files
+    paths: tuple[Path, ...] = ()
+    exclude: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -83,6 +87,13 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
         raise UsageError(
             f"{pyproject}: unknown key(s) in [tool.ddpdoctor]: {', '.join(sorted(unknown))}"
         )
+    if "exclude" in table:
+        value = table["exclude"]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{pyproject}: [tool.ddpdoctor] exclude must be a list of glob patterns")
+        table["exclude"] = value
     for key in ("select", "ignore"):
         if key in table:
             value = table[key]

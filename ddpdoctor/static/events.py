@@ -211,6 +211,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         ),
         _k("env_write", "os.environ[...] = value", var="the variable (None when not a literal)", value="Value written"),
         _k("env_check", 'a membership test `"RANK" in os.environ`', var="the variable, or None when not a literal"),
+        # --- paths (apis/paths.py)
+        _k(
+            "sys_path",
+            "sys.path.append / insert: a directory put on the import path",
+            dir="the directory as computed, or None when it is not a literal the interpreter can compute",
+            added="it became an import root of the project (an existing directory, not an installed one)",
+        ),
         # --- command line (apis/cli.py)
         _k(
             "add_argument",

@@ -1,4 +1,5 @@
-"""`ScriptModel`: the semantic model of one script, built once and shared by every rule.
+"""`ScriptModel`: the semantic model of one script (with the project modules it imports), built once and shared by
+every rule.
 
 Rules ask questions in the user's vocabulary — which objects are DDP wrappers, which loop trains, was the model
 wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the
@@ -13,9 +14,11 @@ from functools import cached_property
 from typing import Any, Iterable
 
 from ddpdoctor.catalog import get_rule
+from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.engine import SourceFile
+from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Event, Family, Obj, Value, union
 
 
@@ -29,6 +32,9 @@ class ScriptModel:
     errors: list[str] = field(default_factory=list)
     truncated: bool = False
     file: SourceFile | None = None
+    # every file the walk read (display path → file), the script first; notes about the ones it could not
+    sources: dict[str, SourceFile] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> "ScriptModel":
@@ -36,15 +42,36 @@ class ScriptModel:
         file = SourceFile(filename, source, tree)
         interp = TorchInterpreter(file, assume)
         interp.run()
+        return cls._of(interp, file)
+
+    @classmethod
+    def build_project(
+        cls, project: Project, also: tuple[ModuleFile, ...] = (), assume: dict[str, Any] | None = None
+    ) -> ScriptModel:
+        """Interpret the project's entry script, following its imports into the project's files; `also`: project
+        modules whose unreached functions are walked too (files the user named that the script imports). A script
+        that cannot be read or parsed is a UsageError."""
+        file = project.load(project.module_of(project.entry))
+        if file is None:
+            raise UsageError(project.notes[-1] if project.notes else f"{project.entry_shown}: cannot read")
+        interp = TorchInterpreter(file, assume, project=project)
+        interp.run(also)
+        return cls._of(interp, file, notes=list(project.notes))
+
+    @classmethod
+    def _of(cls, interp: TorchInterpreter, file: SourceFile, notes: list[str] | None = None) -> ScriptModel:
+        errors = [e if path == file.path else f"{path}: {e}" for path, e in interp.errors_by_file()]
         return cls(
-            filename=filename,
-            source=source,
-            tree=tree,
+            filename=file.path,
+            source=file.source,
+            tree=file.tree,
             events=interp.events,
             cli_args=interp.cli_args,
-            errors=interp.errors,
+            errors=errors,
             truncated=interp.truncated,
             file=file,
+            sources=dict(interp.sources),
+            notes=notes or [],
         )
 
     # ------------------------------------------------------------------ events
@@ -190,9 +217,23 @@ class ScriptModel:
 
     @cached_property
     def _scan(self) -> tuple[str, frozenset[str], frozenset[str]]:
-        """(identifiers and string constants lower-cased, string constants, imports), from the file's index."""
-        index = (self.file or SourceFile(self.filename, self.source, self.tree)).index
-        return index.words, frozenset(index.strings), frozenset(index.imports)
+        """(identifiers and string constants lower-cased, string constants, imports) of every file read."""
+        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        if len(files) == 1:
+            index = files[0].index
+            return index.words, frozenset(index.strings), frozenset(index.imports)
+        indexes = [f.index for f in files]
+        return (
+            " ".join(i.words for i in indexes),
+            frozenset().union(*(i.strings for i in indexes)),
+            frozenset().union(*(i.imports for i in indexes)),
+        )
+
+    @property
+    def with_items(self) -> list[ast.withitem]:
+        """The `with` items of every file read."""
+        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        return [item for f in files for item in f.index.with_items]
 
     @property
     def words(self) -> str:
@@ -234,14 +275,20 @@ class ScriptModel:
     def finding(
         self,
         code: str,
-        line: int,
+        line: int | Event | Obj,
         message: str,
         confidence: Confidence,
         evidence: dict[str, Any] | None = None,
         severity: Severity | None = None,
         magnitude: float = 0.0,
     ) -> Finding:
+        """A finding at `line`: an event or an object (its file and line; a place in another file than the script
+        adds the chain of calls that led there to the evidence), or a line of the script."""
         rule = get_rule(code)
+        file, at, chain = self.where(line)
+        evidence = dict(evidence or {})
+        if chain:
+            evidence["call_chain"] = chain
         return Finding(
             rule=rule.code,
             severity=severity if severity is not None else rule.severity,
@@ -249,11 +296,29 @@ class ScriptModel:
             message=message,
             fix=rule.fix,
             sources=("static",),
-            file=self.filename,
-            line=line,
-            evidence=evidence or {},
+            file=file,
+            line=at,
+            evidence=evidence,
             magnitude=magnitude,
         )
+
+    def where(self, at: int | Event | Obj) -> tuple[str, int, list[str]]:
+        """(file, line, call chain as "file:line function()" strings when the place is outside the script)."""
+        if isinstance(at, int):
+            return self.filename, at, []
+        file = at.file or self.filename
+        if isinstance(at, Obj):
+            made = next((ev for ev in self.events if ev.node is at.node and ev.file == file), None)
+            chain = made.chain if made is not None else ()
+        else:
+            chain = at.chain
+        shown = [f"{f}:{line} {name}()" for f, line, name in chain] if file != self.filename else []
+        return file, at.line, shown
+
+    def place(self, at: Event | Obj, finding_file: str | None = None) -> str:
+        """`line N` for a place in the file a message is about (the script by default), `file:N` elsewhere."""
+        file = at.file or self.filename
+        return f"line {at.line}" if file == (finding_file or self.filename) else f"{file}:{at.line}"
 
 
 def lower(confidence: Confidence, steps: int = 1) -> Confidence:

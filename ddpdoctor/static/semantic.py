@@ -197,3 +197,4 @@ class Frame:
     is_class_body: bool = False
     file: str = ""  # the file the frame's code is in
     call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any
+    stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`

@@ -11,14 +11,15 @@ import ast
 from typing import Any
 
 from ddpdoctor import torchnames as N
-from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, ranks, tensors
+from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, paths, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.engine.interpreter import Interpreter
 from ddpdoctor.static.engine.support import Args, SourceFile
+from ddpdoctor.static.project import Project
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
-API_MODULES = (nn, optim, data, distributed, environ, cli, tensors)
+API_MODULES = (nn, optim, data, distributed, environ, cli, tensors, paths)
 REGISTRY = Registry(API_MODULES)
 
 
@@ -32,7 +33,7 @@ class TorchInterpreter(Interpreter):
     PATH_KINDS = frozenset(
         {"wrapper", "module", "sampler", "loader", "optimizer", "dataset", "state_dict", "scheduler"}
     )
-    PLAIN_KINDS = frozenset({"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device"})
+    PLAIN_KINDS = frozenset({"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device", "path"})
     LABELLED_KINDS = frozenset(
         {
             "module",
@@ -54,8 +55,8 @@ class TorchInterpreter(Interpreter):
     CALLABLE_KINDS = frozenset({"function", "bound", "class", "qual", "builtin", "partial", "loss"})
     CONDITION_TAGS = frozenset({"rank_cond"})
 
-    def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None) -> None:
-        super().__init__(source)
+    def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None) -> None:
+        super().__init__(source, project)
         self.registry = REGISTRY
         self.assume: dict[str, Any] = dict(assume or {})
         self.cli_args: dict[str, cli.CliArg] = {}
@@ -107,6 +108,9 @@ class TorchInterpreter(Interpreter):
         self, func: Obj | None, name: str | None, args: Args, props: dict[str, Any]
     ) -> frozenset[str]:
         return ranks.call_result_facts(func, name, args.all(), props)
+
+    def binop_model(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj | None:
+        return paths.divide(self, node, left, right) if op is ast.Div else None
 
     # ------------------------------------------------------------------ branches, comparisons, contexts
 
@@ -161,6 +165,8 @@ class TorchInterpreter(Interpreter):
 
     def special_attr(self, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
         kind = obj.kind
+        if kind == "path":
+            return paths.special_attr(self, obj, name, node)
         if kind == "wrapper" and name == "module":
             return obj.props.get("inner") or (self._derived(obj, name, node),)
         if kind == "cli_args":
@@ -288,7 +294,7 @@ class TorchInterpreter(Interpreter):
         inst = self.new(kind if kind != "wrapper" else "instance", node, label=cls.label, props={"class": cls})
         if kind == "module":
             inst.family = Family(
-                mode="train" if self.reached else None, has_bn=nn.class_has_bn(self, cls.props["node"]), members=[inst]
+                mode="train" if self.reached else None, has_bn=nn.class_has_bn(self, cls.props["node"], cls.file), members=[inst]
             )
         elif kind == "sampler":
             inst.props.update(

@@ -365,12 +365,13 @@ LATE_METHODS = {
 # ---------------------------------------------------------------------- classes of the file
 
 
-def class_has_bn(w: TorchInterpreter, cls_node: ast.AST) -> bool:
+def class_has_bn(w: TorchInterpreter, cls_node: ast.AST, file: str) -> bool:
     """Whether an nn.Module class of this file builds BatchNorm layers (directly, or through its own helpers)."""
     memo = w._has_bn_memo
     if cls_node in memo:
         return memo[cls_node]
     memo[cls_node] = False
+    defs = w.index_of(file).defs_by_name
     found = False
     for n in ast.walk(cls_node):
         ident = n.id if isinstance(n, ast.Name) else (n.attr if isinstance(n, ast.Attribute) else None)
@@ -380,8 +381,8 @@ def class_has_bn(w: TorchInterpreter, cls_node: ast.AST) -> bool:
             found = True
         elif isinstance(n, ast.Attribute) and dotted(n).startswith(("models.", "torchvision.models.")):
             found = N.torchvision_model_has_bn(ident)
-        elif ident in w._defs_by_name and isinstance(n, ast.Name):
-            found = any(class_has_bn(w, d) for d in w._defs_by_name[ident] if d is not cls_node)
+        elif ident in defs and isinstance(n, ast.Name):
+            found = any(class_has_bn(w, d, file) for d in defs[ident] if d is not cls_node)
         if found:
             break
     memo[cls_node] = found

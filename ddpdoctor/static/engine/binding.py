@@ -20,8 +20,9 @@ class BindingMixin:
 
     def lookup(self: Interpreter, name: str, node: ast.AST) -> Value:
         frame = self.frame
+        module_frame = self.module_frame_of(frame.file)
         if name in frame.globals_declared:
-            chain: list[Frame] = [self.module_frame]
+            chain: list[Frame] = [module_frame]
         else:
             chain = []
             f: Frame | None = frame
@@ -29,27 +30,33 @@ class BindingMixin:
                 if not (f.is_class_body and f is not frame):
                     chain.append(f)
                 f = f.lexical
-            if self.module_frame not in chain:
-                chain.append(self.module_frame)
+            if module_frame not in chain:
+                chain.append(module_frame)
         for f in chain:
             if name in f.locals:
-                return f.locals[name]
-        if name not in self._bound_names:
+                return self.resolve_lazy(f, name)
+        if module_frame.stars and name not in BUILTIN_NAMES:
+            starred = self.from_stars(module_frame, name, node)
+            if starred is not None:
+                module_frame.locals[name] = starred
+                return starred
+        if name not in self.index_of(frame.file).bound_names:
             guessed = self.unbound_name(name, node)
             if guessed is not None:
                 return guessed
         if name in BUILTIN_NAMES:
             return (self.new("builtin", node, label=name),)
-        ph = self._placeholders.get(name)
+        key = (frame.file, name)
+        ph = self._placeholders.get(key)
         if ph is None:
             ph = self.named_unknown(node, name, free=True)
-            self._placeholders[name] = ph
+            self._placeholders[key] = ph
         return (ph,)
 
     def bind_name(self: Interpreter, name: str, value: Value) -> None:
         frame = self.frame
         if name in frame.globals_declared:
-            self.module_frame.locals[name] = value
+            self.module_frame_of(frame.file).locals[name] = value
             return
         if name in frame.nonlocal_declared:
             f = frame.lexical

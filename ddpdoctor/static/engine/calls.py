@@ -77,6 +77,8 @@ class CallsMixin:
                     props={"heuristic": obj.props.get("heuristic", False)},
                 ),
             )
+        if kind == "pymodule":
+            return self.module_attr(obj.props["module"], name, node)
         modelled = self.special_attr(obj, name, node)
         if modelled is not None:
             return modelled
@@ -393,6 +395,8 @@ class CallsMixin:
         kind = o.kind
         if kind == "qual":
             return self.call_qual(f"{o.qual}.{name}", node, args, heuristic=o.props.get("heuristic", False))
+        if kind == "pymodule":
+            return self.call_value(self.module_attr(o.props["module"], name, node.func), node, args)
         emitted = self.method_events(o, name, node, args)
         if kind in ("class", "super") or o.props.get("class") is not None:
             found = self._attr_from_class(o, name)

@@ -192,6 +192,9 @@ class ExpressionsMixin:
         return (self._binop_value(node, type(node.op), left, right),)
 
     def _binop_value(self: Interpreter, node: ast.AST, op: type, left: Value, right: Value) -> Obj:
+        modelled = self.binop_model(node, op, left, right)
+        if modelled is not None:
+            return modelled
         const = is_constant(left) and is_constant(right)
         value = None
         if const and len(left) == 1 and len(right) == 1 and op in BIN_OPS:

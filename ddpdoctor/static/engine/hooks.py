@@ -79,6 +79,10 @@ class Hooks:
         """Tags that a value computed by an opaque function from `value` keeps (`range(world_size)`)."""
         return frozenset()
 
+    def binop_model(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj | None:
+        """`left <op> right` for objects the models made (`Path(...) / "x"`), or None."""
+        return None
+
     # ------------------------------------------------------------------ branches, comparisons, contexts
 
     def classify_branch(self: Interpreter, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
