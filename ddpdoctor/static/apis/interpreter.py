@@ -13,7 +13,7 @@ from typing import Any
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
-from ddpdoctor.static.engine.interpreter import Interpreter
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
 
@@ -22,7 +22,7 @@ API_MODULES = (nn, optim, data, distributed, environ, cli, tensors)
 REGISTRY = Registry(API_MODULES)
 
 
-class TorchInterpreter(Interpreter):
+class TorchInterpreter(TorchState):
     """Walks a training script and records what it does to models, data and process groups.
 
     `assume` tells the interpreter facts the source cannot (the launch plan passes them): "options" (dest → value
@@ -55,13 +55,7 @@ class TorchInterpreter(Interpreter):
     CONDITION_TAGS = frozenset({"rank_cond"})
 
     def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None) -> None:
-        super().__init__(source)
-        self.registry = REGISTRY
-        self.assume: dict[str, Any] = dict(assume or {})
-        self.cli_args: dict[str, cli.CliArg] = {}
-        self._forward_depth = 0
-        self._has_bn_memo: dict[ast.AST, bool] = {}
-        self._detached_calls: set[int] = set()  # calls whose result is `.detach()`ed right away
+        super().__init__(source, assume, REGISTRY)
 
     def save_state(self) -> Any:
         return self._forward_depth
