@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import Severity
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,7 +51,7 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
-    small_bn_batch: int = 16
+    small_bn_batch: int = SMALL_BN_BATCH
     pyproject: Path | None = None
     # `check --static PATH...`: the paths after the first (files or directories), and the globs that drop files
     paths: tuple[Path, ...] = ()

@@ -328,7 +328,8 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
             local_rank = (declared[0], ev.line)
             break
     spawn_line = spawns[0].line if spawns else None
-    spawn_place = f"line {spawn_line}" if not spawns or spawns[0].file == model.filename else f"{spawns[0].file}:{spawn_line}"
+    in_helper = bool(spawns) and spawns[0].file != model.filename
+    spawn_place = f"{spawns[0].file}:{spawn_line}" if in_helper else f"line {spawn_line}"
     common: dict[str, Any] = {
         "spawn_line": spawn_line,
         "reads_launcher_env": reads_env,

@@ -2,9 +2,10 @@
 
 Never imports torch and never runs the script. `analyze_file` reads and parses the script, builds one semantic
 model of it and of the project modules it imports (`ScriptModel`: what the code does to models, data and process
-groups, in execution order) and runs every rule of `ddpdoctor.static.rules.RULES` over that model.
-`analyze_paths` does the same for files and directories given together (`check --static PATH...`): each entry
-script is analysed with its imports, and a file the others import is analysed in their context, not on its own.
+groups, in execution order) and runs the static hook of every rule that has one (`ddpdoctor.rules.hooks("static")`)
+over that model. `analyze_paths` does the same for files and directories given together (`check --static
+PATH...`): each entry script is analysed with its imports, and a file the others import is analysed in their
+context, not on its own.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Finding, rank_findings
+from ddpdoctor.rules import hooks
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.engine.support import is_main_guard
 from ddpdoctor.static.model import ScriptModel
-from ddpdoctor.static.project import LoadedFile, Limits, Project, select_files
-from ddpdoctor.static.rules import RULES
+from ddpdoctor.static.project import Limits, LoadedFile, Project, select_files
 
 __all__ = [
-    "RULES",
     "ScriptModel",
     "StaticResult",
     "analyze_file",
@@ -97,7 +97,8 @@ def analyze_script(
     project = Project(Path(path), shown.get(real, str(path)), limits=limits, cache=cache, shown=shown)
     modules = tuple(project.module_of(p) for p in also if Path(p).resolve() != project.entry)
     model = ScriptModel.build_project(project, modules)
-    return StaticResult(run_rules(model), list(model.notes), list(model.sources))
+    notes = list(model.notes)
+    return StaticResult(run_rules(model, notes), notes, list(model.sources))
 
 
 def build_project_model(path: Path, assume: dict | None = None) -> ScriptModel:
@@ -120,15 +121,18 @@ def analyze_source(source: str, filename: str) -> list[Finding]:
     return run_rules(build_model(source, filename))
 
 
-def run_rules(model: ScriptModel) -> list[Finding]:
+def run_rules(model: ScriptModel, notes: list[str] | None = None) -> list[Finding]:
+    """Every static rule over the model. A rule that fails is a note in `notes` (the rest of the report stands,
+    as for a failing probe analysis), or, without `notes`, an InternalError naming the rule."""
     findings: list[Finding] = []
-    for rule in RULES:
+    for rule in hooks("static"):
         try:
             findings.extend(rule.check(model))
         except Exception as exc:  # a bug in one rule: say which, in one line, instead of a traceback
-            raise InternalError(
-                f"static rule {rule.CODE} failed on {model.filename}: {type(exc).__name__}: {exc}"
-            ) from exc
+            message = f"static rule {rule.CODE} failed on {model.filename}: {type(exc).__name__}: {exc}"
+            if notes is None:
+                raise InternalError(message) from exc
+            notes.append(message)
     return rank_findings(one_per_site(findings))
 
 
@@ -176,7 +180,9 @@ def analyze_paths(
         result.files.extend(f for f in one.files if f not in result.files)
     result.findings = rank_findings(one_per_site(findings))
     if not selection.files:
-        result.notes.append("no Python files to analyse" + (f" ({selection.excluded} excluded)" if selection.excluded else ""))
+        result.notes.append(
+            "no Python files to analyse" + (f" ({selection.excluded} excluded)" if selection.excluded else "")
+        )
     return result
 
 

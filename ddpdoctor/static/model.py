@@ -2,8 +2,8 @@
 every rule.
 
 Rules ask questions in the user's vocabulary — which objects are DDP wrappers, which loop trains, was the model
-wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the
-catalog at run time (the catalog is the one place where rules are documented).
+wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the rule
+(`ddpdoctor.findings.new_finding`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable
 
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.project import ModuleFile, Project
@@ -275,27 +274,32 @@ class ScriptModel:
     def finding(
         self,
         code: str,
+        *,
         line: int | Event | Obj,
         message: str,
         confidence: Confidence,
         evidence: dict[str, Any] | None = None,
         severity: Severity | None = None,
         magnitude: float = 0.0,
+        fix_variant: str | None = None,
+        fix_args: dict[str, Any] | None = None,
+        fix_detail: str | None = None,
     ) -> Finding:
-        """A finding at `line`: an event or an object (its file and line; a place in another file than the script
-        adds the chain of calls that led there to the evidence), or a line of the script."""
-        rule = get_rule(code)
+        """A static finding of rule `code` at `line` (`ddpdoctor.findings.new_finding`): an event or an object (its
+        file and line; a place in another file than the script adds the chain of calls that led there to the
+        evidence), or a line of the script."""
         file, at, chain = self.where(line)
-        evidence = dict(evidence or {})
         if chain:
-            evidence["call_chain"] = chain
-        return Finding(
-            rule=rule.code,
-            severity=severity if severity is not None else rule.severity,
-            confidence=confidence,
-            message=message,
-            fix=rule.fix,
+            evidence = {**(evidence or {}), "call_chain": chain}
+        return new_finding(
+            code,
             sources=("static",),
+            message=message,
+            confidence=confidence,
+            severity=severity,
+            fix_variant=fix_variant,
+            fix_args=fix_args,
+            fix_detail=fix_detail,
             file=file,
             line=at,
             evidence=evidence,

@@ -17,9 +17,9 @@ import ast
 import fnmatch
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from ddpdoctor.static.engine.support import SourceFile
 
@@ -182,7 +182,9 @@ class Project:
             base = importer.directory
             for _ in range(level - 1):
                 base = base.parent
-            return self._find(base, dotted, prefix=self._package_name(importer, level)) if dotted else self._package(base)
+            return (
+                self._find(base, dotted, prefix=self._package_name(importer, level)) if dotted else self._package(base)
+            )
         top = dotted.split(".")[0]
         if not top or top in NEVER_PROJECT:
             return None
@@ -234,7 +236,9 @@ class Project:
                 continue
             found = None
             break
-        if found is not None and (is_installed_path(found.path) or (found.namespace and not any(found.path.glob("*.py")))):
+        if found is not None and (
+            is_installed_path(found.path) or (found.namespace and not any(found.path.glob("*.py")))
+        ):
             found = None
         self._resolved[key] = found
         return found
@@ -268,13 +272,17 @@ class Project:
         if path not in self.read and path != self.entry:
             size = len(cached.source.source)
             if len(self.read) + 1 > self.limits.max_files or self._bytes + size > self.limits.max_bytes:
-                self._note_once(f"static analysis stopped following imports at {self.display_path(path)}: "
-                                f"the project is larger than {self.limits.max_files} files or "
-                                f"{self.limits.max_bytes // 1_000_000} MB of source")
+                self._note_once(
+                    f"static analysis stopped following imports at {self.display_path(path)}: "
+                    f"the project is larger than {self.limits.max_files} files or "
+                    f"{self.limits.max_bytes // 1_000_000} MB of source"
+                )
                 return None
             if depth > self.limits.max_depth:
-                self._note_once(f"imports nest deeper than {self.limits.max_depth} levels at "
-                                f"{self.display_path(path)}: not followed further")
+                self._note_once(
+                    f"imports nest deeper than {self.limits.max_depth} levels at "
+                    f"{self.display_path(path)}: not followed further"
+                )
                 return None
             self._bytes += size
             self.read.append(path)

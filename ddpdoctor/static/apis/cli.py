@@ -2,7 +2,7 @@
 
 `args.local_rank` is an attribute of the parsed namespace: it carries what its option's default carries (a default
 read from LOCAL_RANK is the local rank) and a reference to its `CliArg`. When the interpreter is told which values
-the command line gives (`TorchInterpreter(assume={"options": ...})`, the launch plan), an option read gives that
+the command line gives (`TorchState(assume={"options": ...})`, the launch plan), an option read gives that
 value as a constant.
 """
 
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import PER_RANK_TAGS, Obj, Value, tags_of
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 
 @dataclass
@@ -42,14 +40,14 @@ class Unknown:
 UNKNOWN: Any = Unknown()
 
 
-def _parser(w: TorchInterpreter, c: Call) -> Value:
+def _parser(w: TorchState, c: Call) -> Value:
     return (w.new("parser", c.node),)
 
 
 CALLS = {"argparse.ArgumentParser": _parser}
 
 
-def _add_argument(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _add_argument(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     if not args.pos:
         return None
     flags = tuple(x.value for v in args.pos for x in v if x.kind == "const" and isinstance(x.value, str))
@@ -68,19 +66,19 @@ def _add_argument(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: 
     return (w.unknown(node),)
 
 
-def _group(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _group(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("parser", node),)
 
 
-def _parse_args(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _parse_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("cli_args", node, label="args"),)
 
 
-def _parse_known_args(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _parse_known_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("tuple", node, items=((w.new("cli_args", node, label="args"),), (w.unknown(node),))),)
 
 
-def _set_defaults(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _set_defaults(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("set_defaults", node, args=args)
     return (w.const(None, node),)
 
@@ -98,7 +96,7 @@ LATE_METHODS = {
 
 
 def attribute_facts(
-    w: TorchInterpreter, base: Obj, ident: str | None, tags: frozenset[str], props: dict[str, Any]
+    w: TorchState, base: Obj, ident: str | None, tags: frozenset[str], props: dict[str, Any]
 ) -> frozenset[str]:
     """`args.<option>`: what the option's default carries, and the option itself."""
     if base.kind == "cli_args" and ident in w.cli_args:
@@ -110,7 +108,7 @@ def attribute_facts(
     return tags
 
 
-def given_option(w: TorchInterpreter, base: Obj, name: str, node: ast.AST | None) -> Value | None:
+def given_option(w: TorchState, base: Obj, name: str, node: ast.AST | None) -> Value | None:
     """`args.<option>` as the command line sets it, when the interpreter was told (the launch plan)."""
     options = w.assume.get("options")
     if options is None or base.kind != "cli_args" or name in base.fields or name not in options:

@@ -4,18 +4,16 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.registry import Call
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Obj, Value, union
 
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
-
-def _loader(w: TorchInterpreter, c: Call) -> Value:
+def _loader(w: TorchState, c: Call) -> Value:
     names = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers")
     values = {n: c.args.get(i, n) for i, n in enumerate(names)}
     loader = w.new("loader", c.node, qual=N.DATA_LOADER, label="DataLoader", props={"args": c.args})
@@ -29,7 +27,7 @@ def _loader(w: TorchInterpreter, c: Call) -> Value:
     return (loader,)
 
 
-def sampler(w: TorchInterpreter, node: ast.Call, args: Args, distributed: bool, qual: str) -> Obj:
+def sampler(w: TorchState, node: ast.Call, args: Args, distributed: bool, qual: str) -> Obj:
     obj = w.new(
         "sampler",
         node,
@@ -49,15 +47,15 @@ def sampler(w: TorchInterpreter, node: ast.Call, args: Args, distributed: bool, 
     return obj
 
 
-def _distributed_sampler(w: TorchInterpreter, c: Call) -> Value:
+def _distributed_sampler(w: TorchState, c: Call) -> Value:
     return (sampler(w, c.node, c.args, distributed=True, qual=c.qual),)
 
 
-def _other_sampler(w: TorchInterpreter, c: Call) -> Value:
+def _other_sampler(w: TorchState, c: Call) -> Value:
     return (sampler(w, c.node, c.args, distributed=False, qual=c.qual),)
 
 
-def dataset(w: TorchInterpreter, node: ast.Call, args: Args, qual: str) -> Obj:
+def dataset(w: TorchState, node: ast.Call, args: Args, qual: str) -> Obj:
     last = qual.rsplit(".", 1)[-1]
     ds = w.new("dataset", node, qual=qual, label=last, props={"ctor_args": args})
     if any(o.tags & (PER_RANK_TAGS | {"rank_dep"}) for o in args.all()):
@@ -73,11 +71,11 @@ def dataset(w: TorchInterpreter, node: ast.Call, args: Args, qual: str) -> Obj:
     return ds
 
 
-def _dataset(w: TorchInterpreter, c: Call) -> Value:
+def _dataset(w: TorchState, c: Call) -> Value:
     return (dataset(w, c.node, c.args, c.qual),)
 
 
-def _random_split(w: TorchInterpreter, c: Call) -> Value:
+def _random_split(w: TorchState, c: Call) -> Value:
     ds = dataset(w, c.node, c.args, c.qual)
     return (w.new("tuple", c.node, props={"elem": (ds,)}),)
 
@@ -97,7 +95,7 @@ PATTERNS = (
 )
 
 
-def _set_epoch(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+def _set_epoch(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     w.emit("set_epoch", node, target=(o,), arg=args.get(0, "epoch") or EMPTY, arg_node=args.node(0, "epoch"))
     return True
 
@@ -108,7 +106,7 @@ METHOD_EVENTS = {"set_epoch": _set_epoch}
 # ---------------------------------------------------------------------- iteration
 
 
-def loaders_in(w: TorchInterpreter, value: Value, depth: int = 0) -> tuple[Obj, ...]:
+def loaders_in(w: TorchState, value: Value, depth: int = 0) -> tuple[Obj, ...]:
     out: list[Obj] = []
     for o in value:
         if o.kind == "loader":
@@ -129,7 +127,7 @@ def loaders_in(w: TorchInterpreter, value: Value, depth: int = 0) -> tuple[Obj, 
     return tuple(union(out))
 
 
-def loop_info(w: TorchInterpreter, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:
+def loop_info(w: TorchState, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:
     if isinstance(node, ast.While):
         return {"loaders": (), "iter": w.text(node.test), "target": "", "kind": "while"}
     loaders = loaders_in(w, iterable or EMPTY)
@@ -144,13 +142,13 @@ def loop_info(w: TorchInterpreter, node: ast.For | ast.AsyncFor | ast.While, ite
     return {"loaders": loaders, "iter": w.text(node.iter), "target": w.text(node.target), "kind": kind}
 
 
-def on_comprehension(w: TorchInterpreter, node: ast.AST, gen: ast.comprehension, iterable: Value) -> None:
+def on_comprehension(w: TorchState, node: ast.AST, gen: ast.comprehension, iterable: Value) -> None:
     loaders = loaders_in(w, iterable)
     if loaders:
         w.emit("iterate", node, loaders=loaders, loop=node, iterable=w.text(gen.iter))
 
 
-def _iter(w: TorchInterpreter, name: str, node: ast.Call, args: Args) -> Value | None:
+def _iter(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
     loaders = loaders_in(w, args.get(0, None) or EMPTY)
     if not loaders:
         return None
@@ -161,7 +159,7 @@ def _iter(w: TorchInterpreter, name: str, node: ast.Call, args: Args) -> Value |
 BUILTINS = {"iter": _iter}
 
 
-def element_model(w: TorchInterpreter, o: Obj, node: ast.AST) -> Value | None:
+def element_model(w: TorchState, o: Obj, node: ast.AST) -> Value | None:
     """One element of what a loop iterates: a batch of a loader, a parameter of `model.parameters()`."""
     kind = o.kind
     if kind in ("loader", "loader_iter"):
@@ -176,7 +174,7 @@ def element_model(w: TorchInterpreter, o: Obj, node: ast.AST) -> Value | None:
     return None
 
 
-def special_attr(w: TorchInterpreter, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
+def special_attr(w: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
     """`loader.sampler`, `loader.dataset`: the objects the loader was built with (its fields), else a derived one."""
     if name in ("sampler", "dataset", "batch_sampler") and name not in obj.fields:
         return (w._derived(obj, name, node),)

@@ -5,15 +5,12 @@ start_processes, multiprocessing.Process), whose targets are entered with a per-
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.registry import Call
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, Value
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 _INIT_PARAMS = (
     "backend",
@@ -36,38 +33,38 @@ _QUERIES = (
 )
 
 
-def _init_process_group(w: TorchInterpreter, c: Call) -> Value:
+def _init_process_group(w: TorchState, c: Call) -> Value:
     params = {n: c.args.get(i, n) for i, n in enumerate(_INIT_PARAMS)}
     nodes = {n: c.args.node(i, n) for i, n in enumerate(_INIT_PARAMS)}
     w.emit("init_pg", c.node, params=params, nodes=nodes, args=c.args)
     return (w.const(None, c.node),)
 
 
-def _rank(w: TorchInterpreter, c: Call) -> Value:
+def _rank(w: TorchState, c: Call) -> Value:
     return (w.new("value", c.node, tags=frozenset({"rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}),)
 
 
-def _local_rank(w: TorchInterpreter, c: Call) -> Value:
+def _local_rank(w: TorchState, c: Call) -> Value:
     return (
         w.new("value", c.node, tags=frozenset({"local_rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}),
     )
 
 
-def _world_size(w: TorchInterpreter, c: Call) -> Value:
+def _world_size(w: TorchState, c: Call) -> Value:
     return (w.new("value", c.node, tags=frozenset({"world_size"}), label="dist.get_world_size()"),)
 
 
-def _collective(w: TorchInterpreter, c: Call) -> Value:
+def _collective(w: TorchState, c: Call) -> Value:
     w.emit("collective", c.node, op=c.last, args=c.args)
     return (w.unknown(c.node, label=f"dist.{c.last}()"),)
 
 
-def _p2p(w: TorchInterpreter, c: Call) -> Value:
+def _p2p(w: TorchState, c: Call) -> Value:
     w.emit("p2p", c.node, op=c.last, args=c.args)
     return (w.unknown(c.node, label=f"dist.{c.last}()"),)
 
 
-def _query(w: TorchInterpreter, c: Call) -> Value:
+def _query(w: TorchState, c: Call) -> Value:
     return (w.new("value", c.node, label=f"dist.{c.last}()"),)
 
 
@@ -82,7 +79,7 @@ _BY_LAST = {
 }
 
 
-def _distributed(w: TorchInterpreter, c: Call) -> Value | None:
+def _distributed(w: TorchState, c: Call) -> Value | None:
     handler = _BY_LAST.get(c.last)
     return handler(w, c) if handler is not None else None
 
@@ -90,31 +87,31 @@ def _distributed(w: TorchInterpreter, c: Call) -> Value | None:
 # ---------------------------------------------------------------------- processes
 
 
-def _spawn(w: TorchInterpreter, c: Call) -> Value:
+def _spawn(w: TorchState, c: Call) -> Value:
     fn = c.args.get(0, "fn") or EMPTY
     w.emit("spawn", c.node, fn=fn, nprocs=c.args.get(2, "nprocs"), nprocs_node=c.args.node(2, "nprocs"), qual=c.qual)
     enter_process_target(w, c.node, fn, c.args.get(1, "args"), rank_first=True)
     return (w.unknown(c.node, label="spawn()"),)
 
 
-def _process(w: TorchInterpreter, c: Call) -> Value:
+def _process(w: TorchState, c: Call) -> Value:
     target = c.args.get(None, "target") or EMPTY
     w.emit("process", c.node, target=target, qual=c.qual)
     enter_process_target(w, c.node, target, c.args.get(None, "args"), rank_first=False)
     return (w.unknown(c.node, label="Process"),)
 
 
-def _get_context(w: TorchInterpreter, c: Call) -> Value:
+def _get_context(w: TorchState, c: Call) -> Value:
     """`ctx = mp.get_context("spawn")`: `ctx.Process(...)` is multiprocessing's Process."""
     package = c.qual.rsplit(".", 1)[0]
     return (w.new("qual", c.node, qual=f"{package}.context", label="context"),)
 
 
-def _join(w: TorchInterpreter, c: Call) -> Value:
+def _join(w: TorchState, c: Call) -> Value:
     return (w.new("ctx", c.node, props={"ctx": "join"}),)
 
 
-def enter_process_target(w: TorchInterpreter, node: ast.Call, fn: Value, extra: Value | None, rank_first: bool) -> None:
+def enter_process_target(w: TorchState, node: ast.Call, fn: Value, extra: Value | None, rank_first: bool) -> None:
     pos: list[Value] = []
     opaque = False
     if rank_first:

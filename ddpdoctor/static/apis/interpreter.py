@@ -13,7 +13,7 @@ from typing import Any
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, paths, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
-from ddpdoctor.static.engine.interpreter import Interpreter
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
 from ddpdoctor.static.project import Project
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
@@ -23,7 +23,7 @@ API_MODULES = (nn, optim, data, distributed, environ, cli, tensors, paths)
 REGISTRY = Registry(API_MODULES)
 
 
-class TorchInterpreter(Interpreter):
+class TorchInterpreter(TorchState):
     """Walks a training script and records what it does to models, data and process groups.
 
     `assume` tells the interpreter facts the source cannot (the launch plan passes them): "options" (dest → value
@@ -33,7 +33,9 @@ class TorchInterpreter(Interpreter):
     PATH_KINDS = frozenset(
         {"wrapper", "module", "sampler", "loader", "optimizer", "dataset", "state_dict", "scheduler"}
     )
-    PLAIN_KINDS = frozenset({"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device", "path"})
+    PLAIN_KINDS = frozenset(
+        {"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device", "path"}
+    )
     LABELLED_KINDS = frozenset(
         {
             "module",
@@ -55,14 +57,10 @@ class TorchInterpreter(Interpreter):
     CALLABLE_KINDS = frozenset({"function", "bound", "class", "qual", "builtin", "partial", "loss"})
     CONDITION_TAGS = frozenset({"rank_cond"})
 
-    def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None) -> None:
-        super().__init__(source, project)
-        self.registry = REGISTRY
-        self.assume: dict[str, Any] = dict(assume or {})
-        self.cli_args: dict[str, cli.CliArg] = {}
-        self._forward_depth = 0
-        self._has_bn_memo: dict[ast.AST, bool] = {}
-        self._detached_calls: set[int] = set()  # calls whose result is `.detach()`ed right away
+    def __init__(
+        self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None
+    ) -> None:
+        super().__init__(source, assume, REGISTRY, project)
 
     def save_state(self) -> Any:
         return self._forward_depth
@@ -294,7 +292,9 @@ class TorchInterpreter(Interpreter):
         inst = self.new(kind if kind != "wrapper" else "instance", node, label=cls.label, props={"class": cls})
         if kind == "module":
             inst.family = Family(
-                mode="train" if self.reached else None, has_bn=nn.class_has_bn(self, cls.props["node"], cls.file), members=[inst]
+                mode="train" if self.reached else None,
+                has_bn=nn.class_has_bn(self, cls.props["node"], cls.file),
+                members=[inst],
             )
         elif kind == "sampler":
             inst.props.update(

@@ -8,26 +8,23 @@ it share train/eval mode, BatchNorm presence and SyncBN conversion.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, dotted, first_const_str
 from ddpdoctor.static.semantic import EMPTY, Family, Obj, Value, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 CONVERT_NAMES = ("convert_sync_batchnorm", "convert_syncbn_model")
 
 
-def family_of(w: TorchInterpreter, obj: Obj) -> Family:
+def family_of(w: TorchState, obj: Obj) -> Family:
     if obj.family is None:
         obj.family = Family(mode="train" if w.reached else None, members=[obj])
     return obj.family
 
 
-def merge_families(w: TorchInterpreter, objs: list[Obj]) -> Family:
+def merge_families(w: TorchState, objs: list[Obj]) -> Family:
     fams: list[Family] = []
     for o in objs:
         f = family_of(w, o)
@@ -47,7 +44,7 @@ def merge_families(w: TorchInterpreter, objs: list[Obj]) -> Family:
     return main
 
 
-def new_module(w: TorchInterpreter, node: ast.AST, qual: str | None, label: str, has_bn: bool | None) -> Obj:
+def new_module(w: TorchState, node: ast.AST, qual: str | None, label: str, has_bn: bool | None) -> Obj:
     m = w.new("module", node, qual=qual, label=label)
     m.family = Family(mode="train" if w.reached else None, has_bn=has_bn, members=[m])
     return m
@@ -56,7 +53,7 @@ def new_module(w: TorchInterpreter, node: ast.AST, qual: str | None, label: str,
 # ---------------------------------------------------------------------- wrappers and SyncBN
 
 
-def wrap(w: TorchInterpreter, node: ast.Call, args: Args, wrapper: str, qual: str, heuristic: bool = False) -> Value:
+def wrap(w: TorchState, node: ast.Call, args: Args, wrapper: str, qual: str, heuristic: bool = False) -> Value:
     inner = args.get(0, "module") or EMPTY
     obj = w.new(
         "wrapper",
@@ -79,7 +76,7 @@ def wrap(w: TorchInterpreter, node: ast.Call, args: Args, wrapper: str, qual: st
     return (obj,)
 
 
-def convert_syncbn(w: TorchInterpreter, node: ast.Call, args: Args, qual: str, heuristic: bool) -> Value:
+def convert_syncbn(w: TorchState, node: ast.Call, args: Args, qual: str, heuristic: bool) -> Value:
     target = args.get(0, "module") or EMPTY
     for o in target:
         if o.kind in ("const", "qual"):
@@ -91,30 +88,30 @@ def convert_syncbn(w: TorchInterpreter, node: ast.Call, args: Args, qual: str, h
     return tuple(o for o in target if o.kind not in ("const",)) or (w.unknown(node),)
 
 
-def _ddp(w: TorchInterpreter, c: Call) -> Value:
+def _ddp(w: TorchState, c: Call) -> Value:
     return wrap(w, c.node, c.args, "ddp", c.qual, c.heuristic)
 
 
-def _data_parallel(w: TorchInterpreter, c: Call) -> Value:
+def _data_parallel(w: TorchState, c: Call) -> Value:
     return wrap(w, c.node, c.args, "dp", c.qual, c.heuristic)
 
 
-def _convert(w: TorchInterpreter, c: Call) -> Value:
+def _convert(w: TorchState, c: Call) -> Value:
     return convert_syncbn(w, c.node, c.args, c.qual, c.heuristic)
 
 
-def _convert_by_name(w: TorchInterpreter, c: Call) -> Value:
+def _convert_by_name(w: TorchState, c: Call) -> Value:
     return convert_syncbn(w, c.node, c.args, c.qual, True)
 
 
-def _syncbn_layer(w: TorchInterpreter, c: Call) -> Value:
+def _syncbn_layer(w: TorchState, c: Call) -> Value:
     m = w.new("module", c.node, qual=c.qual, label="SyncBatchNorm")
     m.family = Family(mode="train" if w.reached else None, has_bn=True, syncbn_line=c.node.lineno, members=[m])
     w.emit("syncbn_layer", c.node, obj=m)
     return (m,)
 
 
-def _nn_class(w: TorchInterpreter, c: Call) -> Value:
+def _nn_class(w: TorchState, c: Call) -> Value:
     if c.last.endswith("Loss"):
         return (w.new("loss", c.node, qual=c.qual, label=c.last),)
     has_bn: bool | None = "BatchNorm" in c.last
@@ -124,20 +121,20 @@ def _nn_class(w: TorchInterpreter, c: Call) -> Value:
     return (new_module(w, c.node, c.qual, c.last, has_bn),)
 
 
-def _torchvision_model(w: TorchInterpreter, c: Call) -> Value:
+def _torchvision_model(w: TorchState, c: Call) -> Value:
     name = c.last if c.last != "get_model" else first_const_str(c.args) or ""
     return (new_module(w, c.node, c.qual, c.last, N.torchvision_model_has_bn(name)),)
 
 
-def _model_factory(w: TorchInterpreter, c: Call) -> Value:
+def _model_factory(w: TorchState, c: Call) -> Value:
     return (new_module(w, c.node, c.qual, c.last, None),)
 
 
-def _compile(w: TorchInterpreter, c: Call) -> Value:
+def _compile(w: TorchState, c: Call) -> Value:
     return c.args.get(0, "model") or (w.unknown(c.node),)
 
 
-def _deepcopy(w: TorchInterpreter, c: Call) -> Value:
+def _deepcopy(w: TorchState, c: Call) -> Value:
     out: list[Obj] = []
     for s in c.args.get(0, None) or EMPTY:
         if s.is_module:
@@ -148,7 +145,7 @@ def _deepcopy(w: TorchInterpreter, c: Call) -> Value:
     return tuple(out) or (w.unknown(c.node),)
 
 
-def _strip_prefix(w: TorchInterpreter, c: Call) -> Value:
+def _strip_prefix(w: TorchState, c: Call) -> Value:
     w.emit("strip_prefix", c.node)
     return (w.const(None, c.node),)
 
@@ -187,12 +184,12 @@ PATTERNS = (
 # ---------------------------------------------------------------------- module methods
 
 
-def _move(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _move(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("move", node, target=modules, method=name, args=args)
     return modules
 
 
-def _mode(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _mode(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     mode: str | None = "eval" if name == "eval" else "train"
     if name == "train":
         flag = args.get(0, "mode")
@@ -205,15 +202,15 @@ def _mode(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: 
     return modules
 
 
-def _parameters(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _parameters(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("params", node, props={"owner": modules, "named": name == "named_parameters"}),)
 
 
-def _state_dict(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("state_dict", node, props={"owner": modules}),)
 
 
-def emit_load(w: TorchInterpreter, target: Value, node: ast.Call, args: Args) -> None:
+def emit_load(w: TorchState, target: Value, node: ast.Call, args: Args) -> None:
     w.emit(
         "load_state_dict",
         node,
@@ -225,28 +222,28 @@ def emit_load(w: TorchInterpreter, target: Value, node: ast.Call, args: Args) ->
     )
 
 
-def _load_state_dict(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _load_state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     emit_load(w, modules, node, args)
     return (w.unknown(node, label="load_state_dict()"),)
 
 
-def _forward(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _forward(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     return forward(w, modules, node, args)
 
 
-def _call_inner(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
+def _call_inner(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
     inner = union(*(m.props.get("inner", EMPTY) for m in modules if m.kind == "wrapper"))
     return w.call_value(inner, node, args) if inner else None
 
 
 def _ctx(kind: str):
-    def handler(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    def handler(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
         return (w.new("ctx", node, props={"ctx": kind, "owner": modules}),)
 
     return handler
 
 
-def _same(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _same(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     return modules
 
 
@@ -266,7 +263,7 @@ MODULE_METHODS = {
 }
 
 
-def module_method(w: TorchInterpreter, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def module_method(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     """A method called on objects that are models (`model.eval()`, `model.module.state_dict()`)."""
     handler = w.registry.module_methods.get(name)
     if handler is not None:
@@ -290,7 +287,7 @@ def module_method(w: TorchInterpreter, modules: Value, name: str, node: ast.Call
     return tuple(out)
 
 
-def forward(w: TorchInterpreter, modules: Value, node: ast.Call, args: Args) -> Value:
+def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
     """Calling a model: a `forward` event with the modes its families are in, then the module's own forward."""
     modes = []
     for m in modules:
@@ -326,27 +323,27 @@ def forward(w: TorchInterpreter, modules: Value, node: ast.Call, args: Args) -> 
 # ---------------------------------------------------------------------- methods on other objects
 
 
-def _convert_method(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _convert_method(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return convert_syncbn(w, node, args, name, True)
 
 
 def _ctx_of(kind: str):
-    def handler(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    def handler(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
         return (w.new("ctx", node, props={"ctx": kind, "owner": (o,)}),)
 
     return handler
 
 
-def _obj_state_dict(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _obj_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("state_dict", node, props={"owner": (o,)}),)
 
 
-def _obj_load_state_dict(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _obj_load_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     emit_load(w, (o,), node, args)
     return (w.unknown(node),)
 
 
-def _unresolved_mode(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _unresolved_mode(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("mode", node, target=(o,), mode="eval" if name == "eval" else None, unresolved=True)
     return (o,)
 
@@ -365,7 +362,7 @@ LATE_METHODS = {
 # ---------------------------------------------------------------------- classes of the file
 
 
-def class_has_bn(w: TorchInterpreter, cls_node: ast.AST, file: str) -> bool:
+def class_has_bn(w: TorchState, cls_node: ast.AST, file: str) -> bool:
     """Whether an nn.Module class of this file builds BatchNorm layers (directly, or through its own helpers)."""
     memo = w._has_bn_memo
     if cls_node in memo:

@@ -4,24 +4,21 @@ steps, and the assignments that set a learning rate or scale a loss."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, WORLD_TAGS, Obj, Value, tags_of
 
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
-
-def _scheduler(w: TorchInterpreter, c: Call) -> Value:
+def _scheduler(w: TorchState, c: Call) -> Value:
     s = w.new("scheduler", c.node, qual=c.qual, label=c.last, props={"cls": c.last, "args": c.args})
     w.emit("scheduler", c.node, obj=s)
     return (s,)
 
 
-def _optimizer(w: TorchInterpreter, c: Call) -> Value:
+def _optimizer(w: TorchState, c: Call) -> Value:
     positional_lr = 1 if c.qual.startswith("torch.optim.") else None
     o = w.new(
         "optimizer",
@@ -59,14 +56,14 @@ PATTERNS = ((_is_scheduler, _scheduler), (_is_optimizer, _optimizer))
 # ---------------------------------------------------------------------- methods
 
 
-def _backward_event(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+def _backward_event(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     if o.kind == "class":
         return False
     w.emit("backward", node, target=(o,))
     return True
 
 
-def _step_event(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+def _step_event(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     if o.kind != "optimizer":
         return False
     w.emit("opt_step", node, target=(o,))
@@ -76,20 +73,20 @@ def _step_event(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Ar
 METHOD_EVENTS = {"backward": _backward_event, "step": _step_event}
 
 
-def _zero_grad(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _zero_grad(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.const(None, node),)
 
 
-def _optimizer_state(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _optimizer_state(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (w.new("state_dict", node, props={"owner": (o,), "optimizer": True}),)
 
 
-def _scheduler_step(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _scheduler_step(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("sched_step", node, target=(o,))
     return (w.const(None, node),)
 
 
-def _step_by_argument_or_name(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _step_by_argument_or_name(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     """`scaler.step(optimizer)` steps the optimizer it is given; `self.optim.step()` on an object we cannot see
     into is an optimizer step by its name."""
     optimizers = tuple(x for x in args.all() if x.kind == "optimizer")
@@ -113,7 +110,7 @@ METHODS = {
 # ---------------------------------------------------------------------- assignments
 
 
-def on_assign(w: TorchInterpreter, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
+def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
     tags = tags_of(value)
     if N.is_lr_name(ident):
         w.emit("lr_assign", st, target=w.text(target), value=value, tags=tags)

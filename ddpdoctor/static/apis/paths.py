@@ -10,15 +10,13 @@ from __future__ import annotations
 import ast
 import os
 import posixpath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.expressions import NOT_COMPUTED, known_value
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import Obj, Value
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 
 def text_of(value: Value | None) -> str | None:
@@ -32,11 +30,11 @@ def text_of(value: Value | None) -> str | None:
     return v if isinstance(v, str) and v is not NOT_COMPUTED else None
 
 
-def path(w: TorchInterpreter, node: ast.AST | None, text: str) -> Obj:
+def path(w: TorchState, node: ast.AST | None, text: str) -> Obj:
     return w.new("path", node, const=True, value=text, label="Path")
 
 
-def _string(w: TorchInterpreter, c: Call, fn: Any) -> Value | None:
+def _string(w: TorchState, c: Call, fn: Any) -> Value | None:
     texts = [text_of(v) for v in c.args.pos]
     if not texts or any(t is None for t in texts) or c.args.kw or c.args.opaque:
         return None
@@ -48,13 +46,13 @@ def _string(w: TorchInterpreter, c: Call, fn: Any) -> Value | None:
 
 
 def _os_path(fn: Any):
-    def handler(w: TorchInterpreter, c: Call) -> Value | None:
+    def handler(w: TorchState, c: Call) -> Value | None:
         return _string(w, c, fn)
 
     return handler
 
 
-def _path_ctor(w: TorchInterpreter, c: Call) -> Value | None:
+def _path_ctor(w: TorchState, c: Call) -> Value | None:
     texts = [text_of(v) for v in c.args.pos]
     if any(t is None for t in texts) or c.args.kw or c.args.opaque:
         return None
@@ -76,7 +74,7 @@ CALLS = {
 }
 
 
-def _sys_path_add(w: TorchInterpreter, c: Call) -> Value:
+def _sys_path_add(w: TorchState, c: Call) -> Value:
     value = c.args.pos[-1] if c.args.pos else None
     text = text_of(value)
     added = False
@@ -92,7 +90,7 @@ CALLS.update({"sys.path.append": _sys_path_add, "sys.path.insert": _sys_path_add
 # ---------------------------------------------------------------------- path objects
 
 
-def special_attr(w: TorchInterpreter, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
+def special_attr(w: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
     text = obj.value
     if name == "parent":
         return (path(w, node, posixpath.dirname(text) or "."),)
@@ -110,11 +108,11 @@ def special_attr(w: TorchInterpreter, obj: Obj, name: str, node: ast.AST | None)
     return None
 
 
-def _same_path(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _same_path(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     return (path(w, node, _resolved(o.value)),)
 
 
-def _joinpath(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _joinpath(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     texts = [text_of(v) for v in args.pos]
     if any(t is None for t in texts):
         return None
@@ -127,7 +125,7 @@ METHODS = {
 }
 
 
-def divide(w: TorchInterpreter, node: ast.AST, left: Value, right: Value) -> Obj | None:
+def divide(w: TorchState, node: ast.AST, left: Value, right: Value) -> Obj | None:
     """`Path(...) / "sub"`."""
     if len(left) == 1 and left[0].kind == "path":
         text = text_of(right)
@@ -136,7 +134,7 @@ def divide(w: TorchInterpreter, node: ast.AST, left: Value, right: Value) -> Obj
     return None
 
 
-def as_string(w: TorchInterpreter, name: str, node: ast.Call, args: Args) -> Value | None:
+def as_string(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
     """`str(path)`."""
     if name == "str" and len(args.pos) == 1 and len(args.pos[0]) == 1 and args.pos[0][0].kind == "path":
         return (w.const(args.pos[0][0].value, node),)

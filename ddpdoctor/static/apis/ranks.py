@@ -12,13 +12,11 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor import torchnames as N
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.semantic import PER_RANK_TAGS, WORLD_TAGS, Obj, Value, tags_of, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 # tags that do not survive a function call on the value (a device built from local_rank is not itself a rank)
 CALL_DROPS = frozenset({"rank_cond", "rank", "local_rank", "named"})
@@ -76,7 +74,7 @@ def rank_scope(value: Value) -> str:
     return value_scope(value)
 
 
-def classify_branch(w: TorchInterpreter, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
+def classify_branch(w: TorchState, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
     polarity = rank_condition(test)
     if polarity is not None:
         return "rank", polarity, flip(polarity), rank_scope(test)
@@ -84,7 +82,7 @@ def classify_branch(w: TorchInterpreter, test: Value, node: ast.expr) -> tuple[s
     return "cond", text, "not " + text, None
 
 
-def negation(w: TorchInterpreter, node: ast.UnaryOp, operand: Value) -> Value | None:
+def negation(w: TorchState, node: ast.UnaryOp, operand: Value) -> Value | None:
     polarity = rank_condition(operand)
     if polarity is None:
         return None
@@ -92,7 +90,7 @@ def negation(w: TorchInterpreter, node: ast.UnaryOp, operand: Value) -> Value | 
     return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
 
 
-def boolop(w: TorchInterpreter, node: ast.BoolOp, values: list[Value]) -> Value | None:
+def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None:
     polarities = [rank_condition(v) for v in values]
     present = [p for p in polarities if p is not None]
     if not present:
@@ -111,7 +109,7 @@ def boolop(w: TorchInterpreter, node: ast.BoolOp, values: list[Value]) -> Value 
     return (w.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
 
 
-def compare(w: TorchInterpreter, node: ast.Compare, operands: list[Value]) -> Value | None:
+def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
     ranked = [i for i, v in enumerate(operands) if is_rank_value(v)]
     if not ranked:
         return None

@@ -16,13 +16,11 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import Obj, Value
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 
 class Call(NamedTuple):
@@ -36,14 +34,14 @@ class Call(NamedTuple):
     heuristic: bool
 
 
-CallHandler = Callable[["TorchInterpreter", Call], Value | None]
+CallHandler = Callable[[TorchState, Call], Value | None]
 Pattern = Callable[[str, str], bool]
 # (interpreter, receiver, method name, call node, arguments) -> Value or None
-MethodHandler = Callable[["TorchInterpreter", Obj, str, ast.Call, Args], Value | None]
+MethodHandler = Callable[[TorchState, Obj, str, ast.Call, Args], Value | None]
 # (interpreter, receivers that are models, method name, call node, arguments) -> Value or None
-GroupHandler = Callable[["TorchInterpreter", Value, str, ast.Call, Args], Value | None]
-EventHandler = Callable[["TorchInterpreter", Obj, str, ast.Call, Args], bool]
-BuiltinHandler = Callable[["TorchInterpreter", str, ast.Call, Args], Value | None]
+GroupHandler = Callable[[TorchState, Value, str, ast.Call, Args], Value | None]
+EventHandler = Callable[[TorchState, Obj, str, ast.Call, Args], bool]
+BuiltinHandler = Callable[[TorchState, str, ast.Call, Args], Value | None]
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ class Registry:
                 raise ValueError(f"{module.__name__}: {name!r} is modelled twice")
             into[name] = handler
 
-    def call(self, w: TorchInterpreter, call: Call) -> Value | None:
+    def call(self, w: TorchState, call: Call) -> Value | None:
         handler = self.calls.get(call.qual)
         if handler is not None:
             result = handler(w, call)
@@ -103,7 +101,7 @@ class Registry:
         return None
 
     def method(
-        self, table: dict[str, list[Method]], w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args
+        self, table: dict[str, list[Method]], w: TorchState, o: Obj, name: str, node: ast.Call, args: Args
     ) -> Value | None:
         for m in table.get(name, ()):
             if m.kinds is None or o.kind in m.kinds:

@@ -5,16 +5,14 @@ TensorBoard writers), plus functools.partial."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.ranks import CALL_DROPS
 from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, Obj, Value, is_constant, tags_of, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.apis.interpreter import TorchInterpreter
 
 REPORT_METHODS = frozenset(
     {
@@ -38,7 +36,7 @@ TENSOR_FACTORIES = frozenset(
 GRAD_OFF = ("torch.no_grad", "torch.inference_mode")
 
 
-def _save(w: TorchInterpreter, c: Call) -> Value:
+def _save(w: TorchState, c: Call) -> Value:
     w.emit(
         "save",
         c.node,
@@ -49,16 +47,16 @@ def _save(w: TorchInterpreter, c: Call) -> Value:
     return (w.const(None, c.node),)
 
 
-def _load(w: TorchInterpreter, c: Call) -> Value:
+def _load(w: TorchState, c: Call) -> Value:
     return (w.unknown(c.node, label="torch.load()", loaded=True),)
 
 
-def _set_device(w: TorchInterpreter, c: Call) -> Value:
+def _set_device(w: TorchState, c: Call) -> Value:
     w.emit("set_device", c.node, arg=c.args.get(0, "device") or EMPTY, arg_node=c.args.node(0, "device"))
     return (w.const(None, c.node),)
 
 
-def _device_count(w: TorchInterpreter, c: Call) -> Value:
+def _device_count(w: TorchState, c: Call) -> Value:
     nproc = w.assume.get("device_count")
     if nproc is not None:
         return (
@@ -74,13 +72,13 @@ def _device_count(w: TorchInterpreter, c: Call) -> Value:
     return (w.new("value", c.node, tags=frozenset({"device_count"}), label="torch.cuda.device_count()"),)
 
 
-def _cuda_query(w: TorchInterpreter, c: Call) -> Value:
+def _cuda_query(w: TorchState, c: Call) -> Value:
     if c.qual == "torch.cuda.is_available" and "cuda_available" in w.assume:
         return (w.const(w.assume["cuda_available"], c.node),)
     return (w.new("value", c.node, label=c.qual),)
 
 
-def _device(w: TorchInterpreter, c: Call) -> Value:
+def _device(w: TorchState, c: Call) -> Value:
     parts = c.args.all()
     text = ":".join(str(o.value) for o in parts if o.kind == "const")
     tags = tags_of(parts) - {"rank_cond"}
@@ -90,35 +88,35 @@ def _device(w: TorchInterpreter, c: Call) -> Value:
 
 
 def _grad_ctx(mode: str):
-    def handler(w: TorchInterpreter, c: Call) -> Value:
+    def handler(w: TorchState, c: Call) -> Value:
         return (w.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
 
     return handler
 
 
-def _set_grad_enabled(w: TorchInterpreter, c: Call) -> Value:
+def _set_grad_enabled(w: TorchState, c: Call) -> Value:
     flag = c.args.get(0, "mode") or EMPTY
     vals = [o.value for o in flag if o.kind == "const"]
     mode = ("on" if vals[0] else "off") if len(vals) == len(flag) == 1 else None
     return (w.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
 
 
-def _autocast(w: TorchInterpreter, c: Call) -> Value:
+def _autocast(w: TorchState, c: Call) -> Value:
     return (w.new("ctx", c.node, props={"ctx": "autocast"}),)
 
 
-def _partial(w: TorchInterpreter, c: Call) -> Value:
+def _partial(w: TorchState, c: Call) -> Value:
     args = c.args
     bound = Args(args.pos[1:], args.pos_nodes[1:], args.kw, args.kw_nodes, args.opaque)
     return (w.new("partial", c.node, props={"func": args.pos[0] if args.pos else EMPTY, "args": bound}),)
 
 
-def _logging(w: TorchInterpreter, c: Call) -> Value:
+def _logging(w: TorchState, c: Call) -> Value:
     w.emit("report", c.node, args=c.args, name=c.last)
     return (w.const(None, c.node),)
 
 
-def _tensor_factory(w: TorchInterpreter, c: Call) -> Value:
+def _tensor_factory(w: TorchState, c: Call) -> Value:
     args, last = c.args, c.last
     rows = None
     shape = args.get(None, "size")
@@ -168,7 +166,7 @@ PATTERNS = (
 # ---------------------------------------------------------------------- builtins and methods
 
 
-def _print(w: TorchInterpreter, name: str, node: ast.Call, args: Args) -> Value:
+def _print(w: TorchState, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("report", node, args=args, name="print")
     return (w.const(None, node),)
 
@@ -176,12 +174,12 @@ def _print(w: TorchInterpreter, name: str, node: ast.Call, args: Args) -> Value:
 BUILTINS = {"print": _print}
 
 
-def _report(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _report(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     w.emit("report", node, args=args, name=name)
     return (w.const(None, node),)
 
 
-def _tensor_move(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _tensor_move(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     derived = w.new(
         "tensor" if o.kind in ("tensor", "grad") else "unknown",
         node,
@@ -199,7 +197,7 @@ def _tensor_move(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: A
 _KEEPS_RANK = ("item", "strip", "lower", "upper", "__int__", "tolist", "split")
 
 
-def _value_method(w: TorchInterpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _value_method(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     """Methods on numbers and tensors keep where the value came from (`rank_t.item()` is still a rank)."""
     if o.kind not in ("value", "unknown", "const", "tensor", "grad"):
         return None

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import ast
 import builtins
-from typing import TYPE_CHECKING
 
 from ddpdoctor.static.semantic import Frame, Obj, Value, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.engine.interpreter import Interpreter
 
 BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -18,7 +14,7 @@ BUILTIN_NAMES = frozenset(dir(builtins))
 class BindingMixin:
     """The naming half of `Interpreter`."""
 
-    def lookup(self: Interpreter, name: str, node: ast.AST) -> Value:
+    def lookup(self, name: str, node: ast.AST) -> Value:
         frame = self.frame
         module_frame = self.module_frame_of(frame.file)
         if name in frame.globals_declared:
@@ -53,7 +49,7 @@ class BindingMixin:
             self._placeholders[key] = ph
         return (ph,)
 
-    def bind_name(self: Interpreter, name: str, value: Value) -> None:
+    def bind_name(self, name: str, value: Value) -> None:
         frame = self.frame
         if name in frame.globals_declared:
             self.module_frame_of(frame.file).locals[name] = value
@@ -68,13 +64,13 @@ class BindingMixin:
         frame.locals[name] = self.tag_binding(name, value)
         self._label(value, name)
 
-    def _label(self: Interpreter, value: Value, text: str) -> None:
+    def _label(self, value: Value, text: str) -> None:
         kinds = self.LABELLED_KINDS
         for o in value:
             if o.kind in kinds:
                 o.props.setdefault("bound_name", text)
 
-    def bind(self: Interpreter, target: ast.AST, value: Value) -> None:
+    def bind(self, target: ast.AST, value: Value) -> None:
         if isinstance(target, ast.Name):
             self.bind_name(target.id, value)
         elif isinstance(target, ast.Attribute):
@@ -98,13 +94,13 @@ class BindingMixin:
         elif isinstance(target, ast.Starred):
             self.bind(target.value, (self.new("tuple", target, props={"elem": self.element_of(value, target)}),))
 
-    def _set_field(self: Interpreter, obj: Obj, name: str, value: Value, strong: bool) -> None:
+    def _set_field(self, obj: Obj, name: str, value: Value, strong: bool) -> None:
         if strong or name not in obj.fields:
             obj.fields[name] = value
         else:
             obj.fields[name] = self.capped(union(obj.fields[name], value))
 
-    def _unpack(self: Interpreter, elts: list[ast.expr], value: Value, node: ast.AST) -> None:
+    def _unpack(self, elts: list[ast.expr], value: Value, node: ast.AST) -> None:
         n = len(elts)
         star = next((i for i, e in enumerate(elts) if isinstance(e, ast.Starred)), None)
         per_target: list[list[Value]] = [[] for _ in range(n)]

@@ -8,13 +8,10 @@ APIs live; a call nobody models becomes a `call` event and an unknown result tha
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ddpdoctor.static.engine.support import Args, dotted_last
+from ddpdoctor.static.engine.support import MAX_DEPTH, MAX_INLINE_PER_FUNCTION, VISIT_BUDGET, Args, dotted_last
 from ddpdoctor.static.semantic import EMPTY, Ctx, Frame, Obj, Value, is_constant, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.engine.interpreter import Interpreter
 
 # numeric builtins whose result is the value they are given, converted (`int(x)`, `abs(x)`)
 PASSTHROUGH_BUILTINS = frozenset(
@@ -46,7 +43,7 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ attributes
 
-    def _derived(self: Interpreter, base: Obj, name: str, node: ast.AST | None, key_name: str | None = None) -> Obj:
+    def _derived(self, base: Obj, name: str, node: ast.AST | None, key_name: str | None = None) -> Obj:
         """`base.name` (or `base[key]`) for an object whose attribute is not modelled; cached so it has one identity."""
         cached = base.fields.get(name)
         if cached:
@@ -65,7 +62,7 @@ class CallsMixin:
             base.fields[name] = (obj,)
         return obj
 
-    def get_attr(self: Interpreter, obj: Obj, name: str, node: ast.AST | None) -> Value:
+    def get_attr(self, obj: Obj, name: str, node: ast.AST | None) -> Value:
         kind = obj.kind
         if kind == "qual":
             return (
@@ -91,7 +88,7 @@ class CallsMixin:
                 return found
         return (self._derived(obj, name, node),)
 
-    def _attr_from_class(self: Interpreter, obj: Obj, name: str) -> Value | None:
+    def _attr_from_class(self, obj: Obj, name: str) -> Value | None:
         if obj.kind == "class":
             return self._lookup_class_attr(obj, name)
         if obj.kind == "super":
@@ -110,7 +107,7 @@ class CallsMixin:
             return None
         return self._bind_methods(attr, (obj,))
 
-    def _bind_methods(self: Interpreter, attr: Value, self_value: Value) -> Value:
+    def _bind_methods(self, attr: Value, self_value: Value) -> Value:
         out: list[Obj] = []
         for a in attr:
             if a.kind == "function" and not a.props.get("staticmethod"):
@@ -149,7 +146,7 @@ class CallsMixin:
     # ------------------------------------------------------------------ functions
 
     def _define_function(
-        self: Interpreter,
+        self,
         st: ast.FunctionDef | ast.AsyncFunctionDef,
         closure: Frame,
         cls: Obj | None,
@@ -194,9 +191,7 @@ class CallsMixin:
     def no_args(self) -> Args:
         return Args()
 
-    def call_function(self: Interpreter, fobj: Obj, args: Args, node: ast.AST, self_obj: Value | None = None) -> Value:
-        from ddpdoctor.static.engine.interpreter import MAX_DEPTH, MAX_INLINE_PER_FUNCTION, VISIT_BUDGET
-
+    def call_function(self, fobj: Obj, args: Args, node: ast.AST, self_obj: Value | None = None) -> Value:
         fnode = fobj.props["node"]
         if self._visits > VISIT_BUDGET:
             self.truncated = True
@@ -241,7 +236,7 @@ class CallsMixin:
         self._summaries[fnode] = self.capped(union(self._summaries.get(fnode, EMPTY), result))
         return result
 
-    def _bind_params(self: Interpreter, frame: Frame, fobj: Obj, args: Args, self_obj: Value | None) -> None:
+    def _bind_params(self, frame: Frame, fobj: Obj, args: Args, self_obj: Value | None) -> None:
         fnode = fobj.props["node"]
         spec = fnode.args
         positional = list(spec.posonlyargs) + list(spec.args)
@@ -285,7 +280,7 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ classes
 
-    def instantiate(self: Interpreter, cls: Obj, node: ast.AST, args: Args) -> Value:
+    def instantiate(self, cls: Obj, node: ast.AST, args: Args) -> Value:
         modelled = self.instantiate_model(cls, node, args)
         if modelled is not None:
             return modelled
@@ -300,7 +295,7 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ calls
 
-    def build_args(self: Interpreter, node: ast.Call) -> Args:
+    def build_args(self, node: ast.Call) -> Args:
         args = Args()
         for a in node.args:
             if isinstance(a, ast.Starred):
@@ -330,7 +325,7 @@ class CallsMixin:
                 args.kw_nodes[k.arg] = k.value
         return args
 
-    def ex_Call(self: Interpreter, node: ast.Call) -> Value:
+    def ex_Call(self, node: ast.Call) -> Value:
         self.note_call(node)
         if isinstance(node.func, ast.Attribute):
             receiver = self.eval(node.func.value)
@@ -340,7 +335,7 @@ class CallsMixin:
         args = self.build_args(node)
         return self.call_value(func, node, args)
 
-    def call_value(self: Interpreter, func: Value, node: ast.Call, args: Args) -> Value:
+    def call_value(self, func: Value, node: ast.Call, args: Args) -> Value:
         result, handled = self.call_objects(func, node, args)
         out: list[Obj] = list(result)
         for o in func:
@@ -372,7 +367,7 @@ class CallsMixin:
         return self.capped(union(out)) or (self.unknown(node),)
 
     def generic_call(
-        self: Interpreter, func: Obj | None, name: str | None, node: ast.Call, args: Args, qual: str | None = None
+        self, func: Obj | None, name: str | None, node: ast.Call, args: Args, qual: str | None = None
     ) -> Value:
         """A call whose target is not modelled: keep where its result came from (world size, grads) and its name."""
         props: dict[str, Any] = {"call": name, "call_args": args, "qual": qual}
@@ -382,7 +377,7 @@ class CallsMixin:
         self.emit("call", node, name=name, qual=qual, args=args, func=func)
         return (self.new("unknown", node, label=f"{label}()" if label else None, tags=tags, const=const, props=props),)
 
-    def method_call(self: Interpreter, receiver: Value, name: str, node: ast.Call, args: Args) -> Value:
+    def method_call(self, receiver: Value, name: str, node: ast.Call, args: Args) -> Value:
         result, handled = self.method_objects(receiver, name, node, args)
         out: list[Obj] = list(result)
         for o in receiver:
@@ -391,7 +386,7 @@ class CallsMixin:
             out.extend(self.object_method(o, name, node, args))
         return union(out) or (self.unknown(node),)
 
-    def object_method(self: Interpreter, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    def object_method(self, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
         kind = o.kind
         if kind == "qual":
             return self.call_qual(f"{o.qual}.{name}", node, args, heuristic=o.props.get("heuristic", False))
@@ -448,7 +443,7 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ builtins
 
-    def call_builtin(self: Interpreter, name: str, node: ast.Call, args: Args) -> Value:
+    def call_builtin(self, name: str, node: ast.Call, args: Args) -> Value:
         modelled = self.call_builtin_model(name, node, args)
         if modelled is not None:
             return modelled
@@ -515,7 +510,7 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ iteration
 
-    def element_of(self: Interpreter, value: Value, node: ast.AST) -> Value:
+    def element_of(self, value: Value, node: ast.AST) -> Value:
         out: list[Obj] = []
         for o in value:
             kind = o.kind

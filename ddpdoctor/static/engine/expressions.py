@@ -5,13 +5,10 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.static.engine.support import const_key
 from ddpdoctor.static.semantic import EMPTY, Ctx, Obj, Value, is_constant, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.engine.interpreter import Interpreter
 
 BIN_OPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -76,7 +73,7 @@ def compare_constants(node: ast.Compare, operands: list[Value]) -> bool | None:
 class ExpressionsMixin:
     """The expression half of `Interpreter`."""
 
-    def eval(self: Interpreter, node: ast.AST | None) -> Value:
+    def eval(self, node: ast.AST | None) -> Value:
         if node is None:
             return EMPTY
         self._visits += 1
@@ -88,19 +85,19 @@ class ExpressionsMixin:
     def _const_key(self, node: ast.AST) -> Any:
         return const_key(node)
 
-    def ex_Constant(self: Interpreter, node: ast.Constant) -> Value:
+    def ex_Constant(self, node: ast.Constant) -> Value:
         return (self.const(node.value, node),)
 
-    def ex_Name(self: Interpreter, node: ast.Name) -> Value:
+    def ex_Name(self, node: ast.Name) -> Value:
         return self._on_path(self.lookup(node.id, node))
 
-    def ex_Attribute(self: Interpreter, node: ast.Attribute) -> Value:
+    def ex_Attribute(self, node: ast.Attribute) -> Value:
         out: list[Obj] = []
         for b in self.eval(node.value):
             out.extend(self.get_attr(b, node.attr, node))
         return self._on_path(union(out))
 
-    def ex_Subscript(self: Interpreter, node: ast.Subscript) -> Value:
+    def ex_Subscript(self, node: ast.Subscript) -> Value:
         bases = self.eval(node.value)
         self.eval(node.slice)  # a subscript can call things too (`x[f(y)]`)
         key = self._const_key(node.slice)
@@ -131,10 +128,10 @@ class ExpressionsMixin:
                 )
         return union(out)
 
-    def ex_Starred(self: Interpreter, node: ast.Starred) -> Value:
+    def ex_Starred(self, node: ast.Starred) -> Value:
         return self.eval(node.value)
 
-    def _sequence(self: Interpreter, node: ast.List | ast.Tuple | ast.Set) -> Value:
+    def _sequence(self, node: ast.List | ast.Tuple | ast.Set) -> Value:
         items: list[Value] = []
         open_ended = False
         for e in node.elts:
@@ -160,7 +157,7 @@ class ExpressionsMixin:
     ex_Tuple = _sequence
     ex_Set = _sequence
 
-    def ex_Dict(self: Interpreter, node: ast.Dict) -> Value:
+    def ex_Dict(self, node: ast.Dict) -> Value:
         obj = self.new("dict", node)
         for k, v in zip(node.keys, node.values, strict=True):
             value = self.eval(v)
@@ -176,22 +173,22 @@ class ExpressionsMixin:
             obj.fields[name] = union(obj.fields.get(name, ()), value)
         return (obj,)
 
-    def ex_JoinedStr(self: Interpreter, node: ast.JoinedStr) -> Value:
+    def ex_JoinedStr(self, node: ast.JoinedStr) -> Value:
         parts = [self.eval(v) for v in node.values]
         const = all(is_constant(p) for p in parts)
         text = "".join(str(p[0].value) if p and p[0].kind == "const" else "{}" for p in parts)
         tags = frozenset().union(*(self.carried_tags(p) for p in parts))
         return (self.new("value", node, tags=tags, const=const, value=text if const else None, props={"text": text}),)
 
-    def ex_FormattedValue(self: Interpreter, node: ast.FormattedValue) -> Value:
+    def ex_FormattedValue(self, node: ast.FormattedValue) -> Value:
         return self.eval(node.value)
 
-    def ex_BinOp(self: Interpreter, node: ast.BinOp) -> Value:
+    def ex_BinOp(self, node: ast.BinOp) -> Value:
         left = self.eval(node.left)
         right = self.eval(node.right)
         return (self._binop_value(node, type(node.op), left, right),)
 
-    def _binop_value(self: Interpreter, node: ast.AST, op: type, left: Value, right: Value) -> Obj:
+    def _binop_value(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj:
         modelled = self.binop_model(node, op, left, right)
         if modelled is not None:
             return modelled
@@ -214,7 +211,7 @@ class ExpressionsMixin:
             props={"op": op.__name__, "left": left, "right": right, **self.carried_props(both)},
         )
 
-    def ex_UnaryOp(self: Interpreter, node: ast.UnaryOp) -> Value:
+    def ex_UnaryOp(self, node: ast.UnaryOp) -> Value:
         operand = self.eval(node.operand)
         if isinstance(node.op, ast.Not):
             modelled = self.negation_value(node, operand)
@@ -239,7 +236,7 @@ class ExpressionsMixin:
             ),
         )
 
-    def ex_BoolOp(self: Interpreter, node: ast.BoolOp) -> Value:
+    def ex_BoolOp(self, node: ast.BoolOp) -> Value:
         values = [self.eval(v) for v in node.values]
         modelled = self.boolop_value(node, values)
         if modelled is not None:
@@ -255,7 +252,7 @@ class ExpressionsMixin:
                 break
         return union(*results)
 
-    def ex_Compare(self: Interpreter, node: ast.Compare) -> Value:
+    def ex_Compare(self, node: ast.Compare) -> Value:
         operands = [self.eval(node.left)] + [self.eval(c) for c in node.comparators]
         modelled = self.compare_value(node, operands)
         if modelled is not None:
@@ -265,7 +262,7 @@ class ExpressionsMixin:
             return (self.const(folded, node),)
         return (self.new("value", node),)
 
-    def ex_IfExp(self: Interpreter, node: ast.IfExp) -> Value:
+    def ex_IfExp(self, node: ast.IfExp) -> Value:
         test = self.eval(node.test)
         frame_id = self.frame.id
         sides: list[Value] = []
@@ -277,7 +274,7 @@ class ExpressionsMixin:
                 self.ctx.pop()
         return union(*sides)
 
-    def ex_Lambda(self: Interpreter, node: ast.Lambda) -> Value:
+    def ex_Lambda(self, node: ast.Lambda) -> Value:
         frame = self.frame
         closure = frame.lexical if frame.is_class_body else frame
         defaults = [self.eval(d) for d in node.args.defaults]
@@ -302,9 +299,7 @@ class ExpressionsMixin:
             ),
         )
 
-    def _comprehension(
-        self: Interpreter, node: ast.AST, generators: list[ast.comprehension], elts: list[ast.expr]
-    ) -> list[Value]:
+    def _comprehension(self, node: ast.AST, generators: list[ast.comprehension], elts: list[ast.expr]) -> list[Value]:
         frame = self.frame
         saved = dict(frame.locals)
         try:
@@ -318,35 +313,35 @@ class ExpressionsMixin:
         finally:
             frame.locals = saved
 
-    def ex_ListComp(self: Interpreter, node: ast.ListComp | ast.SetComp | ast.GeneratorExp) -> Value:
+    def ex_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp) -> Value:
         (elem,) = self._comprehension(node, node.generators, [node.elt])
         return (self.new("tuple", node, props={"elem": elem}, tags=self.carried_tags(elem)),)
 
     ex_SetComp = ex_ListComp
     ex_GeneratorExp = ex_ListComp
 
-    def ex_DictComp(self: Interpreter, node: ast.DictComp) -> Value:
+    def ex_DictComp(self, node: ast.DictComp) -> Value:
         _, value = self._comprehension(node, node.generators, [node.key, node.value])
         obj = self.new("dict", node)
         obj.fields["*"] = value
         return (obj,)
 
-    def ex_NamedExpr(self: Interpreter, node: ast.NamedExpr) -> Value:
+    def ex_NamedExpr(self, node: ast.NamedExpr) -> Value:
         value = self.eval(node.value)
         self.bind(node.target, value)
         return value
 
-    def ex_Await(self: Interpreter, node: ast.Await) -> Value:
+    def ex_Await(self, node: ast.Await) -> Value:
         return self.eval(node.value)
 
-    def ex_Yield(self: Interpreter, node: ast.Yield | ast.YieldFrom) -> Value:
+    def ex_Yield(self, node: ast.Yield | ast.YieldFrom) -> Value:
         if node.value is not None:
             self.eval(node.value)
         return (self.unknown(node),)
 
     ex_YieldFrom = ex_Yield
 
-    def ex_Slice(self: Interpreter, node: ast.Slice) -> Value:
+    def ex_Slice(self, node: ast.Slice) -> Value:
         for part in (node.lower, node.upper, node.step):
             self.eval(part)
         return (self.unknown(node),)

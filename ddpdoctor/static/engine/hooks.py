@@ -10,13 +10,10 @@ Python does".
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import Obj, Value, tags_of
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.engine.interpreter import Interpreter
 
 
 class Hooks:
@@ -45,11 +42,11 @@ class Hooks:
 
     # ------------------------------------------------------------------ names
 
-    def unbound_name(self: Interpreter, name: str, node: ast.AST) -> Value | None:
+    def unbound_name(self, name: str, node: ast.AST) -> Value | None:
         """A name never bound in the file (star imports, exec'd preambles): what it most likely is, or None."""
         return None
 
-    def named_unknown(self: Interpreter, node: ast.AST | None, name: str, **props: Any) -> Obj:
+    def named_unknown(self, node: ast.AST | None, name: str, **props: Any) -> Obj:
         """The unknown value of a free name or of a parameter nobody passes: a name may suggest what it holds."""
         return self.unknown(node, label=name, **props)
 
@@ -85,7 +82,7 @@ class Hooks:
 
     # ------------------------------------------------------------------ branches, comparisons, contexts
 
-    def classify_branch(self: Interpreter, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
+    def classify_branch(self, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
         """(ctx kind, info of the body, info of the else side, scope) of an `if` test."""
         text = self.text(node)
         return "cond", text, "not " + text, None
@@ -139,7 +136,7 @@ class Hooks:
         """Seen before a call's parts are evaluated."""
         return
 
-    def call_qual(self: Interpreter, qual: str, node: ast.Call, args: Args, heuristic: bool = False) -> Value:
+    def call_qual(self, qual: str, node: ast.Call, args: Args, heuristic: bool = False) -> Value:
         """A call to an imported name (`qual` as spelled through the imports)."""
         return self.generic_call(None, qual.rsplit(".", 1)[-1], node, args, qual=qual)
 
@@ -182,7 +179,7 @@ class Hooks:
         """Props of a class defined in the file, from its bases: at least `instance_kind`."""
         return {"instance_kind": "instance"}
 
-    def make_instance(self: Interpreter, cls: Obj, node: ast.AST) -> Obj:
+    def make_instance(self, cls: Obj, node: ast.AST) -> Obj:
         return self.new("instance", node, label=cls.label, props={"class": cls})
 
     def instantiate_model(self, cls: Obj, node: ast.AST, args: Args) -> Value | None:

@@ -17,13 +17,9 @@ budget) falls back to the opaque qualified name an unresolved import would have 
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ddpdoctor.static.project import ModuleFile
 from ddpdoctor.static.semantic import Frame, Obj, Value, union
-
-if TYPE_CHECKING:
-    from ddpdoctor.static.engine.interpreter import Interpreter
 
 
 class ImportsMixin:
@@ -31,7 +27,7 @@ class ImportsMixin:
 
     # ------------------------------------------------------------------ statements
 
-    def st_Import(self: Interpreter, st: ast.Import) -> None:
+    def st_Import(self, st: ast.Import) -> None:
         for alias in st.names:
             found = self.imported(self.project.resolve(alias.name, 0, self.current_module())) if self.project else None
             if found is None:
@@ -47,9 +43,11 @@ class ImportsMixin:
                 top_module = self.imported(self.project.resolve(top, 0, self.current_module())) or found
                 self.bind_name(top, (self.pymodule(top_module, st),))
 
-    def st_ImportFrom(self: Interpreter, st: ast.ImportFrom) -> None:
+    def st_ImportFrom(self, st: ast.ImportFrom) -> None:
         level = st.level or 0
-        found = self.imported(self.project.resolve(st.module or "", level, self.current_module())) if self.project else None
+        found = (
+            self.imported(self.project.resolve(st.module or "", level, self.current_module())) if self.project else None
+        )
         module = "." * level + (st.module or "")
         for alias in st.names:
             name = alias.asname or alias.name
@@ -66,10 +64,10 @@ class ImportsMixin:
 
     # ------------------------------------------------------------------ modules
 
-    def current_module(self: Interpreter) -> ModuleFile | None:
+    def current_module(self) -> ModuleFile | None:
         return self._module_of_file.get(self.frame.file)
 
-    def imported(self: Interpreter, module: ModuleFile | None) -> ModuleFile | None:
+    def imported(self, module: ModuleFile | None) -> ModuleFile | None:
         """A module the current one imports, at one more import level than it (the script is level 0)."""
         if module is None:
             return None
@@ -79,14 +77,14 @@ class ImportsMixin:
             self._module_depth[module.path] = depth
         return module
 
-    def pymodule(self: Interpreter, module: ModuleFile, node: ast.AST | None) -> Obj:
+    def pymodule(self, module: ModuleFile, node: ast.AST | None) -> Obj:
         obj = self._pymodules.get(module.path)
         if obj is None:
             obj = self.new("pymodule", node, label=module.name.rsplit(".", 1)[-1], props={"module": module})
             self._pymodules[module.path] = obj
         return obj
 
-    def execute_module(self: Interpreter, module: ModuleFile) -> Frame | None:
+    def execute_module(self, module: ModuleFile) -> Frame | None:
         """The global scope of a project module, its body interpreted the first time it is asked for (a module
         being interpreted — an import cycle — is returned as far as it got)."""
         path = module.path
@@ -100,7 +98,9 @@ class ImportsMixin:
             self._module_frames[path] = None
             return None
         self.add_source(source, module)
-        frame = Frame(id=next(self._frame_ids), name="<module>", locals={}, lexical=None, node=source.tree, file=source.path)
+        frame = Frame(
+            id=next(self._frame_ids), name="<module>", locals={}, lexical=None, node=source.tree, file=source.path
+        )
         frame.locals["__name__"] = (self.const(module.name, None),)
         frame.locals["__file__"] = (self.const(str(path), None),)
         self._module_frames[path] = frame
@@ -116,7 +116,7 @@ class ImportsMixin:
             self.restore_state(saved[3])
         return frame
 
-    def module_attr(self: Interpreter, module: ModuleFile, name: str, node: ast.AST | None) -> Value:
+    def module_attr(self, module: ModuleFile, name: str, node: ast.AST | None) -> Value:
         """`module.name`: what the module defines, else its submodule, else the opaque qualified name."""
         if module.path not in self._module_depth:
             self.imported(module)
@@ -141,7 +141,7 @@ class ImportsMixin:
         finally:
             self._resolving.discard(key)
 
-    def resolve_lazy(self: Interpreter, frame: Frame, name: str) -> Value:
+    def resolve_lazy(self, frame: Frame, name: str) -> Value:
         """The value of `name` in `frame`, with lazy import bindings replaced by what they name (once)."""
         value = frame.locals[name]
         if not any(o.kind == "lazy" for o in value):
@@ -156,7 +156,7 @@ class ImportsMixin:
         frame.locals[name] = resolved
         return resolved
 
-    def from_stars(self: Interpreter, frame: Frame, name: str, node: ast.AST | None) -> Value | None:
+    def from_stars(self, frame: Frame, name: str, node: ast.AST | None) -> Value | None:
         """`name` from the `from m import *` of a module's global scope, latest first."""
         for module in reversed(frame.stars):
             source = self.project.load(module, depth=self._module_depth.get(module.path, 1)) if self.project else None

@@ -32,17 +32,16 @@ from ddpdoctor.static.engine.calls import CallsMixin
 from ddpdoctor.static.engine.expressions import ExpressionsMixin
 from ddpdoctor.static.engine.hooks import Hooks
 from ddpdoctor.static.engine.imports import ImportsMixin
-from ddpdoctor.static.engine.support import SourceFile, SourceIndex, is_main_guard, merge_env, target_ident
+from ddpdoctor.static.engine.support import (
+    VISIT_BUDGET,
+    SourceFile,
+    SourceIndex,
+    is_main_guard,
+    merge_env,
+    target_ident,
+)
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
-
-MAX_DEPTH = 24
-# A helper called from many call sites is entered at each of the first few, then summarised by what it returned:
-# training scripts call their helpers a handful of times, while library-style code can fan out exponentially.
-MAX_INLINE_PER_FUNCTION = 16
-# A safety net for pathological inputs (deep mutual calls in a huge file): past this many visited nodes, calls are
-# no longer entered and the model says it was truncated. Real scripts of a few thousand lines use a few percent.
-VISIT_BUDGET = 400_000
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
@@ -552,4 +551,4 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         frame.locals = merged
 
 
-__all__ = ["EMPTY", "MAX_DEPTH", "MAX_INLINE_PER_FUNCTION", "VISIT_BUDGET", "Interpreter"]
+__all__ = ["EMPTY", "Interpreter"]
