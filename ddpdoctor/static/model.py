@@ -306,16 +306,16 @@ class ScriptModel:
             magnitude=magnitude,
         )
 
-    def where(self, at: int | Event | Obj) -> tuple[str, int, list[str]]:
+    def where(self, at: int | Event | Obj | CliArg) -> tuple[str, int, list[str]]:
         """(file, line, call chain as "file:line function()" strings when the place is outside the script)."""
         if isinstance(at, int):
             return self.filename, at, []
         file = at.file or self.filename
-        if isinstance(at, Obj):
+        if isinstance(at, Event):
+            chain = at.chain
+        else:  # an object or an option: the chain of the event that made it
             made = next((ev for ev in self.events if ev.node is at.node and ev.file == file), None)
             chain = made.chain if made is not None else ()
-        else:
-            chain = at.chain
         shown = [f"{f}:{line} {name}()" for f, line, name in chain] if file != self.filename else []
         return file, at.line, shown
 

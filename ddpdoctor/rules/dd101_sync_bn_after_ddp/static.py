@@ -38,7 +38,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             converted_text = script.text(conv.data.get("arg_node"))
             yield script.finding(
                 CODE,
-                line=conv.line,
+                line=conv,
                 message=f"DDP wraps `{wrapped_text}` at line {wrap.line} but convert_sync_batchnorm is applied to "
                 f"`{converted_text}` at line {conv.line}, after the wrapping",
                 confidence=confidence,

@@ -67,7 +67,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         wrapped_text = script.text(wrap.data["args"].node(0, "module"))
         yield script.finding(
             CODE,
-            line=fw.line,
+            line=fw,
             message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at line {wrap.line} — "
             f"instead of the DDP wrapper, so its gradients are never averaged across ranks",
             confidence=confidence,

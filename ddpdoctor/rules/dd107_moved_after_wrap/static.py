@@ -60,7 +60,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             if repeated is not None:
                 yield script.finding(
                     CODE,
-                    line=mv.line,
+                    line=mv,
                     message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at line {wrap.line}; it "
                     f"repeats the move of line {repeated.line}, so it is a no-op today but breaks if they diverge",
                     confidence=Confidence.POSSIBLE,
@@ -71,7 +71,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             confidence = Confidence.CERTAIN if mv.frame == wrap.frame else Confidence.LIKELY
             yield script.finding(
                 CODE,
-                line=mv.line,
+                line=mv,
                 message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at line {wrap.line}; DDP's "
                 f"gradient buckets still refer to the parameters it saw when it was built",
                 confidence=cap_unreached(confidence, mv, wrap),

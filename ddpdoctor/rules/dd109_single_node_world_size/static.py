@@ -69,7 +69,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if launcher_env:
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"the {first.what} at line {ev.line} is torch.cuda.device_count() while the ranks come from the "
             f"launcher ({', '.join(launcher_env)}); they disagree whenever the launcher starts a different number "
             f"of processes or more than one node",
@@ -80,7 +80,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         return
     yield script.finding(
         CODE,
-        line=ev.line,
+        line=ev,
         message=f"the {first.what} at line {ev.line} is torch.cuda.device_count(): correct on one node, but on several "
         f"nodes each believes it is the whole world",
         confidence=confidence,

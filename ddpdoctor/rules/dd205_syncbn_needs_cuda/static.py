@@ -43,7 +43,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     first = syncbn[0]
     yield script.finding(
         CODE,
-        line=first.line,
+        line=first,
         message=f"SyncBatchNorm (line {first.line}) with the gloo backend of line {gloo_lines[0]}"
         + (" (chosen when CUDA is unavailable)" if chosen_at_run_time else "")
         + ": plain PyTorch raises \"SyncBatchNorm layers only work with GPU modules\" when DDP wraps it on CPU",

@@ -38,7 +38,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         syncbn = " and SyncBN all-reduces them across ranks" if fam.syncbn_line else ""
         yield script.finding(
             CODE,
-            line=fw.line,
+            line=fw,
             message=f"`{callee}` runs an evaluation forward under no_grad at line {fw.line} while the model is in training "
             f"mode (no .eval() before it), so BatchNorm normalises with evaluation-batch statistics and folds them "
             f"into its running stats{syncbn}",

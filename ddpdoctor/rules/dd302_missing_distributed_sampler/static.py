@@ -75,7 +75,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         )
         yield script.finding(
             CODE,
-            line=loader.line,
+            line=loader,
             message=f"DataLoader `{name}` (line {loader.line}) feeds the training loop of line {it.line} with {how}, so every "
             f"rank iterates the whole dataset and the ranks train on the same samples",
             confidence=cap_unreached(confidence, lev, it),

@@ -48,7 +48,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 how = f"the micro-step loop of line {getattr(inner.node if inner else None, 'lineno', 0)}"
             yield script.finding(
                 CODE,
-                line=bw.line,
+                line=bw,
                 message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer steps at "
                 f"line {step.line} only after {how}, and without model.no_sync() DDP all-reduces on every micro-step",
                 confidence=cap_unreached(Confidence.LIKELY, bw, step),

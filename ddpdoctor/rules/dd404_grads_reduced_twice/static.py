@@ -58,7 +58,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         whose = f"`{script.name(wrapped[0])}`" if wrapped else "the model"
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"gradients of {whose} are all-reduced by hand at line {ev.line} although DDP (line {wrap.line}) already "
             f"averages them during backward, so each step reduces them twice",
             confidence=cap_unreached(confidence, ev),

@@ -63,7 +63,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         confidence = Confidence.CERTAIN if only and how == "torch.save" else Confidence.LIKELY
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
             f"`{script.name(wrapper)}`" + (f" (line {wrap.line})" if wrap else "") + ", so every key starts with "
             "\"module.\" and the plain model cannot load it",

@@ -53,7 +53,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         name = script.name(sharded[0])
         yield script.finding(
             CODE,
-            line=report.line,
+            line=report,
             message=f"the evaluation loop over `{name}` (line {it.line}) sees only this rank's DistributedSampler shard, and "
             f"the metric reported at line {report.line} is never reduced across ranks, so it describes "
             f"1/world_size of the data",

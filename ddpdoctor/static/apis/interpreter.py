@@ -56,11 +56,16 @@ class TorchInterpreter(TorchState):
     ITEM_STORE_KINDS = frozenset({"dict", "unknown", "instance", "cli_args", "state_dict"})
     CALLABLE_KINDS = frozenset({"function", "bound", "class", "qual", "builtin", "partial", "loss"})
     CONDITION_TAGS = frozenset({"rank_cond"})
+    # what a script makes only on some ranks (a checkpoint saver, a TensorBoard writer under `if rank == 0`)
+    MARKED_KINDS = frozenset({"instance", "unknown", "wrapper", "module", "optimizer", "sampler", "loader"})
 
     def __init__(
         self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None
     ) -> None:
         super().__init__(source, assume, REGISTRY, project)
+
+    def mark_new(self, obj: Obj) -> None:
+        ranks.mark_made_on(self, obj)
 
     def save_state(self) -> Any:
         return self._forward_depth

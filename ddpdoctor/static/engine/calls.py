@@ -411,6 +411,8 @@ class CallsMixin:
                 if isinstance(key, str) and key in o.fields:
                     return o.fields[key]
                 default = args.get(1, None)
+                if key is None and node.args and o.fields:  # a key only known at run time: any item, or the default
+                    return union(*o.fields.values(), default or ())
                 return default or (self._derived(o, f"[{key}]", node),)
             if name == "update":
                 for v in args.pos:

@@ -31,6 +31,7 @@ from ddpdoctor.static.engine.binding import BindingMixin
 from ddpdoctor.static.engine.calls import CallsMixin
 from ddpdoctor.static.engine.expressions import ExpressionsMixin
 from ddpdoctor.static.engine.hooks import Hooks
+from ddpdoctor.static.engine.expressions import truth_of
 from ddpdoctor.static.engine.imports import ImportsMixin
 from ddpdoctor.static.engine.support import (
     VISIT_BUDGET,
@@ -207,10 +208,13 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
             file=self.frames[-1].file if self.frames else self.source.path,
             **kw,
         )
-        if self.ctx and kind in self.PATH_KINDS:
-            path = self._path()
-            if path:
-                obj.props["path"] = path
+        if self.ctx:
+            if kind in self.PATH_KINDS:
+                path = self._path()
+                if path:
+                    obj.props["path"] = path
+            if kind in self.MARKED_KINDS:
+                self.mark_new(obj)
         return obj
 
     def _cond_key(self, c: Ctx) -> tuple[str, int] | None:
@@ -291,6 +295,25 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
 
     def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
         return merge_env(a, b, self.capped)
+
+    def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:
+        """The truth of a test that only reads a parameter of the current call when the caller passed a literal for
+        it (or left its literal default): `if is_training:` in `create_loader(..., is_training=False)` runs one way
+        in this call. Module-level constants and unknown values keep both sides walked."""
+        negate = False
+        node = test_node
+        while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node, negate = node.operand, not negate
+        frame = self.frame
+        fnode = frame.node
+        if not isinstance(node, ast.Name) or frame.call_site is None or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        spec = fnode.args
+        params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
+        if node.id not in params or node.id not in frame.locals:
+            return None
+        truth = truth_of(frame.locals[node.id])
+        return None if truth is None else truth != negate
 
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])
@@ -417,6 +440,9 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
 
     def st_If(self, st: ast.If) -> bool:
         test = self.eval(st.test)
+        fixed = self.parameter_truth(st.test, test)
+        if fixed is not None:  # this call site fixes which way it goes
+            return self.block(st.body if fixed else st.orelse)
         scope = None
         if is_main_guard(st.test):
             if self.frame.file != self.source.path:
