@@ -11,7 +11,9 @@ context, not on its own.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import functools
+import gc
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,24 @@ __all__ = [
     "build_model",
     "build_project_model",
 ]
+
+
+def without_gc(fn: Callable) -> Callable:
+    """Run an analysis with the cyclic garbage collector paused. The interpreter allocates tens of thousands of
+    small objects that all stay alive until the end; collecting generation after generation of them found nothing
+    and cost a third of the time of a large script. The collector resumes (and may collect) afterwards."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run
 
 
 @dataclass
@@ -76,6 +96,7 @@ def analyze_file(path: Path) -> list[Finding]:
     return analyze_script(path).findings
 
 
+@without_gc
 def analyze_script(
     path: Path,
     *,
@@ -101,12 +122,14 @@ def analyze_script(
     return StaticResult(run_rules(model, notes), notes, list(model.sources))
 
 
+@without_gc
 def build_project_model(path: Path, assume: dict | None = None) -> ScriptModel:
     """The semantic model of a script file with the project modules it imports (the launch plan reads it)."""
     project = Project(Path(path), str(path), cache={Path(path).resolve(): LoadedFile(read_source(Path(path)))})
     return ScriptModel.build_project(project, assume=assume)
 
 
+@without_gc
 def build_model(source: str, filename: str, assume: dict | None = None) -> ScriptModel:
     """Parse `source` and build its semantic model (its imports stay opaque: there is no project around a text);
     a syntax error becomes a one-line UsageError. `assume`: facts the source cannot tell (the launch plan's
@@ -116,6 +139,7 @@ def build_model(source: str, filename: str, assume: dict | None = None) -> Scrip
     return ScriptModel.build(parse(source, filename), source, filename, assume)
 
 
+@without_gc
 def analyze_source(source: str, filename: str) -> list[Finding]:
     """Findings for a script given as text; `filename` is what findings report as their file."""
     return run_rules(build_model(source, filename))
@@ -151,6 +175,7 @@ def one_per_site(findings: Iterable[Finding]) -> list[Finding]:
 # ---------------------------------------------------------------------- many files at once
 
 
+@without_gc
 def analyze_paths(
     paths: Iterable[Path], *, exclude: tuple[str, ...] = (), base: Path | None = None, limits: Limits | None = None
 ) -> StaticResult:

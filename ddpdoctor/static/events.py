@@ -100,6 +100,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
             strict_node="node of strict=, or None",
             result_used="the returned missing/unexpected keys are used",
         ),
+        _k(
+            "bn_stats_reset",
+            "BatchNorm statistics about to be recomputed: reset_running_stats(), or `m.momentum = None` (a cumulative "
+            "average of what follows: precise BN)",
+            target="Value: the modules (or objects that may be modules)",
+            how="'reset_running_stats' or 'momentum = None'",
+        ),
         _k("strip_prefix", "consume_prefix_in_state_dict_if_present: a 'module.' prefix is removed from a state dict"),
         # --- optimisation (apis/optim.py)
         _k(

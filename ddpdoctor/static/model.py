@@ -18,7 +18,7 @@ from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.project import ModuleFile, Project
-from ddpdoctor.static.semantic import Event, Family, Obj, Value, union
+from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
 
 
 @dataclass
@@ -151,21 +151,38 @@ class ScriptModel:
                 out.extend(self.param_owners((o.props["base"],), depth + 1))
         return list(union(out))
 
+    @cached_property
+    def _event_at(self) -> dict[int, Event]:
+        """id of an AST node → the first event at it."""
+        out: dict[int, Event] = {}
+        for ev in self.events:
+            out.setdefault(id(ev.node), ev)
+        return out
+
+    @cached_property
+    def _last_in_loop(self) -> dict[str, dict[int, int]]:
+        """"train" / "forward" → loop node id → the last seq of a backward or step / of a forward inside it."""
+        out: dict[str, dict[int, int]] = {"train": {}, "forward": {}}
+        for key, kinds in (("train", ("backward", "opt_step")), ("forward", ("forward",))):
+            last = out[key]
+            for ev in self.of(*kinds):
+                for c in ev.ctx:
+                    if c.kind == "loop":
+                        last[id(c.node)] = max(last.get(id(c.node), -1), ev.seq)
+        return out
+
     def loop_trains(self, loop: ast.AST | None, after: int = -1) -> bool:
         """Whether a backward pass or an optimizer step happens inside this loop."""
         if loop is None:
             return False
-        for ev in self.of("backward", "opt_step"):
-            if ev.seq > after and any(c.node is loop for c in ev.loops):
-                return True
-        return False
+        return self._last_in_loop["train"].get(id(loop), -1) > after
 
     def loop_evaluates(self, loop: ast.AST | None) -> bool:
         """A loop that runs a model forward and never a backward or step: an evaluation loop (a loop that only
         moves batches, like a prefetch thread, is neither)."""
         if loop is None or self.loop_trains(loop):
             return False
-        return any(any(c.node is loop for c in ev.loops) for ev in self.of("forward"))
+        return id(loop) in self._last_in_loop["forward"]
 
     def iteration_trains(self, it: Event) -> bool:
         """Whether the batches of an `iterate` event feed training: a backward/step inside its `for` loop, or —
@@ -314,15 +331,18 @@ class ScriptModel:
         if isinstance(at, Event):
             chain = at.chain
         else:  # an object or an option: the chain of the event that made it
-            made = next((ev for ev in self.events if ev.node is at.node and ev.file == file), None)
+            made = self._event_at.get(id(at.node))
             chain = made.chain if made is not None else ()
         shown = [f"{f}:{line} {name}()" for f, line, name in chain] if file != self.filename else []
         return file, at.line, shown
 
-    def place(self, at: Event | Obj, finding_file: str | None = None) -> str:
-        """`line N` for a place in the file a message is about (the script by default), `file:N` elsewhere."""
+    def place(self, at: Event | Obj | Ctx, near: Event | Obj | CliArg | None = None) -> str:
+        """How a message names a place: `line N` in the file the finding is in (the one of `near`, else the
+        script), `file:N` in another file."""
         file = at.file or self.filename
-        return f"line {at.line}" if file == (finding_file or self.filename) else f"{file}:{at.line}"
+        line = at.line if not isinstance(at, Ctx) else getattr(at.node, "lineno", 0)
+        here = (near.file or self.filename) if near is not None else self.filename
+        return f"line {line}" if file == here else f"{file}:{line}"
 
 
 def lower(confidence: Confidence, steps: int = 1) -> Confidence:

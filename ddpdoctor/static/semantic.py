@@ -43,7 +43,7 @@ class Family:
         return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Obj:
     """An abstract object: what a name or expression may hold.
 
@@ -127,9 +127,10 @@ class Ctx(NamedTuple):
     branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
     scope: str | None = None
     test: "Value" = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
+    file: str = ""  # the file `node` is in
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Event:
     """Something the script does, in execution order, with the context it happens in."""
 
@@ -180,7 +181,7 @@ class Event:
         return False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Frame:
     """The local names of one function call (or of the module body, or of a class body)."""
 
@@ -198,3 +199,4 @@ class Frame:
     file: str = ""  # the file the frame's code is in
     call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any
     stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`
+    lazy: set[str] = field(default_factory=set)  # names bound by `from m import name` not yet resolved

@@ -39,7 +39,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=conv,
-                message=f"DDP wraps `{wrapped_text}` at line {wrap.line} but convert_sync_batchnorm is applied to "
+                message=f"DDP wraps `{wrapped_text}` at {script.place(wrap, conv)} but convert_sync_batchnorm is applied to "
                 f"`{converted_text}` at line {conv.line}, after the wrapping",
                 confidence=confidence,
                 evidence={

@@ -61,8 +61,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 yield script.finding(
                     CODE,
                     line=mv,
-                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at line {wrap.line}; it "
-                    f"repeats the move of line {repeated.line}, so it is a no-op today but breaks if they diverge",
+                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at {script.place(wrap, mv)}; it "
+                    f"repeats the move of {script.place(repeated, mv)}, so it is a no-op today but breaks if they diverge",
                     confidence=Confidence.POSSIBLE,
                     evidence={"move_line": mv.line, "wrap_line": wrap.line, "same_as_line": repeated.line},
                     severity=Severity.LOW,
@@ -72,7 +72,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=mv,
-                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at line {wrap.line}; DDP's "
+                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at {script.place(wrap, mv)}; DDP's "
                 f"gradient buckets still refer to the parameters it saw when it was built",
                 confidence=cap_unreached(confidence, mv, wrap),
                 evidence={"move_line": mv.line, "wrap_line": wrap.line, "method": mv.data["method"]},

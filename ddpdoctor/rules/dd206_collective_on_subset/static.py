@@ -48,11 +48,12 @@ def _where(script: ScriptModel, branch: Ctx, ev: Event) -> str:
     node = branch.node
     test = getattr(node, "test", None)
     line = getattr(node, "lineno", 0)
+    place = script.place(branch, ev)
     if test is None:
-        return f"a rank-only function (line {line})"
+        return f"a rank-only function ({place})"
     if ev.line > (getattr(node, "end_lineno", None) or line) and ev.frame == branch.frame:
-        return f"after the early exit `if {script.text(test)}` at line {line}"
-    return f"`if {script.text(test)}` at line {line}"
+        return f"after the early exit `if {script.text(test)}` at {place}"
+    return f"`if {script.text(test)}` at {place}"
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:

@@ -56,11 +56,14 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         loop_line = getattr(it.loops[-1].node, "lineno", it.line)
         if in_loop:
             ev = in_loop[0]
-            why = f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` at line {ev.line}"
+            why = f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` at {script.place(ev, sampler)}"
             confidence = Confidence.CERTAIN
         elif on_this:
             ev = on_this[0]
-            why = f"set_epoch runs once at line {ev.line}, outside the loop of line {loop_line} that re-iterates it"
+            why = (
+                f"set_epoch runs once at {script.place(ev, sampler)}, outside the loop of "
+                f"{script.place(it.loops[-1], sampler)} that re-iterates it"
+            )
             confidence = Confidence.LIKELY
         else:
             why = "set_epoch is never called on it"

@@ -92,11 +92,11 @@ def _per_node_guard(ev: Event) -> Ctx | None:
 def _per_node_finding(script: ScriptModel, ev: Event, guard: Ctx) -> Finding:
     test = getattr(guard.node, "test", None)
     if test is not None:
-        how = f"`{script.text(test)}` (line {guard.node.lineno})"
+        how = f"`{script.text(test)}` ({script.place(guard, ev)})"
         if guard.branch == 1:
             how = f"the early exit on {how}"
     else:  # a decorated or otherwise implicit guard
-        how = f"the guard at line {getattr(guard.node, 'lineno', ev.line)}"
+        how = f"the guard at {script.place(guard, ev)}"
     confidence = Confidence.LIKELY if guard.scope == "local" else Confidence.POSSIBLE
     return script.finding(
         CODE,

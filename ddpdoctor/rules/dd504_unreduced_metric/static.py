@@ -54,7 +54,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=report,
-            message=f"the evaluation loop over `{name}` (line {it.line}) sees only this rank's DistributedSampler shard, and "
+            message=f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's DistributedSampler shard, and "
             f"the metric reported at line {report.line} is never reduced across ranks, so it describes "
             f"1/world_size of the data",
             confidence=cap_unreached(Confidence.LIKELY, it, report),

@@ -98,6 +98,7 @@ class TorchInterpreter(TorchState):
 
     def on_assign(self, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
         optim.on_assign(self, ident, target, value, st)
+        nn.on_assign(self, ident, target, value, st)
 
     # ------------------------------------------------------------------ values flowing through operations
 
@@ -143,13 +144,13 @@ class TorchInterpreter(TorchState):
         for deco in fobj.props.get("decorators", []):
             for o in deco:
                 if o.kind == "ctx" and o.props["ctx"] == "grad":
-                    out.append(Ctx("grad", fnode, o.props.get("mode"), frame_id))
+                    out.append(Ctx("grad", fnode, o.props.get("mode"), frame_id, file=fobj.file))
                     break
                 if o.kind == "qual" and N.canonical(o.qual or "") in tensors.GRAD_OFF:
-                    out.append(Ctx("grad", fnode, "off", frame_id))
+                    out.append(Ctx("grad", fnode, "off", frame_id, file=fobj.file))
                     break
         if any(N.is_rank_zero_decorator(n) for n in fobj.props.get("decorator_names", ())):
-            out.append(Ctx("rank", fnode, "main", frame_id, 0, "global"))
+            out.append(Ctx("rank", fnode, "main", frame_id, 0, "global", file=fobj.file))
         return out
 
     def loop_info(self, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:

@@ -247,6 +247,24 @@ def _same(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) 
     return modules
 
 
+def _stats_reset(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("bn_stats_reset", node, target=(o,), how=name)
+    return (w.const(None, node),)
+
+
+def _modules_stats_reset(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("bn_stats_reset", node, target=modules, how=name)
+    return (w.const(None, node),)
+
+
+def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
+    """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next (precise BN)."""
+    if ident == "momentum" and isinstance(target, ast.Attribute) and value and all(
+        o.kind == "const" and o.value is None for o in value
+    ):
+        w.emit("bn_stats_reset", st, target=w.eval(target.value), how="momentum = None")
+
+
 MODULE_METHODS = {
     **dict.fromkeys(N.MODULE_MOVES, _move),
     "train": _mode,
@@ -259,6 +277,7 @@ MODULE_METHODS = {
     "module": _call_inner,
     "no_sync": _ctx("no_sync"),
     "join": _ctx("join"),
+    "reset_running_stats": _modules_stats_reset,
     **dict.fromkeys(("zero_grad", "apply", "requires_grad_", "share_memory", "compile"), _same),
 }
 
@@ -356,6 +375,7 @@ LATE_METHODS = {
     "load_state_dict": method(_obj_load_state_dict),
     "eval": method(_unresolved_mode, "unknown"),
     "train": method(_unresolved_mode, "unknown"),
+    "reset_running_stats": method(_stats_reset),
 }
 
 

@@ -15,22 +15,22 @@ class BindingMixin:
     """The naming half of `Interpreter`."""
 
     def lookup(self, name: str, node: ast.AST) -> Value:
-        frame = self.frame
+        frame = self.frames[-1]
         module_frame = self.module_frame_of(frame.file)
         if name in frame.globals_declared:
-            chain: list[Frame] = [module_frame]
+            if name in module_frame.locals:
+                return self.resolve_lazy(module_frame, name)
         else:
-            chain = []
+            # the enclosing scopes (class bodies only when they are the current scope), then the module's globals
             f: Frame | None = frame
+            seen_module = False
             while f is not None:
-                if not (f.is_class_body and f is not frame):
-                    chain.append(f)
+                if (f is frame or not f.is_class_body) and name in f.locals:
+                    return self.resolve_lazy(f, name)
+                seen_module = seen_module or f is module_frame
                 f = f.lexical
-            if module_frame not in chain:
-                chain.append(module_frame)
-        for f in chain:
-            if name in f.locals:
-                return self.resolve_lazy(f, name)
+            if not seen_module and name in module_frame.locals:
+                return self.resolve_lazy(module_frame, name)
         if module_frame.stars and name not in BUILTIN_NAMES:
             starred = self.from_stars(module_frame, name, node)
             if starred is not None:

@@ -77,10 +77,14 @@ class ExpressionsMixin:
         if node is None:
             return EMPTY
         self._visits += 1
-        handler = getattr(self, "ex_" + type(node).__name__, None)
+        handler = self._ex_handlers.get(node.__class__)
         if handler is None:
-            return (self.unknown(node),)
+            handler = getattr(self, "ex_" + node.__class__.__name__, None) or self._ex_unmodelled
+            self._ex_handlers[node.__class__] = handler
         return handler(node)
+
+    def _ex_unmodelled(self, node: ast.AST) -> Value:
+        return (self.unknown(node),)
 
     def _const_key(self, node: ast.AST) -> Any:
         return const_key(node)
@@ -267,7 +271,7 @@ class ExpressionsMixin:
         frame_id = self.frame.id
         sides: list[Value] = []
         for branch, part in ((0, node.body), (1, node.orelse)):
-            self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test))
+            self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test, file=self.frame.file))
             try:
                 sides.append(self.eval(part))
             finally:

@@ -61,6 +61,7 @@ class ImportsMixin:
             else:
                 lazy = self.new("lazy", st, label=name, props={"module": found, "name": alias.name})
                 self.bind_name(name, (lazy,))
+                self.frame.lazy.add(name)
 
     # ------------------------------------------------------------------ modules
 
@@ -144,6 +145,9 @@ class ImportsMixin:
     def resolve_lazy(self, frame: Frame, name: str) -> Value:
         """The value of `name` in `frame`, with lazy import bindings replaced by what they name (once)."""
         value = frame.locals[name]
+        if name not in frame.lazy:
+            return value
+        frame.lazy.discard(name)
         if not any(o.kind == "lazy" for o in value):
             return value
         out: list[Obj] = []

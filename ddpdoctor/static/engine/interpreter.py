@@ -65,6 +65,8 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         self._seq = itertools.count()
         self._frame_ids = itertools.count(1)
         self._visits = 0
+        self._ex_handlers: dict[type, Any] = {}  # node class → bound ex_/st_ method (dispatch without getattr)
+        self._st_handlers: dict[type, Any] = {}
         self._active: list[ast.AST] = []
         self._walked: set[ast.AST] = set()
         self._function_objs: dict[ast.AST, Obj] = {}
@@ -330,7 +332,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
                     return True
                 guard, self._guard = self._guard, None
                 if guard is not None:
-                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4]))
+                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4], file=self.frame.file))
                     pushed += 1
             return False
         finally:
@@ -339,7 +341,9 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
 
     def stmt(self, st: ast.stmt) -> bool:
         self._visits += 1
-        handler = getattr(self, "st_" + type(st).__name__, None)
+        handler = self._st_handlers.get(st.__class__, False)
+        if handler is False:
+            handler = self._st_handlers[st.__class__] = getattr(self, "st_" + st.__class__.__name__, None)
         if handler is None:
             return False
         depth = (len(self.ctx), len(self.frames), len(self._active), self.save_state())
@@ -453,7 +457,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         frame = self.frame
         before = dict(frame.locals)
         if kind:
-            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test))
+            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
         try:
             ended_body = self.block(st.body)
         finally:
@@ -462,7 +466,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         after_body = frame.locals
         frame.locals = dict(before)
         if kind:
-            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test))
+            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
         try:
             ended_else = self.block(st.orelse)
         finally:
@@ -490,7 +494,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         element = self.element_of(iterable, st)
         frame = self.frame
         before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, info, frame.id))
+        self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
         try:
             self.bind(st.target, element)
             self.block(st.body)
@@ -505,7 +509,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         test = self.eval(st.test)
         frame = self.frame
         before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test))
+        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test, file=self.frame.file))
         try:
             self.block(st.body)
         finally:
@@ -524,7 +528,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
                     if entered is not None and (o.kind != "ctx" or entered[0] not in kinds_here):
                         if o.kind == "ctx":
                             kinds_here.add(entered[0])
-                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id))
+                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id, file=self.frame.file))
                         pushed += 1
                 if item.optional_vars is not None:
                     self.bind(
@@ -539,7 +543,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
 
     def st_Try(self, st: ast.Try) -> bool:
         frame = self.frame
-        self.ctx.append(Ctx("try", st, None, frame.id))
+        self.ctx.append(Ctx("try", st, None, frame.id, file=self.frame.file))
         try:
             self.block(st.body)
         finally:
@@ -549,7 +553,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
             frame.locals = dict(after_body)
             if handler.name:
                 self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
-            self.ctx.append(Ctx("try", handler, None, frame.id))
+            self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
             try:
                 self.block(handler.body)
             finally:
@@ -568,7 +572,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         merged = dict(before)
         for i, case in enumerate(st.cases):
             frame.locals = dict(before)
-            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i))
+            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
             try:
                 self.block(case.body)
             finally:

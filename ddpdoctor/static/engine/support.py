@@ -49,6 +49,34 @@ class Args:
         return union(*self.pos, *self.kw.values())
 
 
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def walk(tree: ast.AST) -> list[ast.AST]:
+    """Every node of a tree in `ast.walk`'s breadth-first order, without the load/store context markers: a
+    plain list built in one loop (about twice as fast as `ast.walk`, which the index was spending most time in)."""
+    out: list[ast.AST] = [tree]
+    push = out.append
+    fields_of = _CHILD_FIELDS
+    i = 0
+    while i < len(out):
+        node = out[i]
+        i += 1
+        t = type(node)
+        names = fields_of.get(t)
+        if names is None:
+            names = fields_of[t] = tuple(f for f in t._fields if f != "ctx")
+        for name in names:
+            v = getattr(node, name, None)
+            if type(v) is list:
+                for x in v:
+                    if isinstance(x, ast.AST):
+                        push(x)
+            elif isinstance(v, ast.AST):
+                push(v)
+    return out
+
+
 class SourceIndex:
     """Facts about one file's tree gathered in a single walk, shared by the interpreter, the semantic model and
     the rules (each used to walk the whole tree again; on a 4,000-line script each walk cost as much as the
@@ -70,7 +98,7 @@ class SourceIndex:
         parts: list[str] = []
         docstrings: set[int] = set()
         append = parts.append
-        for node in ast.walk(tree):
+        for node in walk(tree):
             t = type(node)
             if t is ast.Name:
                 append(node.id)
