@@ -62,7 +62,7 @@ def reduce_mean(value):
 
 '''
 
-_SECTION = '''
+_SECTION = """
 
 class Block{k}(nn.Module):
     def __init__(self, cin, cout, stride=1):
@@ -239,9 +239,9 @@ def main_{k}(argv=None):
     trainer = Trainer{k}(args, dist.get_rank(), local_rank, dist.get_world_size())
     trainer.fit()
     dist.destroy_process_group()
-'''
+"""
 
-_BUGGY = '''
+_BUGGY = """
 
 def buggy_worker_{k}(rank, world_size):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -264,7 +264,7 @@ def buggy_worker_{k}(rank, world_size):
 def buggy_main_{k}():
     world_size = torch.cuda.device_count() or 2
     mp.spawn(buggy_worker_{k}, args=(world_size,), nprocs=world_size)
-'''
+"""
 
 
 def generate(target_lines: int) -> str:
@@ -278,7 +278,7 @@ def generate(target_lines: int) -> str:
         parts.append(section)
         lines += section.count("\n")
         k += 1
-    entry = "\n\nif __name__ == \"__main__\":\n" + "".join(f"    main_{i}()\n" for i in range(k))
+    entry = '\n\nif __name__ == "__main__":\n' + "".join(f"    main_{i}()\n" for i in range(k))
     return _HEADER.format(sections=k) + "".join(parts) + entry
 
 
@@ -320,7 +320,9 @@ def generate_project(target_lines: int, files: int) -> dict[str, str]:
         out[f"exp{f}.py"] = f'"""Experiments of module {f}."""\n\n' + _COMMON_IMPORTS + "".join(sections)
     imports = "".join(f"from exp{f} import main_{i}\n" for f, i in entry_imports)
     calls = "".join(f"    main_{i}()\n" for _, i in entry_imports)
-    out["main.py"] = '"""Entry script: runs every experiment."""\n\n' + imports + '\n\nif __name__ == "__main__":\n' + calls
+    out["main.py"] = (
+        '"""Entry script: runs every experiment."""\n\n' + imports + '\n\nif __name__ == "__main__":\n' + calls
+    )
     return out
 
 
@@ -351,14 +353,27 @@ def _parse_floor(files: list[Path]) -> list[str]:
 
 
 def _check(paths: list[Path], cwd: Path) -> list[str]:
-    return [sys.executable, "-m", "ddpdoctor", "check", "--static", *map(str, paths), "--format", "json", "--fail-on", "critical"]
+    return [
+        sys.executable,
+        "-m",
+        "ddpdoctor",
+        "check",
+        "--static",
+        *map(str, paths),
+        "--format",
+        "json",
+        "--fail-on",
+        "critical",
+    ]
 
 
 def _report(label: str, target: float, floor: tuple[float, float, float], run: tuple[float, float, float]) -> bool:
     ok = run[0] <= target
     print(f"{label}")
-    print(f"  ddpdoctor check --static  best {run[0]:6.3f} s  median {run[1]:6.3f} s  (CPU {run[2]:6.3f} s)  "
-          f"target <= {target:.1f} s: {'met' if ok else 'NOT met'}")
+    print(
+        f"  ddpdoctor check --static  best {run[0]:6.3f} s  median {run[1]:6.3f} s  (CPU {run[2]:6.3f} s)  "
+        f"target <= {target:.1f} s: {'met' if ok else 'NOT met'}"
+    )
     print(f"  floor: python + ast.parse best {floor[0]:6.3f} s  median {floor[1]:6.3f} s  (CPU {floor[2]:6.3f} s)")
     return ok
 
@@ -396,12 +411,15 @@ def main() -> int:
             _time(_parse_floor([script]), args.runs, env, root),
             _time(_check([script], root), args.runs, env, root),
         )
-        ok = _report(
-            f"a project of {len(project_files)} files / {n_project} lines (check --static DIR), {args.runs} runs",
-            1.0,
-            _time(_parse_floor(project_files), args.runs, env, root),
-            _time(_check([project], root), args.runs, env, root),
-        ) and ok
+        ok = (
+            _report(
+                f"a project of {len(project_files)} files / {n_project} lines (check --static DIR), {args.runs} runs",
+                1.0,
+                _time(_parse_floor(project_files), args.runs, env, root),
+                _time(_check([project], root), args.runs, env, root),
+            )
+            and ok
+        )
 
         from ddpdoctor.static import analyze_paths
 
@@ -409,8 +427,10 @@ def main() -> int:
         by_rule: dict[str, int] = {}
         for f in result.findings:
             by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
-        print(f"  project findings: {len(result.findings)} ({', '.join(f'{r}x{n}' for r, n in sorted(by_rule.items()))}) "
-              f"in {len({f.file for f in result.findings})} files")
+        print(
+            f"  project findings: {len(result.findings)} ({', '.join(f'{r}x{n}' for r, n in sorted(by_rule.items()))}) "
+            f"in {len({f.file for f in result.findings})} files"
+        )
     imported = "torch" in sys.modules
     print(f"torch imported by static analysis: {imported}")
     return 1 if imported else (0 if ok else 3)

@@ -206,8 +206,24 @@ def test_the_probe_and_static_analysis_meet_at_the_helper_line(tmp_path: Path, m
     monkeypatch.chdir(tmp_path / "proj")
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     (tmp_path / "out").mkdir()
-    code = main(["check", "main.py", "--format", "json", "--nproc", "2", "--epochs", "1", "--steps", "2",
-                 "--fail-on", "critical", "--timeout", "240"])
+    code = main(
+        [
+            "check",
+            "main.py",
+            "--format",
+            "json",
+            "--nproc",
+            "2",
+            "--epochs",
+            "1",
+            "--steps",
+            "2",
+            "--fail-on",
+            "critical",
+            "--timeout",
+            "240",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     saves = [f for f in report["findings"] if f["rule"] == "DD502"]

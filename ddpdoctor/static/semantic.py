@@ -200,3 +200,4 @@ class Frame:
     call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any
     stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`
     lazy: set[str] = field(default_factory=set)  # names bound by `from m import name` not yet resolved
+    yields: list[Value] = field(default_factory=list)  # what a generator's body yields

@@ -16,7 +16,7 @@ from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
 from ddpdoctor.static.project import Project
-from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
+from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, WORLD_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
 API_MODULES = (nn, optim, data, distributed, environ, cli, tensors, paths)
@@ -90,6 +90,8 @@ class TorchInterpreter(TorchState):
 
     def attribute_facts(self, base: Obj, ident: str | None) -> tuple[frozenset[str], dict[str, Any]]:
         tags = N.name_tags(ident)
+        if ident is None:  # an item of a value computed from the world size is too (`lr_schedule[it]`)
+            tags = tags | (base.tags & (WORLD_TAGS | {"rank_dep"}))
         props: dict[str, Any] = {"rank_direct": bool(tags & PER_RANK_TAGS)}
         tags = cli.attribute_facts(self, base, ident, tags, props)
         if base.props.get("loaded") or base.props.get("from_load"):

@@ -259,8 +259,11 @@ def _modules_stats_reset(w: TorchState, modules: Value, name: str, node: ast.Cal
 
 def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
     """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next (precise BN)."""
-    if ident == "momentum" and isinstance(target, ast.Attribute) and value and all(
-        o.kind == "const" and o.value is None for o in value
+    if (
+        ident == "momentum"
+        and isinstance(target, ast.Attribute)
+        and value
+        and all(o.kind == "const" and o.value is None for o in value)
     ):
         w.emit("bn_stats_reset", st, target=w.eval(target.value), how="momentum = None")
 

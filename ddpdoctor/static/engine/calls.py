@@ -227,7 +227,13 @@ class CallsMixin:
                 result = self.eval(fnode.body)
             else:
                 self.block(fnode.body)
-                result = self.capped(union(*frame.returns)) if frame.returns else (self.const(None, node),)
+                if self.is_generator(fnode):
+                    # a generator: what it yields, and what it was given to iterate (`log_every(loader)`)
+                    yields = self.capped(union(*frame.yields))
+                    label = f"{fobj.props['qualname']}()"
+                    result = (self.unknown(node, label=label, call_args=args, yields=yields),)
+                else:
+                    result = self.capped(union(*frame.returns)) if frame.returns else (self.const(None, node),)
         finally:
             self._active.pop()
             self.frames.pop()
@@ -235,6 +241,21 @@ class CallsMixin:
                 del self.ctx[len(self.ctx) - pushed :]
         self._summaries[fnode] = self.capped(union(self._summaries.get(fnode, EMPTY), result))
         return result
+
+    def is_generator(self, fnode: ast.AST) -> bool:
+        """A function whose own body yields (not a function or class nested in it)."""
+        found = self._generators.get(fnode)
+        if found is None:
+            found = False
+            stack = list(ast.iter_child_nodes(fnode))
+            while stack and not found:
+                n = stack.pop()
+                if isinstance(n, (ast.Yield, ast.YieldFrom)):
+                    found = True
+                elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                    stack.extend(ast.iter_child_nodes(n))
+            self._generators[fnode] = found
+        return found
 
     def _bind_params(self, frame: Frame, fobj: Obj, args: Args, self_obj: Value | None) -> None:
         fnode = fobj.props["node"]
@@ -525,6 +546,8 @@ class CallsMixin:
             modelled = self.element_model(o, node)
             if modelled is not None:
                 out.extend(modelled)
+            elif o.props.get("yields"):
+                out.extend(o.props["yields"])
             elif kind == "enumerate":
                 out.append(
                     self.new(

@@ -340,7 +340,8 @@ class ExpressionsMixin:
 
     def ex_Yield(self, node: ast.Yield | ast.YieldFrom) -> Value:
         if node.value is not None:
-            self.eval(node.value)
+            value = self.eval(node.value)
+            self.frame.yields.append(self.element_of(value, node) if isinstance(node, ast.YieldFrom) else value)
         return (self.unknown(node),)
 
     ex_YieldFrom = ex_Yield

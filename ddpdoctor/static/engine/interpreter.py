@@ -78,6 +78,7 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         self._texts: dict[int, str] = {}
         self._inlined: dict[ast.AST, int] = {}
         self._summaries: dict[ast.AST, Value] = {}
+        self._generators: dict[ast.AST, bool] = {}
         self._method_class: dict[ast.AST, ast.ClassDef] = {}
         self._bare_calls: set[int] = set()  # calls whose result is thrown away (`model.load_state_dict(sd)`)
         # files read (display path → file), their modules, and the global scope of each module
@@ -308,7 +309,11 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
             node, negate = node.operand, not negate
         frame = self.frame
         fnode = frame.node
-        if not isinstance(node, ast.Name) or frame.call_site is None or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if (
+            not isinstance(node, ast.Name)
+            or frame.call_site is None
+            or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
             return None
         spec = fnode.args
         params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
@@ -332,7 +337,9 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
                     return True
                 guard, self._guard = self._guard, None
                 if guard is not None:
-                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4], file=self.frame.file))
+                    self.ctx.append(
+                        Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4], file=self.frame.file)
+                    )
                     pushed += 1
             return False
         finally:
