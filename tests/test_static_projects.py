@@ -154,7 +154,7 @@ def test_dashdash_still_separates_script_arguments_from_paths(monkeypatch, capsy
 def test_sys_path_additions_become_import_roots_but_installed_packages_never(tmp_path: Path) -> None:
     model = build_project_model(PROJECTS / "sys_path_root" / "scripts" / "train.py")
     assert any(name.endswith("lib/data.py") for name in model.sources)
-    added = [ev for ev in model.of("sys_path")]
+    added = model.of("sys_path")
     assert added and added[0].data["added"] is True
     script = tmp_path / "train.py"
     site = Path(json.__file__).parent.parent  # the standard library

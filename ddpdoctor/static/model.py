@@ -9,9 +9,10 @@ wrapped before this line — and build findings with `finding()`, which takes se
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
@@ -36,7 +37,7 @@ class ScriptModel:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> "ScriptModel":
+    def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> ScriptModel:
         """Interpret the script; `assume` gives facts the source cannot (see `TorchInterpreter`)."""
         file = SourceFile(filename, source, tree)
         interp = TorchInterpreter(file, assume)

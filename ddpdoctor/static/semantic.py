@@ -9,8 +9,9 @@ user's vocabulary (module, wrapper, optimizer, sampler, loader…), `tags` that 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 Value = tuple["Obj", ...]
 EMPTY: Value = ()
@@ -32,10 +33,10 @@ class Family:
     mode: str | None = "train"  # "train" | "eval" | None (unknown)
     has_bn: bool | None = None
     syncbn_line: int | None = None
-    members: list["Obj"] = field(default_factory=list)
+    members: list[Obj] = field(default_factory=list)
 
     @property
-    def wrappers(self) -> list["Obj"]:
+    def wrappers(self) -> list[Obj]:
         return [m for m in self.members if m.kind == "wrapper"]
 
     @property
@@ -126,7 +127,7 @@ class Ctx(NamedTuple):
     frame: int
     branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
     scope: str | None = None
-    test: "Value" = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
+    test: Value = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
     file: str = ""  # the file `node` is in
 
 
@@ -153,7 +154,7 @@ class Event:
     def in_ctx(self, kind: str) -> list[Ctx]:
         return [c for c in self.ctx if c.kind == kind]
 
-    def exclusive_with(self, other: "Event") -> bool:
+    def exclusive_with(self, other: Event) -> bool:
         """True when the two events sit on different sides of the same branch in the same call, so one run
         never executes both (`if distributed: model = DDP(model) else: model.cuda()`)."""
         for a in self.ctx:
@@ -188,7 +189,7 @@ class Frame:
     id: int
     name: str
     locals: dict[str, Value]
-    lexical: "Frame | None"
+    lexical: Frame | None
     node: ast.AST | None = None
     returns: list[Value] = field(default_factory=list)
     globals_declared: set[str] = field(default_factory=set)

@@ -29,9 +29,8 @@ from typing import Any
 
 from ddpdoctor.static.engine.binding import BindingMixin
 from ddpdoctor.static.engine.calls import CallsMixin
-from ddpdoctor.static.engine.expressions import ExpressionsMixin
+from ddpdoctor.static.engine.expressions import ExpressionsMixin, truth_of
 from ddpdoctor.static.engine.hooks import Hooks
-from ddpdoctor.static.engine.expressions import truth_of
 from ddpdoctor.static.engine.imports import ImportsMixin
 from ddpdoctor.static.engine.support import (
     VISIT_BUDGET,
