@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 
-from ddpdoctor.probe import launch_check
+from ddpdoctor.probe import launch_check, launch_env
 from ddpdoctor.probe.instrument import instrument_process
 from ddpdoctor.probe.procs import die_with_parent
 from ddpdoctor.probe.session import user_frame_of
@@ -49,6 +49,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         die_with_parent()  # our launcher's processes never outlive it; under the user's launcher, theirs decide
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
+    contract = launch_env.apply(settings)
+    if contract is not None:
+        probe.emit("launch_env", **contract)
     script_abs = os.path.abspath(script)
     injected: list[str] = []
     if settings.local_rank_arg:

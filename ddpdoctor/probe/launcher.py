@@ -433,6 +433,7 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
         script=str(cfg.script),
         local_rank_arg=plan.local_rank_option or "",
         launch_check=1 if plan.mode == "spawn" else 0,
+        launcher=plan.launcher,
     )
     meta = meta_for(cfg, plan, plan.mode)
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)

@@ -15,6 +15,9 @@ or runs it).
   launcher's variables (`if "RANK" in os.environ`) means the script supports torchrun: it gets torchrun.
 - A script whose argparse parser declares --local_rank / --local-rank gets `--local_rank=N`, as
   torch.distributed.launch passed it (torchrun does not).
+- A script that imports Horovod is launched the way `horovodrun -np N` launches it: one process per slot whose
+  environment has Horovod's contract (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ...) and not torchrun's
+  (no RANK, WORLD_SIZE, MASTER_ADDR...): `launcher` is "horovodrun" (ddpdoctor.probe.launch_env applies it).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class LaunchPlan:
     reason: str = ""
     # the guard of the spawn call could not be settled from the source: the single launch checks it at run time
     decided_at_runtime: bool = False
+    # whose environment contract each process gets: "torchrun" (RANK, WORLD_SIZE, ...) or "horovodrun" (HOROVOD_*)
+    launcher: str = "torchrun"
 
     @property
     def mode(self) -> str:
@@ -66,6 +71,7 @@ class LaunchPlan:
             "local_rank_line": self.local_rank_line,
             "reason": self.reason,
             "decided_at_runtime": self.decided_at_runtime,
+            "launcher": self.launcher,
         }
 
 
@@ -76,6 +82,7 @@ class _Scanner(ast.NodeVisitor):
         self.reads_env = False
         self.init_pg = False
         self.local_rank: tuple[str, int] | None = None
+        self.horovod = False
 
     @property
     def spawn_line(self) -> int | None:
@@ -83,6 +90,7 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
+            self.horovod |= a.name.split(".")[0] == "horovod"
             if a.asname:
                 self.aliases[a.asname] = a.name
             else:
@@ -91,6 +99,7 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module and not node.level:
+            self.horovod |= node.module.split(".")[0] == "horovod"
             for a in node.names:
                 self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
 
@@ -607,6 +616,12 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2) -> Launch
     s = _Scanner()
     s.visit(tree)
     local_rank = s.local_rank
+    if s.horovod and not s.spawn_calls:
+        return LaunchPlan(
+            reads_launcher_env=s.reads_env, inits_process_group=s.init_pg, launcher="horovodrun",
+            reason="it imports Horovod: one process per slot with Horovod's environment, as `horovodrun -np N` "
+            "starts it",
+        )
     common = dict(
         spawn_line=s.spawn_line,
         reads_launcher_env=s.reads_env,
