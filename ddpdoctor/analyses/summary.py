@@ -17,7 +17,7 @@ EMULATION_WORDS = {
     "autocast_cuda": "autocast(cuda) → CPU autocast",
     "grad_scaler": "GradScaler on CPU",
     "map_location": "torch.load onto CPU",
-    "data_parallel": "DataParallel runs the module once",
+    "data_parallel": "DataParallel replicas run one after another",
 }
 
 

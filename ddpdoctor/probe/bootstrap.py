@@ -22,7 +22,7 @@ from ddpdoctor.probe.session import user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
 
-ROLES = {"torchrun": "rank", "spawn": "main", "attach": "attached"}
+ROLES = {"torchrun": "rank", "spawn": "main", "single": "rank", "attach": "attached"}
 
 
 def _export_for_children(settings: ProbeSettings) -> None:
@@ -45,7 +45,7 @@ def _join_threads(deadline: float) -> None:
 
 def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
-    if settings.mode in ("torchrun", "spawn"):
+    if settings.mode in ("torchrun", "spawn", "single"):
         die_with_parent()  # our launcher's processes never outlive it; under the user's launcher, theirs decide
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))

@@ -238,6 +238,8 @@ class Probe:
         self.world_size: int | None = (
             int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None
         )
+        if settings.mode == "single" and self.rank is None:
+            self.rank, self.world_size = 0, 1  # the one process that trains (DataParallel drives every GPU)
         self.patcher = Patcher()
         self.registry = Registry()
         self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions

@@ -18,7 +18,7 @@ RUN_TAG_ENV = "DDPDOCTOR_RUN_TAG"
 class ProbeSettings:
     run_dir: str
     run_tag: str = ""
-    mode: str = "torchrun"  # torchrun | spawn | attach
+    mode: str = "torchrun"  # torchrun | spawn | single | attach
     epochs: int = 2  # 0 = no limit
     steps: int = 4  # 0 = no limit
     device: str = "auto"  # auto | cpu | cuda
