@@ -357,21 +357,6 @@ EVENT_KINDS: dict[str, EventKind] = {
             "existed at the conversion (an optimizer built before a cloning conversion), or null",
             optimizers="optimizers that existed at the conversion",
         ),
-        _k(
-            "converted_bn_check",
-            "at the first optimizer step after a conversion by a converter other than torch's: are the parameters "
-            "the converted layers use held by an optimizer? (what DD216 measures)",
-            converter="the converter",
-            site="where it was called",
-            step="optimizer steps completed",
-            layers="converted layers still alive",
-            params_in_optimizer="fraction of the converted layers' weight/bias held by some optimizer",
-            replaced_params_in_optimizer="fraction of the replaced (old) layers' parameters held by some optimizer",
-            weights="first weight and bias value of each converted layer (first 16 layers)",
-        ),
-        _k("converted_bn_final", "the converted layers' weights at the end of the run (did training move them?)",
-           converter="the converter", site="where it was called", step="optimizer steps completed",
-           layers="converted layers still alive", weights="as converted_bn_check.weights"),
         _k("syncbn_registered_in_ddp", "a SyncBatchNorm was registered under a module already wrapped by DDP",
            ddp="probe id", name="child name", parent_class="class of the parent module", site="call site"),
         _k(

@@ -271,7 +271,9 @@ def _syncs(layer: _Layer, module: Any) -> bool:
             layer.group_ranks = None
         # PyTorch's own SyncBatchNorm raises on a non-GPU input once a process group exists (whatever its size):
         # it would here if the script itself kept the layer on the CPU.
-        layer.would_raise = layer.placed == "cpu"
+        from torch.nn import SyncBatchNorm as TorchSyncBatchNorm
+
+        layer.would_raise = layer.placed == "cpu" and isinstance(module, TorchSyncBatchNorm)
     return layer.group_size > 1
 
 

@@ -159,10 +159,6 @@ def _registered(probe: Probe, owner: tuple[int, str], parent: Any, name: str, su
         )
 
 
-def _params_of(layers: list[Any]) -> set[int]:
-    return {id(p) for m in layers for p in m.parameters(recurse=False)}
-
-
 def _optimizer_params(probe: Probe) -> set[int]:
     held: set[int] = set()
     for ref, _pid in list(probe.registry.optimizers.values()):
@@ -174,22 +170,17 @@ def _optimizer_params(probe: Probe) -> set[int]:
 
 def record_conversion(probe: Probe, before: Any, result: Any, pairs: list[tuple[Any, Any]], site: Any,
                       converter: str) -> None:
-    """A converter other than torch's (apex's convert_syncbn_model) replaced `pairs` (old, new) BatchNorm layers.
-    Recorded now: whether it cloned weight/bias and whether an optimizer built earlier holds the replaced ones;
-    at the next optimizer step (`converted_bn_check`): whether any optimizer holds the parameters the converted
-    layers actually use."""
-    import weakref
-
+    """A converter other than torch's (apex's convert_syncbn_model) replaced `pairs` (old, new) BatchNorm layers:
+    the same `sync_bn_convert` event as torch's converter (what DD101 reads), plus whether it cloned weight and
+    bias and whether an optimizer built before it holds the replaced ones. (The bn_conversion recorder follows
+    every converted layer to the first optimizer step.)"""
     is_wrapper = any(rec.ddp is before for rec in probe.registry.live_ddps())
     target = getattr(before, "module", before) if is_wrapper else before
     owner = probe.registry.owner_of(target)
     owned_by = owner[0] if owner is not None else probe.registry.ddp_owning_params(
         list(target.parameters()) if hasattr(target, "parameters") else [])
-    old_layers = [old for old, _ in pairs]
-    new_layers = [new for _, new in pairs]
     cloned = sum(1 for old, new in pairs if getattr(old, "weight", None) is not None and new.weight is not old.weight)
-    held = _optimizer_params(probe)
-    old_params = _params_of(old_layers)
+    old_params = {id(p) for old, _ in pairs for p in old.parameters(recurse=False)}
     syncbn = sum(1 for m in result.modules() if is_sync_batchnorm(m)) if hasattr(result, "modules") else 0
     probe.emit(
         "sync_bn_convert",
@@ -201,48 +192,6 @@ def record_conversion(probe: Probe, before: Any, result: Any, pairs: list[tuple[
         converted=len(pairs),
         syncbn_layers=syncbn,
         cloned_params=cloned,
-        replaced_params_in_optimizer=_fraction(old_params, held),
+        replaced_params_in_optimizer=_fraction(old_params, _optimizer_params(probe)),
         optimizers=len(probe.registry.optimizers),
     )
-    if not pairs:
-        return
-    refs = [weakref.ref(m) for m in new_layers]
-    old_refs = [weakref.ref(m) for m in old_layers]
-    done = {"checked": False}
-
-    def check(optimizer: Any) -> None:
-        if done["checked"]:
-            return
-        done["checked"] = True
-        layers = [m for m in (r() for r in refs) if m is not None]
-        replaced = [m for m in (r() for r in old_refs) if m is not None]
-        held_now = _optimizer_params(probe)
-        probe.emit(
-            "converted_bn_check",
-            converter=converter,
-            site=site,
-            step=probe.steps,
-            layers=len(layers),
-            params_in_optimizer=_fraction(_params_of(layers), held_now),
-            replaced_params_in_optimizer=_fraction(_params_of(replaced), held_now),
-            weights=_weight_sample(layers),
-        )
-        probe.end_hooks.append(lambda: _converted_end(probe, refs, converter, site))
-
-    probe.step_hooks.append(check)
-
-
-def _weight_sample(layers: list[Any]) -> list[float]:
-    """The first weight and bias value of each converted layer (capped): did training move them?"""
-    out: list[float] = []
-    for m in layers[:16]:
-        for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
-            if p is not None and p.numel():
-                out.append(float(p.detach().reshape(-1)[0].double().cpu()))
-    return out
-
-
-def _converted_end(probe: Probe, refs: list[Any], converter: str, site: Any) -> None:
-    layers = [m for m in (r() for r in refs) if m is not None]
-    probe.emit("converted_bn_final", converter=converter, site=site, step=probe.steps, layers=len(layers),
-               weights=_weight_sample(layers))
