@@ -398,8 +398,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         # --- parameters (probe/recorders/params.py)
         _k(
             "params",
-            "digest of the model parameters after an optimizer step",
-            step="global step",
+            "digest of the model parameters after an optimizer step, and once before the first one (step 0)",
+            step="global step (0 = the initial weights, just before the first optimizer step)",
             digest="blake2b of the parameter bytes (or of a strided sample, see sampled)",
             numel="elements covered",
             sampled="digest covers a strided sample",
