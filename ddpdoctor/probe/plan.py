@@ -18,6 +18,13 @@ arguments set them. Never imports or runs the script.
   launcher's variables (`if "RANK" in os.environ`) means the script supports torchrun: it gets torchrun.
 - A script whose argparse parser declares --local_rank / --local-rank gets `--local_rank=N`, as
   torch.distributed.launch passed it (torchrun does not).
+- A script that trains with nn.DataParallel and never initialises a process group (no spawn, no launcher variable
+  read) is one process driving every GPU: it is started once (mode "single"), as `python train.py`, and that
+  process is rank 0 of a world of one; under CUDA emulation it sees N GPUs. If it turns out to need a launcher
+  after all (launch_check), it is relaunched under torchrun.
+- A script that imports Horovod is launched the way `horovodrun -np N` launches it: one process per slot whose
+  environment has Horovod's contract (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ...) and not torchrun's
+  (no RANK, WORLD_SIZE, MASTER_ADDR...): `launcher` is "horovodrun" (ddpdoctor.probe.launch_env applies it).
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ from ddpdoctor.static.engine.expressions import NOT_COMPUTED, known_value, truth
 
 LAUNCHER_ENV = N.LAUNCHER_ENV
 LOCAL_RANK_OPTIONS = N.LOCAL_RANK_OPTIONS
+DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"  # the functional form, canonical name
+
+
+def _place(ev: Any, model: Any) -> str:
+    return f"line {ev.line}" if ev.file == model.filename else f"{ev.file}:{ev.line}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,10 +63,16 @@ class LaunchPlan:
     reason: str = ""
     # the guard of the spawn call could not be settled from the source: the single launch checks it at run time
     decided_at_runtime: bool = False
+    # whose environment contract each process gets: "torchrun" (RANK, WORLD_SIZE, ...) or "horovodrun" (HOROVOD_*)
+    launcher: str = "torchrun"
+    # one process drives every GPU (nn.DataParallel without a process group): started once, as `python train.py`
+    single_process: bool = False
 
     @property
     def mode(self) -> str:
-        return "spawn" if self.spawns_own_ranks else "torchrun"
+        if self.spawns_own_ranks:
+            return "spawn"
+        return "single" if self.single_process else "torchrun"
 
     def to_json(self) -> dict:
         return {
@@ -66,6 +84,8 @@ class LaunchPlan:
             "local_rank_line": self.local_rank_line,
             "reason": self.reason,
             "decided_at_runtime": self.decided_at_runtime,
+            "launcher": self.launcher,
+            "single_process": self.single_process,
         }
 
 
@@ -327,6 +347,26 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
         if declared:
             local_rank = (declared[0], ev.line)
             break
+    if any(m.split(".")[0] == "horovod" for m in model.imported) and not spawns:
+        return LaunchPlan(
+            reads_launcher_env=reads_env,
+            inits_process_group=inits,
+            launcher="horovodrun",
+            reason="it imports Horovod: one process per slot with Horovod's environment, as `horovodrun -np N` "
+            "starts it",
+        )
+    data_parallel = [ev for ev in model.of("wrap") if ev.data["wrapper_kind"] == "dp"] + [
+        ev for ev in model.of("call") if ev.data.get("qual") == DATA_PARALLEL_FUNCTION
+    ]
+    if data_parallel and not spawns and not inits and not reads_env:
+        first = min(data_parallel, key=lambda ev: ev.seq)
+        return LaunchPlan(
+            local_rank_line=local_rank[1] if local_rank else None,
+            local_rank_declared=local_rank[0] if local_rank else None,
+            single_process=True,
+            reason=f"it trains with nn.DataParallel ({_place(first, model)}) and never initialises a process "
+            "group: one process drives every GPU, so it was started once, as `python train.py`",
+        )
     spawn_line = spawns[0].line if spawns else None
     in_helper = bool(spawns) and spawns[0].file != model.filename
     spawn_place = f"{spawns[0].file}:{spawn_line}" if in_helper else f"line {spawn_line}"
