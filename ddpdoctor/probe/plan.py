@@ -368,8 +368,7 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
             "group: one process drives every GPU, so it was started once, as `python train.py`",
         )
     spawn_line = spawns[0].line if spawns else None
-    in_helper = bool(spawns) and spawns[0].file != model.filename
-    spawn_place = f"{spawns[0].file}:{spawn_line}" if in_helper else f"line {spawn_line}"
+    spawn_place = _place(spawns[0], model) if spawns else f"line {spawn_line}"
     common: dict[str, Any] = {
         "spawn_line": spawn_line,
         "reads_launcher_env": reads_env,
