@@ -584,8 +584,8 @@ _HANDLERS: dict[Any, Callable[[_Emulation, Any, tuple, dict], Any]] = {
 class _CudaOnCpuMode(TorchFunctionMode):
     """Maps CUDA devices to the CPU in every torch call of the threads it is active in.
 
-    Hot path: one dict lookup and, only when keyword arguments are present, a membership test (FACTS.md: ~1 µs
-    per op). After `undo` it passes everything through, so threads still holding it behave like plain torch.
+    Hot path: one dict lookup and, only when keyword arguments are present, a membership test (~1 µs per op:
+    docs/facts.md#running-cuda-scripts-on-cpu). After `undo` it passes everything through, so threads still holding it behave like plain torch.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

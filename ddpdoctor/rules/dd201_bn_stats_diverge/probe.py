@@ -8,8 +8,9 @@ near zero, where a relative error says nothing), for running_var relative. What 
 - `False` (or BN layers outside any DDP model): nothing reconciles the ranks' statistics; any difference above
   1e-3 is reported — it grows over the whole run.
 - `True` (the default): DDP broadcasts rank 0's buffers at the start of every forward and each rank then applies
-  its own batch's update, so ranks always end one local update apart (FACTS.md: 0.13 on a plain DDP run; 0.33
-  std of the first layer's running_mean in the bn_iid_default fixture).
+  its own batch's update, so ranks always end one local update apart (0.13 on a plain DDP run,
+  docs/facts.md#batchnorm-buffers-under-plain-ddp; 0.33 std of the first layer's running_mean in the bn_iid_default
+  fixture).
   That difference is expected and not reported. The analysis reconstructs the statistics each rank held *before*
   its last update, S = (final - f * batch statistic) / (1 - f) from the recorded batch moments and the layer's
   momentum f; when they agree across ranks (to 1e-4) the broadcast works. When they do not, the broadcast never
