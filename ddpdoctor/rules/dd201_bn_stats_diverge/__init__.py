@@ -11,6 +11,10 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD201"
 
+# The probe half's thresholds.
+MATERIAL = 1e-3  # difference (std for means, relative for variances) below which diverging statistics are harmless
+ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off amplified by 1 / (1 - f)
+
 RULE = Rule(
     package=__name__,
     code=CODE,

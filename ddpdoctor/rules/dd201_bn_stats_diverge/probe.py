@@ -31,10 +31,7 @@ from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.bn.stats import relative_error
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.rules.dd201_bn_stats_diverge import CODE
-
-MATERIAL = 1e-3  # difference (std for means, relative for variances) below which diverging statistics are harmless
-ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off amplified by 1 / (1 - f)
+from ddpdoctor.rules.dd201_bn_stats_diverge import ALIGNED, CODE, MATERIAL
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

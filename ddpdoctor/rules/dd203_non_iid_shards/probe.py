@@ -31,12 +31,9 @@ import numpy as np
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.bn.stats import rank_effect_test
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Confidence, Finding, Severity
-from ddpdoctor.rules.dd203_non_iid_shards import CODE
-
-SURE = 1e-9
-MATERIAL_EFFECT = 0.1  # ranks' channel means at least this many within-batch standard deviations apart
+from ddpdoctor.rules import get_rule
+from ddpdoctor.rules.dd203_non_iid_shards import CODE, MATERIAL_EFFECT, SURE
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
