@@ -6,9 +6,9 @@ Pure: reads `ddpdoctor.events.RunData`; no torch.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
@@ -29,8 +29,11 @@ PEER_ERROR_MARKERS = (
 )
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Settings:
+    """What the analyses are told besides the events: the probe's limits and the single-process recipe, as the
+    run recorded them (meta.json), each replaceable when the run is re-analysed (`ddpdoctor report --base-lr`)."""
+
     nproc: int = 2
     epochs: int = 2
     steps: int = 4
@@ -38,6 +41,18 @@ class Settings:
     base_batch: int | None = None
     lr_scaling: str = "auto"
     small_bn_batch: int = SMALL_BN_BATCH
+
+    @classmethod
+    def of_run(cls, meta: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> "Settings":
+        """The recorded values (unset ones keep the defaults), then `overrides` (None values ignored). An override
+        that is not a setting is a TypeError: a caller's typo must not pass silently."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(overrides or ()) - names
+        if unknown:
+            raise TypeError(f"not an analysis setting: {', '.join(sorted(unknown))}")
+        values = {k: meta[k] for k in names if meta.get(k) is not None}
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**values)
 
 
 @dataclass
