@@ -22,6 +22,7 @@ import numpy as np
 
 from ddpdoctor.bn.stats import RunningStats, combine_moments, relative_error, replay_running_stats
 from ddpdoctor.events import RunData
+from ddpdoctor.formatting import fmt_sig
 
 
 @dataclass
@@ -530,16 +531,6 @@ def finite(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return "n/a"
-    if x == 0:
-        return "0"
-    if abs(x) >= 0.01 and abs(x) < 1000:
-        return f"{x:.{digits}g}" if abs(x) < 1 else f"{x:.{digits + 1}g}"
-    return f"{x:.{digits}g}"
-
-
 _MEMO: dict[str, Any] = {"run": None}
 
 
@@ -650,9 +641,9 @@ def bn_table(ctx: Any) -> dict[str, Any] | None:
             {"plain": "BN", "sync": "SyncBN", "emulated_sync": "SyncBN*"}.get(layer.kind, layer.kind),
             local,
             norm,
-            fmt(cmp["max_mean_std"]) if cmp else "n/a",
-            fmt(cmp["max_var"]) if cmp else "n/a",
-            fmt(spread["max"]) if spread else "n/a",
+            fmt_sig(cmp["max_mean_std"]) if cmp else "n/a",
+            fmt_sig(cmp["max_var"]) if cmp else "n/a",
+            fmt_sig(spread["max"]) if spread else "n/a",
             (f"{p:.1e}" if p < 1e-3 else f"{p:.2f}") if p is not None else "n/a",
         ])
         scores.append(max(cmp["max_mean_std"], cmp["max_var"]) if cmp else 0.0)

@@ -31,6 +31,7 @@ from typing import Any, Iterable
 from ddpdoctor import __version__
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding, rank_findings
+from ddpdoctor.formatting import fmt_err, fmt_p
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
 
@@ -527,27 +528,6 @@ def _worst(
         if v is not None and (best[0] is None or v > best[1]):
             best = (layer, v)
     return best
-
-
-def fmt_err(x: float | None) -> str:
-    """Relative errors the way people read them: percentages when large, powers of ten when tiny."""
-    if x is None:
-        return "-"
-    if math.isinf(x):
-        return "inf"
-    if x == 0:
-        return "0"
-    if x >= 1e-3:
-        return f"{100 * x:.3g}%"
-    return f"{x:.1e}"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    if p == 0:
-        return "<1e-300"
-    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
 @dataclass(frozen=True)
