@@ -60,8 +60,13 @@ Decisions worth knowing:
 itself), "cuda_rng_state_ignored", "pin_memory", "data_parallel". `detail` holds JSON values only. An exception
 raised by `notify` is swallowed: the recorder's problems must never break the user's run.
 
-`undo()` restores every patched attribute in reverse order (pytest-monkeypatch style). Patches installed later
-by others (the recorder) must be undone before it.
+`undo()` restores every patched attribute in reverse order (`ddpdoctor.probe.patching.Patcher`). Patches installed
+later by others (the recorder) must be undone before it.
+
+Size: one module (~1,200 lines) because the emulation is one state (the emulated devices, the current device, the
+placement map, the generators) that every patch reads, installed and undone as a whole under one lock; its
+sections follow the list above (devices and streams, state, the device-mapping mode, torch.cuda replacements,
+distributed and SyncBN, autocast and serialization, tensor methods and threads, the entry point).
 """
 
 from __future__ import annotations
