@@ -193,7 +193,8 @@ def compare_bn(
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
-    from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.report.compare_bn import render_compare
 
     cfg = CompareConfig(
         model=model,
