@@ -16,9 +16,8 @@ PENDING_ARROWS: set[tuple[str, str]] = set()
 
 # A module longer than this says at its top why it is one module (a paragraph starting "Size:" in its docstring).
 LONG = 600
-# Long modules whose split or reason is in flight (issue 10: the static engine's parts; the event list).
-PENDING_LONG = {"ddpdoctor.static.walker", "ddpdoctor.probe.plan", "ddpdoctor.events",
-                "ddpdoctor.probe.standins.horovod.torch.mpi_ops"}
+# Long modules whose split or reason is in flight (issue 10: the event list).
+PENDING_LONG = {"ddpdoctor.events", "ddpdoctor.probe.standins.horovod.torch.mpi_ops"}
 
 
 def _modules() -> dict[str, Path]:
