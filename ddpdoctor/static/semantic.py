@@ -82,6 +82,10 @@ class Obj:
 
 def union(*values: Iterable[Obj]) -> Value:
     """Concatenate values, dropping repeated objects, keeping first-seen order (messages stay deterministic)."""
+    if len(values) == 1:
+        only = values[0]
+        if len(only) <= 1:
+            return tuple(only)
     seen: set[int] = set()
     out: list[Obj] = []
     for v in values:
@@ -202,3 +206,5 @@ class Frame:
     stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`
     lazy: set[str] = field(default_factory=set)  # names bound by `from m import name` not yet resolved
     yields: list[Value] = field(default_factory=list)  # what a generator's body yields
+    generator: bool = False  # the body yielded
+    stack: tuple[tuple[int, ...], tuple[Any, ...]] | None = None  # (frame ids, call sites) of the stack up to here

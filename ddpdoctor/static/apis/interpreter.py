@@ -57,7 +57,8 @@ class TorchInterpreter(TorchState):
     CALLABLE_KINDS = frozenset({"function", "bound", "class", "qual", "builtin", "partial", "loss"})
     CONDITION_TAGS = frozenset({"rank_cond"})
     # what a script makes only on some ranks (a checkpoint saver, a TensorBoard writer under `if rank == 0`)
-    MARKED_KINDS = frozenset({"instance", "unknown", "wrapper", "module", "optimizer", "sampler", "loader"})
+    # (and what an unmodelled call returns there: see generic_call)
+    MARKED_KINDS = frozenset({"instance", "wrapper", "module", "optimizer", "sampler", "loader"})
 
     def __init__(
         self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None

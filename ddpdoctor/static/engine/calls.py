@@ -227,7 +227,7 @@ class CallsMixin:
                 result = self.eval(fnode.body)
             else:
                 self.block(fnode.body)
-                if self.is_generator(fnode):
+                if frame.generator:
                     # a generator: what it yields, and what it was given to iterate (`log_every(loader)`)
                     yields = self.capped(union(*frame.yields))
                     label = f"{fobj.props['qualname']}()"
@@ -241,21 +241,6 @@ class CallsMixin:
                 del self.ctx[len(self.ctx) - pushed :]
         self._summaries[fnode] = self.capped(union(self._summaries.get(fnode, EMPTY), result))
         return result
-
-    def is_generator(self, fnode: ast.AST) -> bool:
-        """A function whose own body yields (not a function or class nested in it)."""
-        found = self._generators.get(fnode)
-        if found is None:
-            found = False
-            stack = list(ast.iter_child_nodes(fnode))
-            while stack and not found:
-                n = stack.pop()
-                if isinstance(n, (ast.Yield, ast.YieldFrom)):
-                    found = True
-                elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                    stack.extend(ast.iter_child_nodes(n))
-            self._generators[fnode] = found
-        return found
 
     def _bind_params(self, frame: Frame, fobj: Obj, args: Args, self_obj: Value | None) -> None:
         fnode = fobj.props["node"]
@@ -396,7 +381,10 @@ class CallsMixin:
         const = bool(qual and qual.startswith("math.") and is_constant(args.all()))
         label = (func.props.get("bound_name") or func.label) if func is not None else name
         self.emit("call", node, name=name, qual=qual, args=args, func=func)
-        return (self.new("unknown", node, label=f"{label}()" if label else None, tags=tags, const=const, props=props),)
+        result = self.new("unknown", node, label=f"{label}()" if label else None, tags=tags, const=const, props=props)
+        if self.ctx:
+            self.mark_new(result)
+        return (result,)
 
     def method_call(self, receiver: Value, name: str, node: ast.Call, args: Args) -> Value:
         result, handled = self.method_objects(receiver, name, node, args)

@@ -90,7 +90,12 @@ class ExpressionsMixin:
         return const_key(node)
 
     def ex_Constant(self, node: ast.Constant) -> Value:
-        return (self.const(node.value, node),)
+        # a literal's object is never changed by what happens to it (fields, labels and marks go to other kinds):
+        # one per literal in the source, however often it is evaluated
+        value = self._literals.get(id(node))
+        if value is None:
+            value = self._literals[id(node)] = (self.const(node.value, node),)
+        return value
 
     def ex_Name(self, node: ast.Name) -> Value:
         return self._on_path(self.lookup(node.id, node))
@@ -339,6 +344,7 @@ class ExpressionsMixin:
         return self.eval(node.value)
 
     def ex_Yield(self, node: ast.Yield | ast.YieldFrom) -> Value:
+        self.frame.generator = True  # a function whose body yields returns a generator
         if node.value is not None:
             value = self.eval(node.value)
             self.frame.yields.append(self.element_of(value, node) if isinstance(node, ast.YieldFrom) else value)

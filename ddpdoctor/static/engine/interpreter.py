@@ -75,9 +75,9 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         self._guard: tuple[str, Any, int, str | None, Value] | None = None  # (kind, info, branch, scope, test)
         self._cond_keys: dict[int, tuple[str, int]] = {}
         self._texts: dict[int, str] = {}
+        self._literals: dict[int, Value] = {}
         self._inlined: dict[ast.AST, int] = {}
         self._summaries: dict[ast.AST, Value] = {}
-        self._generators: dict[ast.AST, bool] = {}
         self._method_class: dict[ast.AST, ast.ClassDef] = {}
         self._bare_calls: set[int] = set()  # calls whose result is thrown away (`model.load_state_dict(sd)`)
         # files read (display path → file), their modules, and the global scope of each module
@@ -257,18 +257,21 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
 
     def emit(self, kind: str, node: ast.AST, **data: Any) -> Event:
         frames = self.frames
+        top = frames[-1]
+        if top.stack is None:  # the frames under a frame never change while it is on the stack: computed once
+            top.stack = (tuple(f.id for f in frames), tuple(f.call_site for f in frames if f.call_site is not None))
         ev = Event(
             kind=kind,
             node=node,
             line=getattr(node, "lineno", 0) or 0,
             seq=next(self._seq),
             ctx=tuple(self.ctx),
-            frames=tuple(f.id for f in frames),
-            func=frames[-1].name,
+            frames=top.stack[0],
+            func=top.name,
             reached=self.reached,
             data=data,
-            file=frames[-1].file,
-            chain=tuple(f.call_site for f in frames if f.call_site is not None),
+            file=top.file,
+            chain=top.stack[1],
         )
         self.events.append(ev)
         return ev
