@@ -77,7 +77,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         message = f"{where} was built but never ran a forward during the probe"
         return [ctx.finding(CODE, message=message, severity=Severity.LOW, site=site, evidence=evidence)]
     if not replicas or replicas < 2:
-        why = "it had no GPU" if not devices else "it had one device" if len(devices) == 1 else "the batch was too small"
+        why = "it had no GPU" if not devices else "it had one device" if len(devices) == 1 else "its batch was tiny"
         message = (
             f"{where} never split a batch ({why}): the module ran as it is in one process, so DataParallel only "
             "adds overhead here; with more GPUs it would split every batch"
