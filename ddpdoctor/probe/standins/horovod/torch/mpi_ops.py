@@ -17,6 +17,9 @@ Differences (also in the README): every operation runs synchronously when called
 negotiates the order of named operations across ranks, so a script whose ranks submit them in different orders
 runs under Horovod and hangs here; `join()` is a barrier (it does not feed zeros for ranks that ran out of data);
 Adasum and elastic training are not reproduced; timelines are not written.
+
+Size: one module, as Horovod's own mpi_ops.py is one module: scripts import its names from `horovod.torch.mpi_ops`,
+and the operations share the job state, the handle table, the per-site recording and the reduction helpers.
 """
 
 from __future__ import annotations
