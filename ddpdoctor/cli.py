@@ -82,7 +82,7 @@ def check(
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
@@ -152,7 +152,7 @@ def check(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
     fail_on: str = typer.Option("medium", "--fail-on", help="info|low|medium|high|critical."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
@@ -223,7 +223,9 @@ def compare_bn(
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
     from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+    from ddpdoctor.errors import require_torch
 
+    require_torch("compare-bn")
     cfg = CompareConfig(
         model=model,
         data=data,
@@ -240,6 +242,20 @@ def compare_bn(
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render_compare(result, fmt, color=color), output)
     raise typer.Exit(0)
+
+
+@app.command()
+def env(
+    output_format: str = typer.Option("text", "--format", help="text (a fenced block to paste) | json."),
+) -> None:
+    """Describe this machine for a bug report: ddpdoctor, Python, torch (CUDA, cuDNN, NCCL), GPUs, backends,
+    MASTER_*/NCCL_* variables (no other environment variable is shown)."""
+    from ddpdoctor.envinfo import collect, render_env
+    from ddpdoctor.report.jsonfmt import dumps
+
+    fmt = _choice(output_format, ("text", "json"), "--format")
+    info = collect()
+    _emit(render_env(info) if fmt == "text" else dumps(info), None)
 
 
 def _fail(message: str) -> int:
