@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ddpdoctor.catalog import select_codes
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.errors import UsageError
+from ddpdoctor.errors import UsageError, require_torch
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 
@@ -112,6 +112,7 @@ def run_check(cfg: CheckConfig) -> Report:
     notes: list[str] = []
     tables: dict = {}
     if not cfg.static_only:
+        require_torch("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
 
