@@ -148,7 +148,7 @@ def run_check(cfg: CheckConfig) -> Report:
 
 
 def report_run(
-    run_dir: Path,
+    run_dir: Path | list[Path] | tuple[Path, ...],
     *,
     select: tuple[str, ...] = (),
     ignore: tuple[str, ...] = (),
@@ -156,25 +156,30 @@ def report_run(
     base_batch: int | None = None,
     lr_scaling: str | None = None,
 ) -> Report:
-    """`ddpdoctor report DIR`: redo analysis and reporting of a recorded run without running anything.
+    """`ddpdoctor report DIR...`: redo analysis and reporting of a recorded run without running anything.
 
     The run directory holds the static findings of the check that recorded it, so the merged report is the same
-    as the one `check` printed; options given here override those recorded with the run.
+    as the one `check` printed; options given here override those recorded with the run. A run recorded per node
+    (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
     from ddpdoctor.analyses import analyze_run, load_static_findings
 
-    if not run_dir.exists():
-        raise UsageError(f"{run_dir}: no such directory")
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
+    dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if not dirs:
+        raise UsageError("no run directory given")
+    for d in dirs:
+        if not d.exists():
+            raise UsageError(f"{d}: no such directory")
+        if not d.is_dir():
+            raise UsageError(f"{d}: not a directory")
     overrides = {
         k: v
         for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))
         if v is not None
     }
-    analysis = analyze_run(run_dir, None, overrides=overrides)
+    analysis = analyze_run(dirs, None, overrides=overrides)
     merged, cleared = merge_static_and_probe(
-        load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+        load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
     kept = filter_findings(
         merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources

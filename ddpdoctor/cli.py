@@ -151,7 +151,10 @@ def check(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
+    run_dirs: List[Path] = typer.Argument(
+        ..., help="A probe run directory (from --keep-run or attach mode); a run recorded per node: its "
+        "directories, or their parent."
+    ),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
     fail_on: str = typer.Option("medium", "--fail-on", help="info|low|medium|high|critical."),
@@ -161,7 +164,7 @@ def report(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
-    """Re-analyse a recorded probe run directory without running anything."""
+    """Re-analyse a recorded probe run without running anything (several directories: one run, one per node)."""
     from ddpdoctor.check import report_run
     from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes
     from ddpdoctor.findings import Severity
@@ -174,7 +177,7 @@ def report(
     if (base_lr is None) != (base_batch is None):
         raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
     rep = report_run(
-        run_dir,
+        list(run_dirs),
         select=split_codes(select),
         ignore=split_codes(ignore),
         base_lr=base_lr,

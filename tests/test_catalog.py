@@ -26,7 +26,7 @@ EXPECTED = [
     ("DD106", "data-parallel", "medium", True, True),
     ("DD107", "moved-after-wrap", "medium", True, False),
     ("DD108", "legacy-local-rank-arg", "medium", True, True),
-    ("DD109", "single-node-world-size", "low", True, False),
+    ("DD109", "single-node-world-size", "low", True, True),
     ("DD201", "bn-stats-diverge", "medium", False, True),
     ("DD202", "small-bn-batch", "medium", False, True),
     ("DD203", "non-iid-shards", "high", False, True),
@@ -90,13 +90,18 @@ def test_catalog_matches_the_frozen_contract():
     assert actual == EXPECTED
 
 
+# Rows an issue changed after SPEC.md was written (SPEC: "where an issue and this file differ, the issue is newer
+# and wins"): issue 14 has the probe measure DD109 on multi-node runs. Applied to SPEC's rows until SPEC says so.
+NEWER_THAN_SPEC = {"DD109": ("DD109", "single-node-world-size", "low", True, True)}
+
+
 def test_frozen_contract_matches_spec_md():
     if not SPEC.is_file():
         pytest.skip("SPEC.md is not beside this clone (../shared)")
     implemented = {r.code for r in RULES}
     pending = [row for row in PENDING if row[0] not in implemented]
     assert not [row for row in PENDING if row[0] in implemented], "a landed rule belongs in EXPECTED, not PENDING"
-    assert _spec_rows() == sorted(EXPECTED + pending)
+    assert [NEWER_THAN_SPEC.get(row[0], row) for row in _spec_rows()] == sorted(EXPECTED + pending)
 
 
 def test_codes_and_names_are_unique_and_well_formed():

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ddpdoctor.analyses import (
     dd101_sync_bn_after_ddp,
@@ -22,6 +22,7 @@ from ddpdoctor.analyses import (
     dd103_replicas_diverged,
     dd104_hardcoded_rank,
     dd108_legacy_local_rank_arg,
+    dd109_single_node_world_size,
     dd201_bn_stats_diverge,
     dd202_small_bn_batch,
     dd203_non_iid_shards,
@@ -51,7 +52,7 @@ from ddpdoctor.analyses import (
 )
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import STATIC_FILE, read_run
+from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
 from ddpdoctor.findings import Clearance, Finding
 
 ANALYSES = (
@@ -59,6 +60,7 @@ ANALYSES = (
     dd902_rank_failed,
     dd104_hardcoded_rank,
     dd108_legacy_local_rank_arg,
+    dd109_single_node_world_size,
     dd101_sync_bn_after_ddp,
     dd102_forward_bypasses_ddp,
     dd103_replicas_diverged,
@@ -117,14 +119,21 @@ def _settings(meta: dict[str, Any], cfg: Any, overrides: dict[str, Any] | None) 
     return s
 
 
-def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | None = None) -> RunContext:
+def _dirs(run_dir: Path | Sequence[Path]) -> list[Path]:
+    return [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+
+
+def build_context(
+    run_dir: Path | Sequence[Path], cfg: Any = None, overrides: dict[str, Any] | None = None
+) -> RunContext:
+    """`run_dir`: one run directory, or several (one per node) or their parent: analysed as one run."""
     try:
-        run = read_run(Path(run_dir))
+        run = read_runs(_dirs(run_dir))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     meta = run.meta
     if not meta and not run.processes:
-        raise UsageError(f"{run_dir}: the run directory holds no events")
+        raise UsageError(f"{run.path}: the run directory holds no events")
     start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
     script_abs = meta.get("script_abs") or start.get("script") or ""
     script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
@@ -141,7 +150,9 @@ def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | No
     )
 
 
-def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | None = None) -> AnalysisResult:
+def analyze_run(
+    run_dir: Path | Sequence[Path], cfg: Any = None, *, overrides: dict[str, Any] | None = None
+) -> AnalysisResult:
     """Findings, environment, notes and tables for a recorded run. A bad or non-run directory → UsageError."""
     ctx = build_context(run_dir, cfg, overrides)
     findings: list[Finding] = []
@@ -164,10 +175,15 @@ def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | N
     )
 
 
-def load_static_findings(run_dir: Path) -> list[Finding]:
-    """The static findings recorded with the run (static.json), [] when there are none."""
-    path = Path(run_dir) / STATIC_FILE
-    if not path.is_file():
+def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
+    """The static findings recorded with the run (static.json; of a run recorded per node, the one directory
+    that has it: rank 0's), [] when there are none."""
+    try:
+        dirs = find_run_dirs(_dirs(run_dir))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = next((d / STATIC_FILE for d in dirs if (d / STATIC_FILE).is_file()), None)
+    if path is None:
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
