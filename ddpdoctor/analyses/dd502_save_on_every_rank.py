@@ -85,7 +85,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "saves_per_rank": {str(r): n for r, n in per_rank.items()},
                     "local_ranks": sorted(x for x in local if x is not None),
                     "hosts": sorted(hosts),
-                    "nodes": {str(r): node_of[r] for r in writers},
+                    **({"nodes": {str(r): node_of[r] for r in writers}} if len(ctx.nodes) > 1 else {}),
                     "overlapping_writes": overlapping,
                     "bytes": first.get("bytes"),
                 },
