@@ -280,10 +280,13 @@ EVENT_KINDS: dict[str, EventKind] = {
             "params",
             "digest of the model parameters after an optimizer step",
             step="global step",
-            digest="blake2b of the parameter bytes (or of a strided sample, see sampled)",
+            digest="blake2b of the parameter bytes (or of a strided sample, see sampled); with on_device, of an "
+            "exact int64 fingerprint of their bits computed on the device (probe.recorders.params)",
             numel="elements covered",
             sampled="digest covers a strided sample",
             values="a fixed sample of parameter values (same positions on every rank)",
+            on_device="the digest and values were computed on the GPU and read back without a per-step "
+            "synchronisation (absent on CPU runs)",
             source="'ddp' (the DDP module) or 'optimizer'",
             tensors="parameter tensors covered",
         ),
