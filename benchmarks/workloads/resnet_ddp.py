@@ -11,7 +11,8 @@ cuts nothing.
 
 At the end every rank prints one line `BENCH {json}`: its rank, the steps it took, the wall time of the steady-state
 steps (from the third on; on CUDA with a synchronize only at both ends of that window, never per step) and its
-peak RSS.
+peak RSS. With `--sync-debug` (CUDA), torch's sync debug mode is on during that window and the line also counts
+the synchronising CUDA calls, and those made from ddpdoctor's own code (the probe's recorders must make none).
 """
 
 import argparse
@@ -19,6 +20,8 @@ import json
 import os
 import resource
 import time
+import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -67,6 +70,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--sync-bn", action="store_true")
     p.add_argument("--amp", action="store_true", help="autocast to bfloat16 (CUDA)")
+    p.add_argument("--sync-debug", action="store_true", help="count synchronising CUDA calls in the timed window")
     args = p.parse_args()
 
     cuda = args.device == "cuda"
@@ -81,7 +85,7 @@ def main() -> None:
     n = world * args.batch_size * args.steps
     data = TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,)))
     sampler = DistributedSampler(data, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, pin_memory=cuda)
 
     model = ResNetish()
     if args.sync_bn:
@@ -90,6 +94,19 @@ def main() -> None:
     model = DDP(model, device_ids=[local_rank] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05 * world, momentum=0.9, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
+
+    syncs = {"total": 0, "ddpdoctor": 0, "sites": []}
+
+    def on_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if "synchronizing" not in str(message):
+            return
+        syncs["total"] += 1
+        ours = [f for f in traceback.extract_stack() if f"{os.sep}ddpdoctor{os.sep}" in f.filename]
+        if ours:
+            syncs["ddpdoctor"] += 1
+            site = f"{ours[-1].filename.rsplit(os.sep, 3)[-1]}:{ours[-1].lineno} {ours[-1].name}"
+            if site not in syncs["sites"] and len(syncs["sites"]) < 8:
+                syncs["sites"].append(site)
 
     steps = 0
     window_start = None
@@ -100,6 +117,10 @@ def main() -> None:
             if steps == 2:  # steady state from the third step: the first ones build caches and buckets
                 if cuda:
                     torch.cuda.synchronize()
+                    if args.sync_debug:
+                        warnings.simplefilter("always")
+                        warnings.showwarning = on_warning
+                        torch.cuda.set_sync_debug_mode("warn")
                 window_start = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
@@ -109,6 +130,7 @@ def main() -> None:
             opt.step()
             steps += 1
     if cuda:
+        torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
     window = time.perf_counter() - window_start if window_start is not None else float("nan")
     report = {
@@ -121,6 +143,10 @@ def main() -> None:
         "bn_layers": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
         "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
+    if args.sync_debug:
+        report["sync_calls"] = syncs["total"]
+        report["sync_calls_ddpdoctor"] = syncs["ddpdoctor"]
+        report["sync_sites_ddpdoctor"] = syncs["sites"]
     print("BENCH " + json.dumps(report), flush=True)
     dist.destroy_process_group()
 
