@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpdoctor.catalog import get_rule
+from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.github import escape_data, escape_property

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible")]
-two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (SyncBN over one rank does not synchronise)")
+two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, {GPUS} visible (SyncBN over one rank does not sync)")
 
 AMP_FIXTURE = "fixtures/probe/gpu/cuda_syncbn_amp.py"
 WORKLOAD = "benchmarks/workloads/resnet_ddp.py"

@@ -26,6 +26,7 @@ from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
 from ddpdoctor.world import place_from_env
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             "base_lr": None,
             "base_batch": None,
             "lr_scaling": "auto",
-            "small_bn_batch": 16,
+            "small_bn_batch": SMALL_BN_BATCH,
             "legacy_local_rank_arg": None,
             "plan": plan.to_json(),
             "sources": sources,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdoctor.catalog import get_rule
+from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Finding, Severity, summarize
 from ddpdoctor.report import Report
 
