@@ -10,7 +10,8 @@ Workload: benchmarks/workloads/resnet_ddp.py (ResNet-style CNN, 11 BN layers, 1.
 - probe: ddpdoctor.probe.launcher.run_probe (launch, instrumented ranks, recording, end of the run, sweep);
   check: the whole `ddpdoctor check` command as a user runs it (static analysis, probe, analyses, report).
 - peak RSS per rank: the rank processes' VmHWM (peak resident set) from /proc, sampled every 20 ms while they
-  live (a rank is a process of the run with LOCAL_RANK in its environment), the largest rank of each run.
+  live (a rank is a process of the run with LOCAL_RANK in its environment), the largest rank of each run; the
+  busiest rank's CPU time (user + system) from the same samples.
 
 Fairness on a shared machine: the three kinds of run are interleaved (bare, probe, check, bare, ...), so a busy
 period hurts each alike; each is repeated and the *minimum* is the estimate (noise from other processes only ever
@@ -35,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = "benchmarks/workloads/resnet_ddp.py"
 EPOCHS, STEPS = 2, 10
 WALL_TARGET, RSS_TARGET = 1.05, 1.2
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class PeakRss:
@@ -45,6 +47,7 @@ class PeakRss:
         self.needle = needle.encode()
         self.interval = interval
         self.peaks: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}  # user + system CPU seconds of each rank process, last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -87,11 +90,21 @@ class PeakRss:
                                     break
                     except OSError:
                         pass
+                    try:
+                        with open(f"/proc/{pid}/stat", "rb") as fh:
+                            fields = fh.read().rsplit(b")", 1)[1].split()
+                        self.cpu[int(pid)] = (int(fields[11]) + int(fields[12])) / TICKS
+                    except (OSError, IndexError, ValueError):
+                        pass
             self._stop.wait(self.interval)
 
     @property
     def largest_rank_mib(self) -> float:
         return max(self.peaks.values(), default=0) / 1024
+
+    @property
+    def busiest_rank_cpu(self) -> float:
+        return max(self.cpu.values(), default=0.0)
 
 
 def _env() -> dict[str, str]:
@@ -101,7 +114,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def bare(nproc: int) -> tuple[float, float, list[dict]]:
+def bare(nproc: int) -> tuple[float, float, float, list[dict]]:
     from ddpdoctor.probe.launcher import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
@@ -113,10 +126,10 @@ def bare(nproc: int) -> tuple[float, float, list[dict]]:
         wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"bare torchrun failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return wall, rss.largest_rank_mib, _bench_lines(done.stdout)
+    return wall, rss.largest_rank_mib, rss.busiest_rank_cpu, _bench_lines(done.stdout)
 
 
-def probe(nproc: int) -> tuple[float, float, list[dict]]:
+def probe(nproc: int) -> tuple[float, float, float, list[dict]]:
     from ddpdoctor.config import CheckConfig
     from ddpdoctor.probe.launcher import run_probe
 
@@ -133,7 +146,7 @@ def probe(nproc: int) -> tuple[float, float, list[dict]]:
             lines += _bench_lines(log.read_text())
     if len(lines) != nproc:
         sys.exit(f"probe run: {len(lines)} of {nproc} ranks finished the workload")
-    return wall, rss.largest_rank_mib, lines
+    return wall, rss.largest_rank_mib, rss.busiest_rank_cpu, lines
 
 
 def check(nproc: int) -> float:
@@ -156,24 +169,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--no-check", action="store_true", help="skip the whole-command runs")
     ns = ap.parse_args()
     os.chdir(REPO)
     load_before = os.getloadavg()
     runs: dict[str, list[float]] = {"bare": [], "probe": [], "check": []}
     rss: dict[str, list[float]] = {"bare": [], "probe": []}
     step: dict[str, list[float]] = {"bare": [], "probe": []}
+    cpu: dict[str, list[float]] = {"bare": [], "probe": []}
     shape = None
     for _ in range(ns.repeat):
-        w, r, lines = bare(ns.nproc)
+        w, r, c, lines = bare(ns.nproc)
         runs["bare"].append(w)
         rss["bare"].append(r)
+        cpu["bare"].append(c)
         step["bare"].append(max(x["window_seconds"] / x["window_steps"] for x in lines))
         shape = lines[0]
-        w, r, lines = probe(ns.nproc)
+        w, r, c, lines = probe(ns.nproc)
         runs["probe"].append(w)
         rss["probe"].append(r)
+        cpu["probe"].append(c)
         step["probe"].append(max(x["window_seconds"] / x["window_steps"] for x in lines))
-        runs["check"].append(check(ns.nproc))
+        if not ns.no_check:
+            runs["check"].append(check(ns.nproc))
     load_after = os.getloadavg()
     lo, med = min, statistics.median
     assert shape is not None
@@ -187,20 +205,26 @@ def main() -> int:
 
     row("bare torchrun, wall", runs["bare"], "s")
     row("probe (launch, run, stop), wall", runs["probe"], "s")
-    row("ddpdoctor check (whole command), wall", runs["check"], "s")
+    if runs["check"]:
+        row("ddpdoctor check (whole command), wall", runs["check"], "s")
+    row("bare: CPU time of the busiest rank", cpu["bare"], "s")
+    row("probe: CPU time of the busiest rank", cpu["probe"], "s")
     row("bare: steady-state step, slowest rank", [1000 * v for v in step["bare"]], "ms", "6.1f")
     row("probe: steady-state step, slowest rank", [1000 * v for v in step["probe"]], "ms", "6.1f")
     row("bare: peak RSS, largest rank", rss["bare"], "MiB", "6.0f")
     row("probe: peak RSS, largest rank", rss["probe"], "MiB", "6.0f")
     wall_ratio = lo(runs["probe"]) / lo(runs["bare"])
-    check_ratio = lo(runs["check"]) / lo(runs["bare"])
+    check_ratio = lo(runs["check"]) / lo(runs["bare"]) if runs["check"] else float("nan")
+    cpu_ratio = lo(cpu["probe"]) / lo(cpu["bare"])
     step_ratio = lo(step["probe"]) / lo(step["bare"])
     rss_ratio = lo(rss["probe"]) / lo(rss["bare"])
     ok_wall, ok_rss = wall_ratio <= WALL_TARGET, rss_ratio <= RSS_TARGET
     print("ratios (min / min):")
-    print(f"  probe / bare wall        {wall_ratio:5.2f}x   target <= {WALL_TARGET}x   {'met' if ok_wall else 'MISSED'}")
+    verdict = "met" if ok_wall else "MISSED"
+    print(f"  probe / bare wall        {wall_ratio:5.2f}x   target <= {WALL_TARGET}x   {verdict}")
     print(f"  check / bare wall        {check_ratio:5.2f}x   (static analysis + analyses + report included)")
     print(f"  probe / bare step        {step_ratio:5.2f}x")
+    print(f"  probe / bare rank CPU    {cpu_ratio:5.2f}x   (CPU seconds: what a busy machine distorts least)")
     print(f"  probe / bare peak RSS    {rss_ratio:5.2f}x   target <= {RSS_TARGET}x   {'met' if ok_rss else 'MISSED'}")
     return 0 if ok_wall and ok_rss else 1
 
