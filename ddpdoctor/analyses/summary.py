@@ -77,9 +77,9 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         n = meta.get("nproc") or len(ctx.ranks)
         counts = {e.get("device_count") for _, e in ctx.run.events("torch_ready") if e.get("cuda_emulated")}
         nodes = len(ctx.nodes)
-        devices = f"{n} virtual devices"
         if len(counts) == 1 and isinstance(next(iter(counts)), int):  # as the ranks' torch.cuda saw it
-            devices = f"{next(iter(counts))} virtual devices" + (f" on each of {nodes} nodes" if nodes > 1 else "")
+            n = next(iter(counts))
+        devices = f"{n} virtual device{'s' if n != 1 else ''}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
         ctx.notes.insert(0, f"CUDA was emulated on CPU: {devices}" + (", " + ", ".join(words) if words else ""))
     plan = meta.get("plan") or {}
     if mode == "spawn":
