@@ -1,7 +1,7 @@
 """Who is who in a multi-process launch, read from the launcher's environment variables.
 
 torchrun's contract first (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK = node, GROUP_WORLD_SIZE =
-nodes, TORCHELASTIC_RUN_ID), then SLURM's for a script started by `srun` without torchrun (SLURM_PROCID,
+nodes, TORCHELASTIC_RUN_ID), then horovodrun's (HOROVOD_RANK, ..., HOROVOD_CROSS_RANK = node), then SLURM's for a script started by `srun` without torchrun (SLURM_PROCID,
 SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE, SLURM_NODEID, SLURM_NNODES,
 SLURM_JOB_ID.SLURM_STEP_ID), then Open MPI's (`mpirun`: OMPI_COMM_WORLD_*; no node index, the host stands in).
 
@@ -23,15 +23,17 @@ SLURM_ENV = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "S
              "SLURM_STEP_ID")
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
            "OMPI_COMM_WORLD_LOCAL_SIZE")
+HOROVOD_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+               "HOROVOD_CROSS_SIZE")
 # every variable `place_from_env` reads: what each process records of its launcher (probe.session)
-WORLD_ENV = TORCHRUN_ENV + SLURM_ENV + MPI_ENV
+WORLD_ENV = TORCHRUN_ENV + HOROVOD_ENV + SLURM_ENV + MPI_ENV
 
 
 @dataclass(frozen=True, kw_only=True)
 class Place:
     """Where one process sits in the launch; None where the launcher does not say."""
 
-    launcher: str  # "torchrun" | "slurm" | "mpi" | "none"
+    launcher: str  # "torchrun" | "horovod" | "slurm" | "mpi" | "none"
     rank: int | None = None
     world_size: int | None = None
     local_rank: int | None = None
@@ -73,6 +75,16 @@ def place_from_env(env: Mapping[str, str]) -> Place:
             node=_int(env.get("GROUP_RANK")),
             nodes=_int(env.get("GROUP_WORLD_SIZE")),
             job=env.get("TORCHELASTIC_RUN_ID"),
+        )
+    if env.get("HOROVOD_RANK") is not None:  # horovodrun: its own contract, whatever started horovodrun
+        return Place(
+            launcher="horovod",
+            rank=_int(env.get("HOROVOD_RANK")),
+            world_size=_int(env.get("HOROVOD_SIZE")),
+            local_rank=_int(env.get("HOROVOD_LOCAL_RANK")),
+            local_world_size=_int(env.get("HOROVOD_LOCAL_SIZE")),
+            node=_int(env.get("HOROVOD_CROSS_RANK")),
+            nodes=_int(env.get("HOROVOD_CROSS_SIZE")),
         )
     if env.get("SLURM_PROCID") is not None:
         job = env.get("SLURM_JOB_ID")

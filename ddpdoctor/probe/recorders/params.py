@@ -1,6 +1,7 @@
-"""Parameter recorder: after every optimizer step, a digest of the model's parameters (bit-exact, comparable
-across ranks) and a small fixed sample of values; at the end, the parameter vector itself (capped) and digests of
-the normalisation buffers. DD103 compares them across ranks: the first step where replicas differ and by how much.
+"""Parameter recorder: before the first optimizer step (step 0: the initial weights) and after every step, a digest
+of the model's parameters (bit-exact, comparable across ranks) and a small fixed sample of values; at the end, the
+parameter vector itself (capped) and digests of the normalisation buffers. DD103 compares them across ranks: the
+first step where replicas differ (0: they never started equal) and by how much.
 
 On CUDA nothing is read back per step with a synchronisation: the digest is taken of an exact integer fingerprint
 of the parameter bits computed on the device (per dtype: the sum and a position-weighted sum of the bit patterns
@@ -125,11 +126,8 @@ def install(probe: Probe) -> None:
     state: dict[str, Any] = {"snapshot": None, "digests": {}}
     reader = readback.for_probe(probe)
 
-    def on_step(optimizer: Any) -> None:
-        params, source = _model_params(probe, optimizer)
-        if not params:
-            return
-        step = probe.steps
+    def record(step: int, params: list[tuple[str, Any]], source: str) -> tuple[str | None, int, bool, bool]:
+        """Emit the `params` event of `step`; (digest or None when read back later, covered, sampled, on device)."""
         if _on_device(params) or reader.defer_cpu:
             fingerprint, sample, covered, sampled = device_fingerprint(params)
 
@@ -141,14 +139,21 @@ def install(probe: Probe) -> None:
                            on_device=True)
 
             reader.read([fingerprint, sample], emit, where="params digest")
-            state["snapshot"] = _snapshot(probe, params, source, None, covered, sampled, keep_on_device=True)
-            return
+            return None, covered, sampled, True
         d, covered, sampled = digest(params)
-        probe.emit("params", step=probe.steps, digest=d, numel=covered, sampled=sampled, values=sample_values(params),
+        probe.emit("params", step=step, digest=d, numel=covered, sampled=sampled, values=sample_values(params),
                    source=source, tensors=len(params))
-        # The final state is the state after the last step. Kept as a capped CPU copy, never as references: the
-        # script may free its model before the run ends (a function that returns, `del model`).
-        state["snapshot"] = _snapshot(probe, params, source, d, covered, sampled)
+        return d, covered, sampled, False
+
+    def on_step(optimizer: Any) -> None:
+        params, source = _model_params(probe, optimizer)
+        if not params:
+            return
+        d, covered, sampled, on_device = record(probe.steps, params, source)
+        # The final state is the state after the last step. Kept as a capped copy (on the device for CUDA),
+        # never as references: the script may free its model before the run ends (a function that returns,
+        # `del model`).
+        state["snapshot"] = _snapshot(probe, params, source, d, covered, sampled, keep_on_device=on_device)
 
     def on_end() -> None:
         snap = state["snapshot"]
@@ -165,6 +170,22 @@ def install(probe: Probe) -> None:
         ref = probe.blob(vec.numpy().tobytes(), dtype="float32", count=int(vec.numel()), compress=False)
         probe.emit("params_final", vector=ref, **snap)
 
+    def before_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if state["initial"] or probe.quiet_steps or probe.ending:
+            return None
+        state["initial"] = True
+        params, source = _model_params(probe, optimizer)
+        if params:
+            record(0, params, source)
+        return None
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    state["initial"] = False
+    handle = register_optimizer_step_pre_hook(
+        lambda o, a, k: probe.safely("params before step", before_first_step, o, a, k)
+    )
+    probe.patcher.add_undo(handle.remove)
     probe.step_hooks.append(on_step)
     probe.end_hooks.append(on_end)
 
