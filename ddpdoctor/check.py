@@ -117,17 +117,8 @@ def run_check(cfg: CheckConfig) -> Report:
         from ddpdoctor.probe.launcher import run_probe
 
         run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
-        progress = None if cfg.quiet else progress_display(cfg, run_dir)
         try:
-            try:
-                run_probe(cfg, run_dir, static_findings=static, progress=progress)
-            except KeyboardInterrupt:
-                if progress is not None:
-                    progress.close(interrupted=True)
-                raise
-            finally:
-                if progress is not None:
-                    progress.discard()  # closed by run_probe unless it failed: then the error says it all
+            run_probe(cfg, run_dir, static_findings=static)
             analysis = analyze_run(run_dir, cfg)
         finally:
             if cfg.keep_run is None:
@@ -154,13 +145,6 @@ def run_check(cfg: CheckConfig) -> Report:
         base_dir=Path.cwd(),
     )
 
-
-def progress_display(cfg: CheckConfig, run_dir: Path):  # noqa: ANN201 - ddpdoctor.probe.progress.ProgressDisplay
-    """The live progress of the probe on stderr (ddpdoctor.probe.progress); `--quiet` goes without."""
-    from ddpdoctor.probe.progress import ProgressDisplay
-
-    return ProgressDisplay(run_dir, script=str(cfg.script), nproc=cfg.nproc, epochs=cfg.epochs, steps=cfg.steps,
-                           timeout=cfg.timeout)
 
 
 def report_run(

@@ -88,7 +88,6 @@ def check(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
     from ddpdoctor.check import run_check
@@ -138,7 +137,6 @@ def check(
             select=split_codes(select) or tuple(table.get("select", ())),
             ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
             keep_run=keep_run,
-            quiet=quiet,
             small_bn_batch=int(table.get("small_bn_batch", SMALL_BN_BATCH)),
             pyproject=pyproject,
         )

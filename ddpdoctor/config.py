@@ -50,7 +50,6 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
-    quiet: bool = False  # no progress display on stderr while probing
     small_bn_batch: int = SMALL_BN_BATCH
     pyproject: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
