@@ -6,16 +6,18 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from ddpdoctor.rules import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
+from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
+from ddpdoctor.rules import select_codes
 
 _SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
 
@@ -119,7 +121,7 @@ def run_check(cfg: CheckConfig) -> Report:
         run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
         try:
             run_probe(cfg, run_dir, static_findings=static)
-            analysis = analyze_run(run_dir, cfg)
+            analysis = analyze_run(run_dir)
         finally:
             if cfg.keep_run is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -147,6 +149,26 @@ def run_check(cfg: CheckConfig) -> Report:
 
 
 
+def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
+    """Where `report` looks for the project's `[tool.ddpdoctor]`: beside the recorded script when it is on this
+    machine, else from the current directory. Several directories (one per node): the first that names it."""
+    from ddpdoctor.events import find_run_dirs
+
+    try:
+        dirs = find_run_dirs([Path(run_dir)] if isinstance(run_dir, (str, Path)) else list(run_dir))
+    except ValueError:
+        return Path.cwd()
+    for d in dirs:
+        try:
+            meta = json.loads((Path(d) / META_FILE).read_text(encoding="utf-8"))
+            script = Path(meta["script_abs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if script.is_file():
+            return script
+    return Path.cwd()
+
+
 def report_run(
     run_dir: Path | list[Path] | tuple[Path, ...],
     *,
@@ -155,6 +177,7 @@ def report_run(
     base_lr: float | None = None,
     base_batch: int | None = None,
     lr_scaling: str | None = None,
+    small_bn_batch: int | None = None,
 ) -> Report:
     """`ddpdoctor report DIR...`: redo analysis and reporting of a recorded run without running anything.
 
@@ -174,10 +197,13 @@ def report_run(
             raise UsageError(f"{d}: not a directory")
     overrides = {
         k: v
-        for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))
+        for k, v in (
+            ("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling),
+            ("small_bn_batch", small_bn_batch),
+        )
         if v is not None
     }
-    analysis = analyze_run(dirs, None, overrides=overrides)
+    analysis = analyze_run(dirs, overrides=overrides)
     merged, cleared = merge_static_and_probe(
         load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )

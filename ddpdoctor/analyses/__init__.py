@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
@@ -46,27 +46,13 @@ class AnalysisResult:
     sources: dict[str, Path] = field(default_factory=dict)
 
 
-def _settings(meta: dict[str, Any], cfg: Any, overrides: dict[str, Any] | None) -> Settings:
-    s = Settings()
-    for key in ("nproc", "epochs", "steps", "base_lr", "base_batch", "lr_scaling", "small_bn_batch"):
-        if meta.get(key) is not None:
-            setattr(s, key, meta[key])
-        if cfg is not None and getattr(cfg, key, None) is not None:
-            setattr(s, key, getattr(cfg, key))
-    for key, value in (overrides or {}).items():
-        if value is not None and hasattr(s, key):
-            setattr(s, key, value)
-    return s
-
-
 def _dirs(run_dir: Path | Sequence[Path]) -> list[Path]:
     return [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
 
 
-def build_context(
-    run_dir: Path | Sequence[Path], cfg: Any = None, overrides: dict[str, Any] | None = None
-) -> RunContext:
-    """`run_dir`: one run directory, or several (one per node) or their parent: analysed as one run."""
+def build_context(run_dir: Path | Sequence[Path], overrides: Mapping[str, Any] | None = None) -> RunContext:
+    """The context every analysis reads: the run, its settings (recorded, then `overrides`), names of places.
+    `run_dir`: one run directory, or several (one per node) or their parent: analysed as one run."""
     try:
         run = read_runs(_dirs(run_dir))
     except ValueError as exc:
@@ -77,12 +63,10 @@ def build_context(
     start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
     script_abs = meta.get("script_abs") or start.get("script") or ""
     script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
-    if cfg is not None and getattr(cfg, "script", None) is not None:
-        script = str(cfg.script)
     base_dir = Path(meta.get("cwd") or (run.processes[0].start.get("cwd") if run.processes else "") or ".")
     return RunContext(
         run=run,
-        settings=_settings(meta, cfg, overrides),
+        settings=Settings.of_run(meta, overrides),
         script=script,
         script_abs=script_abs,
         args=list(meta.get("args") or []),
@@ -90,11 +74,11 @@ def build_context(
     )
 
 
-def analyze_run(
-    run_dir: Path | Sequence[Path], cfg: Any = None, *, overrides: dict[str, Any] | None = None
-) -> AnalysisResult:
-    """Findings, environment, notes and tables for a recorded run. A bad or non-run directory → UsageError."""
-    ctx = build_context(run_dir, cfg, overrides)
+def analyze_run(run_dir: Path | Sequence[Path], *, overrides: Mapping[str, Any] | None = None) -> AnalysisResult:
+    """Findings, environment, notes and tables for a recorded run (one directory, or one per node), its recorded
+    settings replaced by `overrides` (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...).
+    A bad or non-run directory → UsageError."""
+    ctx = build_context(run_dir, overrides)
     findings: list[Finding] = []
     for module in analyses():
         try:
