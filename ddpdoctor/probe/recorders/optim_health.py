@@ -29,6 +29,10 @@ order at a later step): no host synchronisation per backward or per step. The `t
 emitted once its values (and its losses, read earlier) have landed. Only hand reductions of gradients (DD404,
 rare) still read norms synchronously.
 
+Size: one module because the backward wrappers, the step hooks and the collective wrappers share one per-step
+state (`_State`: the backward counts, the losses as their reads land, the hand reductions of this step) that the
+`train_step` event is made of; split, that state would travel between modules.
+
 Install order: this recorder must be installed before `process_group`, so that its collective wrappers sit
 *inside* the process-group recorder's (which looks at its direct caller to tell user code from library code).
 """
