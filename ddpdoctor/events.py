@@ -224,6 +224,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             cross_size="hvd.cross_size()",
             standin="always true (the stand-in records it)",
         ),
+        _k("hvd_torch_distributed", "user code used torch.distributed's default process group in a Horovod run: "
+           "the stand-in initialised one, Horovod never does (first sites)", site="the user line",
+           standin="always true"),
         _k(
             "hvd_op",
             "a Horovod collective called straight from user code (first calls per site)",

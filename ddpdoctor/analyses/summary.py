@@ -122,6 +122,15 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             "ran the script on torch.distributed (what it does not reproduce: "
             + "; ".join(event.get("differences") or []) + ")"
         )
+    uses = {(e.get("site") or {}).get("line"): e.get("site") for _, e in ctx.run.events("hvd_torch_distributed")}
+    if uses:
+        where = ", ".join(ctx.at(site) for site in list(uses.values())[:3])
+        ctx.notes.append(
+            f"under horovodrun, {where} would raise \"Default process group has not been initialized\": the code "
+            "there uses torch.distributed's default process group (DistributedSampler without num_replicas/rank, "
+            "dist.get_rank(), a dist collective), which Horovod never creates; ddpdoctor's stand-in did, so the "
+            "probe went on — pass num_replicas=hvd.size(), rank=hvd.rank(), or use hvd's own calls"
+        )
     runtime = plan.get("runtime_decision") or {}
     if runtime.get("mode") == "torchrun":
         ctx.notes.append(

@@ -240,6 +240,7 @@ class Probe:
         self.epoch = 0
         self.ddp_forward_depth = 0
         self.quiet_steps = 0  # > 0 while a library takes optimizer steps of its own (not the script's training)
+        self.recording = 0  # > 0 while recorder code runs (probe.safely): what it does is not the script's
         self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0
@@ -274,11 +275,14 @@ class Probe:
 
     def safely(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run recorder code; its failure becomes an internal_error event instead of the user's problem."""
+        self.recording += 1
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             self.internal_error(where, exc)
             return None
+        finally:
+            self.recording -= 1
 
     def site(self) -> dict[str, Any] | None:
         """Where in user code the current call came from (the probe's own frames are never user code)."""
