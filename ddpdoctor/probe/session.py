@@ -26,25 +26,11 @@ from ddpdoctor.events import EVENTS_DIR, SCHEMA, default_host, file_name_for
 from ddpdoctor.probe.patching import Patcher
 from ddpdoctor.probe.registry import Registry
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.world import WORLD_ENV
 
 STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
-_LAUNCH_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "SLURM_PROCID",
-    "OMPI_COMM_WORLD_RANK",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_RANK",
-    "HOROVOD_LOCAL_SIZE",
-)
+# what each process records of its launcher: torchrun's, SLURM's and Open MPI's variables (ddpdoctor.world)
+_LAUNCH_ENV = tuple(dict.fromkeys(("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", *WORLD_ENV)))
 
 
 def _jsonable(obj: Any) -> Any:
