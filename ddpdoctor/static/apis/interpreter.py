@@ -11,7 +11,7 @@ import ast
 from typing import Any
 
 from ddpdoctor import torchnames as N
-from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, paths, ranks, tensors
+from ddpdoctor.static.apis import cli, data, distributed, environ, horovod, nn, optim, paths, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
@@ -19,7 +19,7 @@ from ddpdoctor.static.project import Project
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, WORLD_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
-API_MODULES = (nn, optim, data, distributed, environ, cli, tensors, paths)
+API_MODULES = (nn, optim, data, distributed, horovod, environ, cli, tensors, paths)
 REGISTRY = Registry(API_MODULES)
 
 
