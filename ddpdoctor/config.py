@@ -73,6 +73,7 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
+    quiet: bool = False  # no progress display on stderr while probing
     small_bn_batch: int = SMALL_BN_BATCH
     # `check --static PATH...`: the paths after the first (files or directories), the globs that drop files, and
     # the directory the globs are relative to

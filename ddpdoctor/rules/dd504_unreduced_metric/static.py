@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
-from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
