@@ -45,6 +45,9 @@ from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
+# Objects of interest are all kept, up to this many; past it, one per place in the source that made them (a factory
+# over a table of 25 activation classes, called from 60 places, otherwise gave values of 1,600 objects).
+KEPT_CAP = 48
 
 
 class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
@@ -296,6 +299,15 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         plain_kinds = self.PLAIN_KINDS
         keep = [o for o in value if o.kind not in plain_kinds]
         plain = [o for o in value if o.kind in plain_kinds]
+        if len(keep) > KEPT_CAP:
+            sites: set[tuple[int, str]] = set()
+            kept: list[Obj] = []
+            for o in keep:
+                site = (id(o.node), o.kind)
+                if site not in sites:
+                    sites.add(site)
+                    kept.append(o)
+            keep = kept[:KEPT_CAP]
         return tuple(keep + plain[: max(0, VALUE_CAP - len(keep))])
 
     def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
