@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ddpdoctor.catalog import select_codes
+from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
@@ -131,9 +132,7 @@ def run_check(cfg: CheckConfig) -> Report:
         environment = {"nproc": cfg.nproc, "static_only": True}
     merged, cleared = merge_static_and_probe(static, probe, clearances, select=cfg.select, ignore=cfg.ignore)
     notes.extend(cleared)
-    kept = filter_findings(
-        merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
-    )
+    kept = fold_consequences(filter_findings(merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()))
     return Report(
         script=str(cfg.script),
         args=cfg.script_args,
@@ -175,8 +174,8 @@ def report_run(
     merged, cleared = merge_static_and_probe(
         load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
-    kept = filter_findings(
-        merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources
+    kept = fold_consequences(
+        filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)
     )
     return Report(
         script=analysis.script,

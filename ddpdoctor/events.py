@@ -216,6 +216,13 @@ EVENT_KINDS: dict[str, EventKind] = {
             error="exception text when it raised",
         ),
         _k(
+            "sharded_init",
+            "a FullyShardedDataParallel was constructed or fully_shard applied: the ranks' model is kept consistent "
+            "without DDP",
+            wrapper="'FullyShardedDataParallel' | 'fully_shard'",
+            site="call site",
+        ),
+        _k(
             "forward_bypass",
             "a training-mode forward (grad enabled) of a module owned by a DDP ran outside DDP's forward; "
             "first occurrence per (ddp, module, site)",

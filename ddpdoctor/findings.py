@@ -77,6 +77,8 @@ class Finding:
     ranks: tuple[int, ...] = ()
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     magnitude: float = 0.0
+    # findings this one explains (ddpdoctor.causes): folded under it, never ranked on their own
+    consequences: tuple["Consequence", ...] = field(default=(), hash=False, compare=False)
 
     def __post_init__(self) -> None:
         for src in self.sources:
@@ -103,7 +105,7 @@ class Finding:
         return f"{self.file}:{self.line}" if self.line else self.file
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "rule": self.rule,
             "name": self.name,
             "severity": self.severity.label,
@@ -118,6 +120,9 @@ class Finding:
             "fix": self.fix,
             "magnitude": self.magnitude,
         }
+        if self.consequences:
+            out["consequences"] = [c.to_json() for c in self.consequences]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Finding":
@@ -133,7 +138,23 @@ class Finding:
             ranks=tuple(data.get("ranks") or ()),
             evidence=dict(data.get("evidence") or {}),
             magnitude=float(data.get("magnitude") or 0.0),
+            consequences=tuple(Consequence.from_json(c) for c in data.get("consequences") or ()),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consequence:
+    """A finding explained by another one (its cause), and why this run's evidence says so."""
+
+    finding: Finding
+    because: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.finding.to_json(), "because": self.because}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Consequence":
+        return cls(finding=Finding.from_json(data), because=str(data.get("because") or ""))
 
 
 def sort_key(f: Finding) -> tuple:

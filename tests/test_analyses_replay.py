@@ -307,3 +307,24 @@ def test_inline_suppressions_are_read_from_the_kept_copy(tmp_path: Path, monkeyp
     lines[dd206["line"] - 1] += "  # ddpdoctor: ignore[DD206]"
     copy.write_text("\n".join(lines) + "\n")
     assert "DD206" not in {f["rule"] for f in report_run(moved).to_json()["findings"]}
+
+
+def test_dd110_model_not_wrapped_is_the_root_cause() -> None:
+    found = _probe("model_not_wrapped")
+    f = found["DD110"]
+    assert f.severity == Severity.CRITICAL and (f.file, f.line, f.ranks) == ("fixtures/probe/model_not_wrapped.py", 24, (0, 1))
+    assert f.evidence["replicas_diverged"] is True and f.evidence["first_diverged_step"] == 1
+    assert f.evidence["data_sharded_by"] == "DistributedSampler" and f.magnitude > 1e-3
+    assert "never wrapped in DistributedDataParallel" in f.message and "differed from step 1" in f.message
+    assert "DD903" not in found and "DD103" not in found
+    report = report_run(RUNS / "probe_model_not_wrapped")
+    top = report.ranked()[0]
+    assert top.rule == "DD110" and "static" in top.sources, [g.rule for g in report.ranked()]
+    folded = {c.finding.rule for c in top.consequences}
+    assert folded and folded <= {"DD103", "DD201", "DD203"}
+    assert not folded & {f.rule for f in report.findings}
+
+
+def test_dd110_silent_when_the_script_averages_gradients_itself() -> None:
+    found = _probe("grads_averaged_by_hand")
+    assert not {"DD110", "DD903", "DD404", "DD103"} & set(found), {r: f.message for r, f in found.items()}

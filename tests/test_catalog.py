@@ -27,6 +27,7 @@ EXPECTED = [
     ("DD107", "moved-after-wrap", "medium", True, False),
     ("DD108", "legacy-local-rank-arg", "medium", True, True),
     ("DD109", "single-node-world-size", "low", True, False),
+    ("DD110", "model-not-wrapped", "critical", True, True),
     ("DD201", "bn-stats-diverge", "medium", False, True),
     ("DD202", "small-bn-batch", "medium", False, True),
     ("DD203", "non-iid-shards", "high", False, True),
@@ -59,7 +60,6 @@ EXPECTED = [
 # that holds the implementation against this table treats that row as pending, not as a failure." A pending row
 # moves into EXPECTED (at its place in code order) when the rule lands in the catalog.
 PENDING = [
-    ("DD110", "model-not-wrapped", "critical", True, True),
     ("DD208", "conversion-changed-function", "critical", False, True),
     ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
     ("DD210", "frozen-bn-unfrozen", "high", False, True),
@@ -102,7 +102,7 @@ def test_frozen_contract_matches_spec_md():
 def test_codes_and_names_are_unique_and_well_formed():
     codes = [r.code for r in RULES]
     names = [r.name for r in RULES]
-    assert len(set(codes)) == len(codes) == 35
+    assert len(set(codes)) == len(codes) == 36
     assert len(set(names)) == len(names)
     assert codes == sorted(codes)
     for r in RULES:

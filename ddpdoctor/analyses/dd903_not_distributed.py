@@ -1,9 +1,11 @@
 """DD903 not-distributed: the script ran to its end (or the probe's limit) without ever initialising a process
-group, or initialised one but never wrapped a model in DDP: each process trained alone."""
+group, or initialised one but never built DDP and trained on at most one rank (several ranks training in a
+process group with nothing averaging their gradients is DD110)."""
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.analyses.dd110_model_not_wrapped import averaging_mechanisms
 from ddpdoctor.analyses.outcome import failures
 from ddpdoctor.findings import Finding
 
@@ -25,6 +27,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
             + f" ({max(steps.values(), default=0)} optimizer steps each) and nothing was synchronised"
         )
         fix = "Call torch.distributed.init_process_group() and wrap the model in DistributedDataParallel."
+    elif averaging_mechanisms(ctx):
+        return []  # FSDP, a gradient-averaging optimizer or hand-rolled all-reduces keep the replicas together
+    elif trained > 1:
+        return []  # ranks trained inside a process group with nothing averaging their gradients: DD110
     elif not ddps:
         message = (
             "the script initialised a process group but never built DistributedDataParallel: gradients were not "

@@ -62,6 +62,42 @@ def install(probe: Probe) -> None:
 
     probe.patcher.wrap(DDP, "__init__", make_init)
     probe.patcher.wrap(DDP, "forward", make_forward)
+    _install_sharded(probe)
+
+
+def _install_sharded(probe: Probe) -> None:
+    """FSDP (the wrapper class) and FSDP2 (`fully_shard`) keep the ranks' models consistent without DDP: a
+    `sharded_init` event per construction, so no analysis reads "no DDP" as "each rank trains alone". Patched
+    when the script imports torch.distributed.fsdp, never imported by the probe itself."""
+    from ddpdoctor.probe.importhook import when_imported
+
+    def patch() -> None:
+        import torch.distributed.fsdp as fsdp
+
+        def make_init(orig):
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                site = probe.site()
+                orig(self, *args, **kwargs)
+                probe.safely("sharded_init", probe.emit, "sharded_init", wrapper="FullyShardedDataParallel", site=site)
+
+            return __init__
+
+        def make_fully_shard(orig):
+            def fully_shard(*args: Any, **kwargs: Any) -> Any:
+                site = probe.site()
+                out = orig(*args, **kwargs)
+                probe.safely("sharded_init", probe.emit, "sharded_init", wrapper="fully_shard", site=site)
+                return out
+
+            return fully_shard
+
+        cls = getattr(fsdp, "FullyShardedDataParallel", None)
+        if cls is not None:
+            probe.patcher.wrap(cls, "__init__", make_init)
+        if callable(getattr(fsdp, "fully_shard", None)):
+            probe.patcher.wrap(fsdp, "fully_shard", make_fully_shard)
+
+    when_imported("torch.distributed.fsdp", lambda: probe.safely("fsdp patches", patch))
 
 
 def _text(value: Any) -> Any:
