@@ -59,7 +59,13 @@ def _replicas_diverged(cause: Finding, consequence: Finding, findings: Sequence[
         return f"the ranks' models had diverged{how}, so their layers see different inputs and statistics"
     dd103 = _first(findings, "DD103")
     if dd103 is not None:
-        return f"the ranks' models had diverged (DD103: {dd103.message})"
+        step = _ev(dd103, "first_step")
+        diff = _ev(dd103, "max_abs_diff_final")
+        detail = ", ".join(p for p in (f"from step {step}" if step is not None else "",
+                                       f"max parameter difference {diff:.3g}" if isinstance(diff, (int, float))
+                                       else "") if p)
+        return f"the ranks' models had diverged (DD103{': ' + detail if detail else ''}), so their layers see " \
+               "different inputs and statistics"
     return None
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.causes import EXPLAINS, Explains, flatten, fold_consequences, relations
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.render import render
+from ddpdoctor.rules import get_rule
 
 
 def make(rule: str, severity: Severity = Severity.HIGH, **kw) -> Finding:

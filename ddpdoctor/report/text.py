@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import RULES, get_rule
 from ddpdoctor.causes import flatten
+from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.findings import Finding, Severity, summarize
 from ddpdoctor.report import Report
 
