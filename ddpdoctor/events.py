@@ -212,8 +212,19 @@ EVENT_KINDS: dict[str, EventKind] = {
             static_graph="argument",
             mixed_precision="a mixed_precision config was passed",
             world_size="size of its process group",
+            params_device="where the wrapped module's parameters are, as on a GPU machine: 'cuda:N' (real or "
+            "emulated) | 'cpu'",
+            current_device="torch.cuda.current_device() at construction (null without CUDA)",
             ok="constructed",
             error="exception text when it raised",
+        ),
+        _k(
+            "ddp_inputs",
+            "the first training forward through a DDP: where its input and its parameters are",
+            ddp="probe id of the DDP object",
+            device="device of the first tensor input, as on a GPU machine ('cuda:N' | 'cpu'; null: no tensor)",
+            params_device="device of the wrapped module's parameters at that forward",
+            site="call site",
         ),
         _k(
             "sharded_init",

@@ -328,3 +328,20 @@ def test_dd110_model_not_wrapped_is_the_root_cause() -> None:
 def test_dd110_silent_when_the_script_averages_gradients_itself() -> None:
     found = _probe("grads_averaged_by_hand")
     assert not {"DD110", "DD903", "DD404", "DD103"} & set(found), {r: f.message for r, f in found.items()}
+
+
+def test_dd105_ranks_share_the_current_device() -> None:
+    found = _probe("device_not_bound")
+    f = found["DD105"]
+    assert f.ranks == (0, 1) and f.severity == Severity.HIGH and f.line == 15
+    assert f.evidence["shared_device"] == "cuda:0"
+    assert {r: v["params"] for r, v in f.evidence["per_rank"].items()} == {"0": "cuda:0", "1": "cuda:0"}
+    assert {v["inputs"] for v in f.evidence["per_rank"].values()} == {"cuda:0"}
+    assert "hold their DDP replica on cuda:0 and feed their batches there" in f.message
+
+
+def test_dd105_silent_and_cleared_when_each_rank_has_its_device() -> None:
+    result = analyze_run(RUNS / "probe_device_bound")
+    assert "DD105" not in {f.rule for f in result.findings}
+    (clearance,) = [c for c in result.clearances if c.rule == "DD105"]
+    assert "rank 0 cuda:0, rank 1 cuda:1" in clearance.reason

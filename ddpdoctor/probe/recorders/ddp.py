@@ -47,8 +47,13 @@ def install(probe: Probe) -> None:
 
         return __init__
 
+    inputs_seen: set[int] = set()
+
     def make_forward(orig):
         def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+            if id(self) not in inputs_seen and self.training and not probe.ending:
+                inputs_seen.add(id(self))
+                probe.safely("ddp_inputs", _inputs, probe, self, inputs, kwargs)
             probe.ddp_forward_depth += 1
             try:
                 out = orig(self, *inputs, **kwargs)
@@ -128,6 +133,51 @@ def _options(signature: inspect.Signature | None, self: Any, args: tuple, kwargs
     return out
 
 
+def placement(obj: Any) -> str | None:
+    """Where the script put a tensor or module, as it would be on a GPU machine: "cuda:N" (a real or an emulated
+    GPU: `.cuda()` without an index means the device current at that moment), "cpu", or None (nothing to tell)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        first = next(iter(obj.parameters()), None)
+        if first is None:
+            first = next(iter(obj.buffers()), None)
+        target: Any = first
+    else:
+        target = obj
+    if not torch.is_tensor(target):
+        return None
+    if target.device.type != "cpu":
+        return str(target.device)
+    try:
+        from ddpdoctor.probe import emulation
+    except Exception:  # noqa: BLE001 - no emulation: the CPU is where it is
+        return "cpu"
+    device = emulation.emulated_device(target) if emulation.emulation_active() else None
+    return str(device) if device is not None else "cpu"
+
+
+def _first_tensor(value: Any, depth: int = 0) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value
+    if depth < 3:
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        for v in items:
+            t = _first_tensor(v, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:
+    """The device of the first training forward's input, once per DDP (DD105: do the ranks feed one GPU?)."""
+    tensor = _first_tensor(list(inputs) + list(kwargs.values()))
+    probe.emit("ddp_inputs", ddp=probe.registry.id_of(ddp), device=placement(tensor) if tensor is not None else None,
+               params_device=placement(ddp.module), site=probe.site())
+
+
 def _constructed(probe: Probe, ddp: Any, site: Any, options: dict[str, Any]) -> None:
     params = list(ddp.module.parameters())
     registered = {id(p) for p in getattr(ddp, "_module_parameters", params)}
@@ -144,5 +194,17 @@ def _constructed(probe: Probe, ddp: Any, site: Any, options: dict[str, Any]) -> 
         params=len(params),
         numel=int(sum(p.numel() for p in params)),
         world_size=world,
+        params_device=placement(ddp.module),
+        current_device=_current_device(),
         **options,
     )
+
+
+def _current_device() -> int | None:
+    """torch.cuda.current_device() (emulated or real) when CUDA is in play, else None."""
+    import torch
+
+    try:
+        return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken CUDA setup is not this recorder's finding
+        return None

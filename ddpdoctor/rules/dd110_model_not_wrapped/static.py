@@ -25,9 +25,9 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 from ddpdoctor.static.semantic import Event, Obj, Value
 
 # Engines that average gradients without torch's DDP class, recognised by name (lower-cased identifiers) or by
-# the modules the script imports.
+# the modules the script imports (HF Accelerate by its module: `torch.accelerator` is not it).
 OTHER_ENGINES = (
-    "fullyshardeddataparallel", "fully_shard", "distributedoptimizer", "deepspeed", "accelerator", "horovod",
+    "fullyshardeddataparallel", "fully_shard", "distributedoptimizer", "deepspeed", "horovod",
     "zeroredundancyoptimizer",
 )
 OTHER_MODULES = ("torch.distributed.fsdp", "horovod", "deepspeed", "accelerate", "apex.parallel")
