@@ -412,6 +412,14 @@ EVENT_KINDS: dict[str, EventKind] = {
             site="where add_argument declared it",
             env_local_rank="LOCAL_RANK in this process's environment",
         ),
+        _k(
+            "env_read",
+            "user code read a launcher variable from the environment (first read per variable: LOCAL_RANK)",
+            var="the variable",
+            how="'getitem' (os.environ[...], .get, os.getenv) | 'contains' (`in os.environ`)",
+            value="its value then (null for a membership test)",
+            site="the user line that read it",
+        ),
         # --- BatchNorm (probe/recorders/batchnorm.py; issue 4 "BatchNorm" area: DD201-DD207 and the BN table)
         _k(
             "bn_layer",
@@ -462,6 +470,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             bn_layers_in_train_mode="BatchNorm layers of that module in training mode",
             syncbn_layers_in_train_mode="of which SyncBatchNorm",
             tracks_running_stats="the layer updates running statistics",
+            untrained_module="{cls, path, params, requires_grad}: the outermost module on the call stack whose "
+            "parameters no optimizer trains (a momentum/EMA/teacher encoder), or null",
         ),
         _k(
             "bn_final",

@@ -103,11 +103,21 @@ def test_dd104_hardcoded_rank() -> None:
     assert "passes rank=0" in f.message and "launcher's RANK/WORLD_SIZE" in f.message
 
 
-def test_dd108_legacy_local_rank() -> None:
+def test_dd108_legacy_local_rank_measured_as_under_torchrun() -> None:
     found = _probe("legacy_local_rank")
     f = found["DD108"]
-    assert f.line == 14 and f.evidence["per_rank"]["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
-    assert not any(x.severity > Severity.MEDIUM for x in found.values())
+    assert f.line == 14 and f.evidence["per_rank"]["1"] == {"default": 0, "value": 0, "LOCAL_RANK": "1"}
+    assert not f.evidence["injected_by_probe"] and "parsed --local_rank=0 and never read LOCAL_RANK" in f.message
+    assert found["DD105"].evidence["shared_device"] == "cuda:0"
+    (top, *_) = report_run(RUNS / "probe_legacy_local_rank").ranked()
+    assert top.rule == "DD108" and [c.finding.rule for c in top.consequences] == ["DD105"]
+
+
+def test_dd108_silent_when_a_helper_reads_local_rank() -> None:
+    result = analyze_run(RUNS / "probe_local_rank_from_helper")
+    assert not {"DD108", "DD105"} & {f.rule for f in result.findings}
+    (c,) = [c for c in result.clearances if c.rule == "DD108"]
+    assert "launch_helpers.py:11" in c.reason
 
 
 def test_self_spawning_run_is_read_by_rank() -> None:
@@ -345,3 +355,14 @@ def test_dd105_silent_and_cleared_when_each_rank_has_its_device() -> None:
     assert "DD105" not in {f.rule for f in result.findings}
     (clearance,) = [c for c in result.clearances if c.rule == "DD105"]
     assert "rank 0 cuda:0, rank 1 cuda:1" in clearance.reason
+
+
+def test_dd207_silent_on_a_momentum_encoder_and_firing_on_the_real_evaluation() -> None:
+    result = analyze_run(RUNS / "probe_momentum_encoder")
+    assert "DD207" not in {f.rule for f in result.findings}
+    assert any("momentum / EMA / teacher encoder" in n and "momentum_encoder.py:35" in n for n in result.notes)
+    assert [c.line for c in result.clearances if c.rule == "DD207"] == [35]
+
+    f = _probe("momentum_encoder_eval_bug")["DD207"]
+    assert f.line == 46 and f.ranks == (0, 1)
+    assert [s["line"] for s in f.evidence["sites"]] == [46]

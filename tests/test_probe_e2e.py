@@ -170,13 +170,14 @@ def test_self_spawning_script_is_started_once_and_its_children_instrumented(prob
     assert roles == ["main", "spawned", "spawned"]
 
 
-def test_legacy_local_rank_script_gets_the_argument(probe) -> None:
+def test_legacy_local_rank_script_runs_as_under_torchrun(probe) -> None:
     report, _, _ = probe("legacy_local_rank")
     f = _by_rule(report)["DD108"]
     per_rank = f["evidence"]["per_rank"]
     assert per_rank["0"] == {"default": 0, "value": 0, "LOCAL_RANK": "0"}
-    assert per_rank["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
-    assert f["line"] == 14 and f["evidence"]["injected_by_probe"]
+    assert per_rank["1"] == {"default": 0, "value": 0, "LOCAL_RANK": "1"}
+    assert f["line"] == 14 and not f["evidence"]["injected_by_probe"]
+    assert [c["rule"] for c in f["consequences"]] == ["DD105"]
     rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
     assert rows[0][3] == 8 and rows[1][3] == 8
     assert any("nccl→gloo" in n for n in report["notes"])

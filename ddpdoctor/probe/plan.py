@@ -13,8 +13,9 @@ or runs it).
   started once, and its main process asks to be relaunched under torchrun if it reaches init_process_group (or a
   launcher variable) before starting any rank (see ddpdoctor.probe.launch_check). A guard that reads the
   launcher's variables (`if "RANK" in os.environ`) means the script supports torchrun: it gets torchrun.
-- A script whose argparse parser declares --local_rank / --local-rank gets `--local_rank=N`, as
-  torch.distributed.launch passed it (torchrun does not).
+- A script whose argparse parser declares a *required* --local_rank / --local-rank gets `--local_rank=N`, as
+  torch.distributed.launch passed it (torchrun does not, and argparse would exit); an optional one is left to its
+  default, as under torchrun, so DD108 measures what the script does with it.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class _Scanner(ast.NodeVisitor):
         self.reads_env = False
         self.init_pg = False
         self.local_rank: tuple[str, int] | None = None
+        self.local_rank_required = False
 
     @property
     def spawn_line(self) -> int | None:
@@ -130,6 +132,10 @@ class _Scanner(ast.NodeVisitor):
             for arg in node.args:
                 if isinstance(arg, ast.Constant) and arg.value in LOCAL_RANK_OPTIONS and self.local_rank is None:
                     self.local_rank = (arg.value, node.lineno)
+                    self.local_rank_required = any(
+                        kw.arg == "required" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                        for kw in node.keywords
+                    )
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
@@ -614,7 +620,10 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2) -> Launch
         local_rank_line=local_rank[1] if local_rank else None,
         local_rank_declared=local_rank[0] if local_rank else None,
     )
-    torchrun = LaunchPlan(**common, local_rank_option=local_rank[0] if local_rank else None)
+    # torchrun never passes --local_rank: the probe passes it only where argparse would otherwise exit (a required
+    # option), so that the rest can be measured; an optional one keeps its default, as under torchrun, and DD108
+    # measures what that does (the ranks' devices, DD105).
+    torchrun = LaunchPlan(**common, local_rank_option=local_rank[0] if local_rank and s.local_rank_required else None)
     if not s.spawn_calls or not s.init_pg:
         return torchrun
     reach = _Reach(tree, s, script_options(tree, args), _given_flags(tree), args, nproc)

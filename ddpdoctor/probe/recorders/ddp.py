@@ -77,7 +77,7 @@ def _install_sharded(probe: Probe) -> None:
     from ddpdoctor.probe.importhook import when_imported
 
     def patch() -> None:
-        import torch.distributed.fsdp as fsdp
+        from torch.distributed import fsdp
 
         def make_init(orig):
             def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -58,13 +58,13 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ctx.clearances.append(Clearance(rule=CODE, reason=f"each rank held its replica on its own device ({devices})",
                                         evidence=evidence))
         return []
-    (host, device), ranks = max(clash.items(), key=lambda kv: len(kv[1]))
+    (_host, device), ranks = max(clash.items(), key=lambda kv: len(kv[1]))
     inputs_too = all(cuda[r].get("inputs") == device for r in ranks)
     ids = sorted({str(cuda[r].get("device_ids")) for r in ranks})
     message = (
         f"{fmt_ranks(ranks)} on one node hold their DDP replica on {device}"
         + (" and feed their batches there" if inputs_too else "")
-        + f": nothing bound each process to its own GPU (current device {cuda[ranks[0]].get('current_device')} on "
+        + f": no rank was bound to a GPU of its own (current device {cuda[ranks[0]].get('current_device')} on "
         f"each, device_ids {ids[0] if len(ids) == 1 else ids}); on real GPUs NCCL refuses the setup (duplicate GPU) "
         "or every rank shares one GPU while the others idle"
     )
