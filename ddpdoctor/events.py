@@ -730,6 +730,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "checkpoint_save",
             "torch.save was called (the file is written where the script says)",
             site="call site",
+            callers="[{file, line, function}]: the user frames further out (the script's call into its own save "
+            "helper), innermost first, at most 3",
             path="path as the script gave it, or the file object's name, or null",
             abspath="absolute path, or null for an anonymous buffer",
             target="type of the save target (str, PosixPath, BufferedWriter, BytesIO...)",

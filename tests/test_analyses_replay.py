@@ -366,3 +366,11 @@ def test_dd207_silent_on_a_momentum_encoder_and_firing_on_the_real_evaluation() 
     f = _probe("momentum_encoder_eval_bug")["DD207"]
     assert f.line == 46 and f.ranks == (0, 1)
     assert [s["line"] for s in f.evidence["sites"]] == [46]
+
+
+def test_dd202_message_follows_its_numbers() -> None:
+    f = _probe("small_bn_batch_uniform_data")["DD202"]
+    noise = f.evidence["batch_noise"]
+    assert noise["rank_vs_global_mean"] < 0.05 and noise["rank_vs_global_var"] < 0.05
+    assert f.severity == Severity.LOW and "noisy batch statistics in training" not in f.message
+    assert "stayed close to the global batch's" in f.message
