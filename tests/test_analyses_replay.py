@@ -374,3 +374,15 @@ def test_dd202_message_follows_its_numbers() -> None:
     assert noise["rank_vs_global_mean"] < 0.05 and noise["rank_vs_global_var"] < 0.05
     assert f.severity == Severity.LOW and "noisy batch statistics in training" not in f.message
     assert "stayed close to the global batch's" in f.message
+
+
+def test_static_lr_suspicions_are_settled_by_the_lr_the_ranks_used() -> None:
+    dd401 = report_run(RUNS / "probe_lr_set_in_loop")
+    assert "DD401" not in {f.rule for f in dd401.findings}
+    (note,) = [n for n in dd401.notes if n.startswith("static DD401")]
+    assert "never the 0.001 the optimizer was constructed with" in note and "5.00e-05 → 4.00e-04" in note
+    assert any("AdamW lr 5.00e-05 → 4.00e-04 over 8 observed steps" in n for n in dd401.notes)
+
+    dd402 = report_run(RUNS / "probe_warmup_in_loop")
+    assert "DD402" not in {f.rule for f in dd402.findings}
+    assert any(n.startswith("static DD402") and "ramps up: 0.01, 0.02" in n for n in dd402.notes)
