@@ -594,6 +594,7 @@ EVENT_KINDS: dict[str, EventKind] = {
             tracks_running_stats="the layer updates running statistics",
             untrained_module="{cls, path, params, requires_grad}: the outermost module on the call stack whose "
             "parameters no optimizer trains (a momentum/EMA/teacher encoder), or null",
+            cumulative_average="the layer's momentum is None (a cumulative average: a precise-BN recalibration)",
         ),
         _k(
             "bn_final",

@@ -386,3 +386,10 @@ def test_static_lr_suspicions_are_settled_by_the_lr_the_ranks_used() -> None:
     dd402 = report_run(RUNS / "probe_warmup_in_loop")
     assert "DD402" not in {f.rule for f in dd402.findings}
     assert any(n.startswith("static DD402") and "ramps up: 0.01, 0.02" in n for n in dd402.notes)
+
+
+def test_dd207_silent_on_a_precise_bn_recalibration() -> None:
+    result = analyze_run(RUNS / "probe_precise_bn")
+    assert "DD207" not in {f.rule for f in result.findings}
+    assert any("momentum None" in n and "precise BN" in n for n in result.notes)
+    assert [c.line for c in result.clearances if c.rule == "DD207"] == [30]

@@ -336,6 +336,9 @@ def _note_no_grad(probe: Probe, state: _State, module: Any, torch: Any, call_cod
         syncbn_layers_in_train_mode=syncbn,
         tracks_running_stats=bool(module.track_running_stats),
         untrained_module=probe.safely("untrained module", _untrained_module, probe, call_codes),
+        # momentum None = a cumulative average over the batches since the statistics were reset: what a precise-BN
+        # recalibration sets up (recompute the running statistics over many batches), not an evaluation
+        cumulative_average=module.momentum is None,
     )
 
 

@@ -8,8 +8,9 @@ running statistics those batches make up (each update's weight in the exponentia
 through a library helper that recalibrates BN on purpose (torch.optim.swa_utils.update_bn) are not reported, and
 neither are forwards of a module whose parameters no optimizer trains (none held with requires_grad) made while
 training goes on: a momentum / EMA / teacher encoder (MoCo's key encoder, BYOL's target network, DINO's teacher)
-runs its BatchNorm in training mode without gradients by design; the report notes it and drops a static DD207 at
-that call site.
+runs its BatchNorm in training mode without gradients by design; nor forwards whose BatchNorm layers have momentum
+None (a cumulative average: a precise-BN recalibration of the running statistics). The report notes them and
+drops a static DD207 at that call site.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def analyze(ctx: RunContext) -> list[Finding]:
         for e in p.of("bn_train_no_grad"):
             if not e.get("direct", True):
                 continue
+            if e.get("cumulative_average"):
+                # momentum None: the running statistics are being recomputed as an exact average over these
+                # batches (precise BN), which is what train mode under no_grad is for here
+                site = e.get("site") or {}
+                by_design.setdefault((str(site.get("file")), int(site.get("line") or 0)), {"site": site,
+                                                                                         "module": None})
+                continue
             teacher = e.get("untrained_module")
             if teacher and int(e.get("step") or 0) < steps:
                 # a module no optimizer trains, forwarded without grad inside training (steps followed): a
@@ -48,12 +56,18 @@ def analyze(ctx: RunContext) -> list[Finding]:
             entry["ranks"][rank] = counts.get(key, 1)
     for entry in by_design.values():
         m = entry["module"]
-        what = f"{m.get('cls')}{' (' + m['path'] + ')' if m.get('path') else ''}"
-        reason = (
-            f"the no-grad training-mode forward of {what} at {ctx.at(entry['site'])} runs a module whose "
-            f"{m.get('params')} parameters no optimizer trains, inside training steps: a momentum / EMA / teacher "
-            "encoder, whose train-mode BatchNorm is part of the method, not an evaluation"
-        )
+        if m is None:
+            reason = (
+                f"the no-grad training-mode forwards at {ctx.at(entry['site'])} ran BatchNorm with momentum None (a "
+                "cumulative average): a recalibration of the running statistics (precise BN), not an evaluation"
+            )
+        else:
+            what = f"{m.get('cls')}{' (' + m['path'] + ')' if m.get('path') else ''}"
+            reason = (
+                f"the no-grad training-mode forward of {what} at {ctx.at(entry['site'])} runs a module whose "
+                f"{m.get('params')} parameters no optimizer trains, inside training steps: a momentum / EMA / "
+                "teacher encoder, whose train-mode BatchNorm is part of the method, not an evaluation"
+            )
         ctx.clear(CODE, reason=reason, site=entry["site"])
         ctx.notes.append(f"DD207 not reported: {reason}")
     if not sites:
