@@ -122,7 +122,10 @@ def test_forward_through_unwrapped_model_and_diverged_replicas(probe) -> None:
         assert bypass["evidence"]["per_rank"][r]["bypass_forwards"] == 8
         assert bypass["evidence"]["per_rank"][r]["ddp_forwards"] == 0
         assert bypass["evidence"]["per_rank"][r]["steps"] == 8
-    diverged = found["DD103"]
+    # the diverged replicas are the bypass's consequence: folded under DD102, not ranked beside it
+    assert "DD103" not in found
+    diverged = next(c for c in bypass["consequences"] if c["rule"] == "DD103")
+    assert "bypassed DDP" in diverged["because"]
     # the initial weights (step 0) agree, DDP's constructor broadcast them; the unreduced first step splits them
     assert diverged["evidence"]["first_step"] == 1 and diverged["evidence"]["steps_compared"] == 9
     assert diverged["evidence"]["trace"][0] == {"step": 0, "ranks_differing": [], "max_abs_diff_sampled": 0.0}
