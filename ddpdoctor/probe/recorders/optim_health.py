@@ -22,7 +22,12 @@
 Cost: one isinstance check per module call (hooks), an `.item()` per backward, two foreach norms over the
 gradients per step and one over the parameters and norm buffers; per collective while a DDP model exists, a
 step over the wrapper frames to its caller (a few µs) and, for calls from user code only, a dict lookup of the
-tensor's storage. Values are read, never written; no generator is touched and no collective is added.
+tensor's storage. Values are read, never written; no generator is touched and no collective is added. Without
+DDP, the optimizers' parameters are indexed instead: a script that averages gradients itself is seen doing so
+(DD110 must not call its replicas unwrapped).
+
+Size: one module (~600 lines) because the backward, step and collective wrappers share one per-process state (the
+backward counters, the gradient index, the hand reductions of the current step) that each of them updates.
 
 Install order: this recorder must be installed before `process_group`, so that its collective wrappers sit
 *inside* the process-group recorder's (which looks at its direct caller to tell user code from library code).

@@ -20,11 +20,10 @@ import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.rules.dd202_small_bn_batch import CODE, SMALL_BN_BATCH
+from ddpdoctor.rules import get_rule
+from ddpdoctor.rules.dd202_small_bn_batch import CODE, SMALL_BN_BATCH, VERY_SMALL
 
-VERY_SMALL = 4
 # measured noise below which the per-rank statistics are, on this data, as good as the global batch's
 QUIET_MEAN = 0.05  # rank batch mean vs global, in standard deviations
 QUIET_VAR = 0.05  # rank batch variance vs global, relative
