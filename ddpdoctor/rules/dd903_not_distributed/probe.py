@@ -1,13 +1,17 @@
 """DD903 not-distributed: the script ran to its end (or the probe's limit) without ever initialising a process
 group, or initialised one but never built DDP and trained on at most one rank (several ranks training in a
-process group with nothing averaging their gradients is DD110)."""
+process group with nothing averaging their gradients is DD110).
+
+Silent where gradients were averaged another way — apex's DistributedDataParallel (a `ddp_init` with its
+`wrapper`), Horovod's DistributedOptimizer (`grad_averaging`), FSDP, a hand-written all-reduce of the gradients —
+and for a single-process DataParallel run, where DD106 measures what DataParallel did and gives the port to DDP."""
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.rules.dd110_model_not_wrapped.probe import averaging_mechanisms
 from ddpdoctor.analyses.outcome import failures
 from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd110_model_not_wrapped.probe import averaging_mechanisms
 from ddpdoctor.rules.dd903_not_distributed import CODE
 
 
@@ -15,6 +19,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
     procs = [p for p in ctx.run.processes if p.role in ("rank", "attached", "spawned", "main", "forked")]
     if ctx.timed_out or failures(ctx) or not procs or any(p.done is None for p in procs if p.role != "forked"):
         return []
+    if ctx.run.meta.get("mode") == "single" and any(True for _ in ctx.run.events("data_parallel_init")):
+        return []  # DD106 speaks for a DataParallel script
+    if any(True for _ in ctx.run.events("grad_averaging")):
+        return []  # Horovod's DistributedOptimizer averages the gradients
     inits = list(ctx.run.events("pg_init"))
     ddps = [e for _, e in ctx.run.events("ddp_init") if e.get("ok")]
     steps = {p.pid: len(p.of("optimizer_step")) for p in procs}
