@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Severity
 from ddpdoctor.rules import RULES as CATALOG
 from ddpdoctor.rules import hooks
 from ddpdoctor.static import analyze_file, analyze_source, build_model
-from ddpdoctor import torchnames as N
 
 RULES = hooks("static")  # each rule's static.py, in code order
 REPO = Path(__file__).resolve().parent.parent

@@ -29,7 +29,7 @@ BAD = {
     "spawn/bad": {"DD302", "DD105", "DD109"},
     "apex/bad": {"DD108", "DD201"},
     "apex/bad_syncbn": {"DD216"},
-    "horovod/bad": {"DD103", "DD201", "DD504"},
+    "horovod/bad": {"DD103", "DD109", "DD201", "DD402", "DD504"},
 }
 GOOD = ["dataparallel/good", "launch/good", "spawn/good", "apex/good", "horovod/good"]
 IMPLEMENTED = {r.code for r in RULES}

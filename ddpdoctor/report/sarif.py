@@ -17,10 +17,10 @@ from urllib.parse import quote
 
 from ddpdoctor import __version__
 from ddpdoctor.causes import flatten
-from ddpdoctor.rules import Rule, get_rule
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps, json_safe
+from ddpdoctor.rules import Rule, get_rule
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"

@@ -159,17 +159,36 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         # --- process groups and processes (apis/distributed.py)
         _k(
             "init_pg",
-            "init_process_group",
+            "init_process_group (or hvd.init(), which sets up the job's process group)",
+            optional=("via",),
             params="parameter name → Value or None: backend, init_method, timeout, world_size, rank, store, "
             "group_name, "
             "pg_options, device_id",
             nodes="parameter name → node or None",
             args="the call's arguments",
+            via="'horovod.torch.init' for hvd.init() (its parameters are all None)",
         ),
         _k(
             "collective",
-            "a collective of torch.distributed (torchnames.COLLECTIVES)",
+            "a collective of torch.distributed (torchnames.COLLECTIVES), or of Horovod (op 'hvd.<name>')",
+            optional=("library", "discarded"),
             op="its name",
+            args="the call's arguments",
+            library="'horovod' for Horovod's collectives",
+            discarded="Horovod: a collective that returns a new tensor (allreduce, allgather, broadcast...) called as "
+            "a statement, so its result is thrown away",
+        ),
+        _k(
+            "grad_averaging",
+            "an optimizer wrapped so that it averages gradients across ranks (hvd.DistributedOptimizer)",
+            optimizer="Value: the wrapped optimizer (the call returns it)",
+            args="the call's arguments",
+            wrapper="'horovod.torch.DistributedOptimizer'",
+        ),
+        _k(
+            "hvd_broadcast",
+            "hvd.broadcast_parameters / hvd.broadcast_optimizer_state: rank 0's weights or state sent to every rank",
+            what="'parameters' | 'optimizer_state'",
             args="the call's arguments",
         ),
         _k(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd402_no_warmup import CODE
-from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 

@@ -11,14 +11,14 @@ import ast
 from typing import Any
 
 from ddpdoctor import torchnames as N
-from ddpdoctor.static.apis import cli, data, distributed, environ, nn, optim, ranks, tensors
+from ddpdoctor.static.apis import cli, data, distributed, environ, horovod, nn, optim, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
-API_MODULES = (nn, optim, data, distributed, environ, cli, tensors)
+API_MODULES = (nn, optim, data, distributed, horovod, environ, cli, tensors)
 REGISTRY = Registry(API_MODULES)
 
 
