@@ -120,8 +120,17 @@ def run_check(cfg: CheckConfig) -> Report:
         from ddpdoctor.probe.launcher import run_probe
 
         run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+        progress = None if cfg.quiet else progress_display(cfg, run_dir)
         try:
-            run_probe(cfg, run_dir, static_findings=static)
+            try:
+                run_probe(cfg, run_dir, static_findings=static, progress=progress)
+            except KeyboardInterrupt:
+                if progress is not None:
+                    progress.close(interrupted=True)
+                raise
+            finally:
+                if progress is not None:
+                    progress.discard()  # closed by run_probe unless it failed: then the error says it all
             analysis = analyze_run(run_dir)
         finally:
             if cfg.keep_run is None:
@@ -146,6 +155,13 @@ def run_check(cfg: CheckConfig) -> Report:
         base_dir=Path.cwd(),
     )
 
+
+def progress_display(cfg: CheckConfig, run_dir: Path):  # noqa: ANN201 - ddpdoctor.probe.progress.ProgressDisplay
+    """The live progress of the probe on stderr (ddpdoctor.probe.progress); `--quiet` goes without."""
+    from ddpdoctor.probe.progress import ProgressDisplay
+
+    return ProgressDisplay(run_dir, script=str(cfg.script), nproc=cfg.nproc, epochs=cfg.epochs, steps=cfg.steps,
+                           timeout=cfg.timeout)
 
 
 def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:

@@ -87,6 +87,7 @@ def check(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
     from ddpdoctor.check import run_check
@@ -116,6 +117,7 @@ def check(
         select=opts.select,
         ignore=opts.ignore,
         keep_run=keep_run,
+        quiet=quiet,
         small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
     )
     report = run_check(cfg)

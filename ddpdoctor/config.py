@@ -71,6 +71,7 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
+    quiet: bool = False  # no progress display on stderr while probing
     small_bn_batch: int = SMALL_BN_BATCH
 
 
