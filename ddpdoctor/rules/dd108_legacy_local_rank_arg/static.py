@@ -35,7 +35,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     helpers = _project_modules(script)
     yield script.finding(
         CODE,
-        line=opt.line,
+        line=opt,
         message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local rank in "
         f"the LOCAL_RANK environment variable, so every process keeps the default",
         confidence=Confidence.LIKELY if helpers else Confidence.CERTAIN,
