@@ -104,14 +104,19 @@ def validate_script(script: Path) -> Path:
 
 
 def run_check(cfg: CheckConfig) -> Report:
-    from ddpdoctor.static import analyze_file
+    from ddpdoctor.static import analyze_paths, analyze_script
 
-    script = validate_script(cfg.script)
-    static: list[Finding] = list(analyze_file(script))
+    notes: list[str] = []
+    if cfg.static_only:
+        base = cfg.exclude_base or Path.cwd()
+        analysis = analyze_paths([cfg.script, *cfg.paths], exclude=cfg.exclude, base=base)
+    else:
+        analysis = analyze_script(validate_script(cfg.script))
+    static: list[Finding] = list(analysis.findings)
+    notes.extend(analysis.notes)
     probe: list[Finding] = []
     clearances: tuple[Clearance, ...] = ()
     environment: dict = {"nproc": cfg.nproc}
-    notes: list[str] = []
     tables: dict = {}
     if not cfg.static_only:
         require_torch("the probe")
@@ -147,7 +152,7 @@ def run_check(cfg: CheckConfig) -> Report:
         merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
     )
     return Report(
-        script=str(cfg.script),
+        script=" ".join(str(p) for p in (cfg.script, *cfg.paths)),
         args=cfg.script_args,
         environment=environment,
         findings=tuple(kept),

@@ -368,6 +368,7 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
             "group: one process drives every GPU, so it was started once, as `python train.py`",
         )
     spawn_line = spawns[0].line if spawns else None
+    spawn_place = _place(spawns[0], model) if spawns else f"line {spawn_line}"
     common: dict[str, Any] = {
         "spawn_line": spawn_line,
         "reads_launcher_env": reads_env,
@@ -385,7 +386,7 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
     reached: Any = False
     for ev in assumed.of("spawn", "process"):
         reached = _or(reached, reach.reach(ev))
-    where = f"its spawn call at line {spawn_line}"
+    where = f"its spawn call at {spawn_place}"
     why = "; ".join(dict.fromkeys(reach.deciding))
     spawn = {**common, "spawns_own_ranks": True, "local_rank_option": None}
     if reached is True:
@@ -418,8 +419,12 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2, filename:
 
 
 def plan_for_file(script: Path, args: Sequence[str] = (), nproc: int = 2) -> LaunchPlan:
+    """The launch plan for a script file, read with the project modules it imports (a helper may hold the spawn
+    call, the process group or the launcher variables)."""
+    from ddpdoctor.static import build_project_model
+
     try:
-        source = script.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        model = build_project_model(script)
+    except UsageError:
         return LaunchPlan()
-    return plan_launch(source, args, nproc, filename=str(script))
+    return plan_for_model(model, args, nproc, rebuild=lambda assume: build_project_model(script, assume))

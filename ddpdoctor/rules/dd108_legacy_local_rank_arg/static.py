@@ -29,7 +29,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     opt = options[0]
     yield script.finding(
         CODE,
-        line=opt.line,
+        line=opt,
         message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local rank in "
         f"the LOCAL_RANK environment variable, so every process keeps the default",
         confidence=Confidence.CERTAIN,

@@ -216,4 +216,4 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                     "of the two uses an lr tuned for the other's global batch"
                 )
         reported[text] = evidence
-        yield script.finding(CODE, line=ev.line, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence, severity=severity)
+        yield script.finding(CODE, line=ev, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence, severity=severity)

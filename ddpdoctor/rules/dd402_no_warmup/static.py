@@ -36,7 +36,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         what = script.text(site.node)
     yield script.finding(
         CODE,
-        line=site.line,
+        line=site,
         message=f"`{what}` at line {site.line} scales the step size with the world size, but no warmup schedule ramps it "
         f"up, so the first iterations run at the full scaled lr (unstable from about 4 processes on)",
         confidence=cap_unreached(confidence, site),
