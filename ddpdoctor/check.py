@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
 from ddpdoctor.events import META_FILE
@@ -148,9 +149,7 @@ def run_check(cfg: CheckConfig) -> Report:
         environment = {"nproc": cfg.nproc, "static_only": True}
     merged, cleared = merge_static_and_probe(static, probe, clearances, select=cfg.select, ignore=cfg.ignore)
     notes.extend(cleared)
-    kept = filter_findings(
-        merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
-    )
+    kept = fold_consequences(filter_findings(merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()))
     return Report(
         script=" ".join(str(p) for p in (cfg.script, *cfg.paths)),
         args=cfg.script_args,
@@ -228,8 +227,8 @@ def report_run(
     merged, cleared = merge_static_and_probe(
         load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
-    kept = filter_findings(
-        merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources
+    kept = fold_consequences(
+        filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)
     )
     return Report(
         script=analysis.script,

@@ -458,9 +458,9 @@ def run_probe(
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record
         _clear_attempt(run_dir)
-        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
+        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
         meta["mode"] = "torchrun"
-        meta["legacy_local_rank_arg"] = plan.local_rank_declared
+        meta["legacy_local_rank_arg"] = plan.local_rank_option
         meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
         write_json(run_dir / META_FILE, meta)
         if progress is not None:
