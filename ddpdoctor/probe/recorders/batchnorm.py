@@ -117,7 +117,7 @@ def install(probe: Probe) -> None:
     call_codes = {torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__}
 
     def pre_hook(module: Any, args: Any) -> None:
-        if not isinstance(module, _BatchNorm) or not state.active or probe.ending:
+        if not isinstance(module, _BatchNorm) or not state.active or probe.ending or probe.quiet:
             return None
         probe.safely("batchnorm forward", _forward, probe, state, module, args, torch, SyncBatchNorm, call_codes)
         return None
