@@ -854,6 +854,403 @@ RULES: tuple[Rule, ...] = (
         fix="Call model.eval() before evaluation and model.train() after it.",
     ),
     Rule(
+        code="DD208",
+        name="conversion-changed-function",
+        severity=Severity.CRITICAL,
+        summary=(
+            "converting BN to SyncBN changed what a layer computes (a BatchNorm subclass with its own forward, "
+            "e.g. a fused activation, replaced by plain SyncBatchNorm)"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            The probe notices every plain BatchNorm layer that a converter (torch's `convert_sync_batchnorm`,
+            timm's, mmengine's, apex-style or the script's own) replaces by a SyncBN-like layer, keeps a copy of
+            the original, and at the replacement's first forward runs both on that same input, at identical
+            weights and running statistics, in train and in eval mode, with the replacement normalising over the
+            rank's own batch (what `ddpdoctor triage` calls arm L against arm P). eps and momentum are equalised
+            first, so only the forward code is compared. A relative difference above float rounding is a changed
+            function; the finding names the layer, both classes and the difference in each mode.
+            """
+        ),
+        why=_prose(
+            """
+            `nn.SyncBatchNorm.convert_sync_batchnorm` replaces every `_BatchNorm` instance by a plain
+            `SyncBatchNorm` built from its attributes. A subclass that does more than batch norm in its forward —
+            timm's `BatchNormAct2d` applies the activation (and drop) inside the norm layer, fused or multi-step
+            BN variants, BN with a custom eval path — loses that behaviour: its activation child is still
+            registered, but SyncBatchNorm's forward never calls it (pytorch/pytorch#187298, timm#1254). The model
+            then trains a different network (no ReLU after the norm, for instance) and scores lower for a reason
+            that has nothing to do with statistics.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: torch's converter turns BatchNormAct2d into a SyncBatchNorm without the activation
+            model = timm.create_model("resnet50")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+            # Good: the library's converter keeps the fused layer (SyncBatchNormAct)
+            from timm.layers import convert_sync_batchnorm
+            model = convert_sync_batchnorm(timm.create_model("resnet50"))
+            """
+        ),
+        fix=(
+            "Convert with a converter that knows the subclass (timm.layers.convert_sync_batchnorm for timm "
+            "models), or give the subclass a SyncBN counterpart that keeps its forward."
+        ),
+    ),
+    Rule(
+        code="DD209",
+        name="bn-type-check-misses-syncbn",
+        severity=Severity.HIGH,
+        summary=(
+            "code that finds norm layers by exact class stops matching after conversion: weight-decay "
+            "exclusions, momentum schedules, freezing, precise-BN helpers silently change"
+        ),
+        static=True,
+        probe=True,
+        what=_prose(
+            """
+            Static analysis looks, in a script that converts to SyncBatchNorm, for code that picks BatchNorm
+            layers by a class that SyncBatchNorm is not: `type(m) is nn.BatchNorm2d`, `type(m) ==
+            nn.BatchNorm2d`, `isinstance(m, nn.BatchNorm2d)` (1d/3d alike), `m.__class__.__name__ ==
+            "BatchNorm2d"`.
+
+            The probe compares every BatchNorm layer between the arms of `ddpdoctor triage`, at the same
+            optimizer step: with the conversion (A) and without it (P), the layer's momentum, eps, training mode,
+            requires_grad, the lr and weight decay of the optimizer group holding its parameters, and how many
+            train-mode forwards without gradients (precise-BN recalibration) it ran. A difference the conversion
+            itself did not make is code that stopped recognising the layer. Within one run, a converter that
+            did not carry momentum or eps over to the new layer is reported too.
+            """
+        ),
+        why=_prose(
+            """
+            `isinstance(nn.SyncBatchNorm(8), nn.BatchNorm2d)` is False: SyncBatchNorm derives from `_BatchNorm`,
+            not from the BatchNorm*d classes. Code written for the plain model silently stops matching the
+            converted layers: weight-decay exclusions for norm parameters (BN weights decay again), BN-momentum
+            schedules, freezing of early stages, precise-BN or EMA recalibration helpers and custom
+            initialisation all skip them. Likewise a hand-written converter that builds the new layer with
+            default arguments loses a tuned momentum or eps. Each of these changes training as much as a
+            hyper-parameter change would, and only the SyncBN run has it.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: SyncBatchNorm is not an nn.BatchNorm2d, so BN weights get weight decay after conversion
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            no_decay = [p for m in model.modules() if isinstance(m, nn.BatchNorm2d) for p in m.parameters()]
+
+            # Good: match every BatchNorm, SyncBatchNorm included
+            from torch.nn.modules.batchnorm import _BatchNorm
+            no_decay = [p for m in model.modules() if isinstance(m, _BatchNorm) for p in m.parameters()]
+            """
+        ),
+        fix=(
+            "Select norm layers with isinstance(m, torch.nn.modules.batchnorm._BatchNorm) (or _NormBase), and "
+            "carry momentum and eps over in custom converters."
+        ),
+    ),
+    Rule(
+        code="DD210",
+        name="frozen-bn-unfrozen",
+        severity=Severity.HIGH,
+        summary="BN layers frozen before conversion (eval mode and/or requires_grad False) train again after it",
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            The probe records, for every BatchNorm layer a converter replaces, the original's training mode and
+            the requires_grad of its weight and bias, and the same of the replacement when it is registered and at
+            the first optimizer step. In `ddpdoctor triage` it also compares the layer between the arm with the
+            conversion (A) and the arm without it (P) at the same step. A layer frozen without the conversion and
+            training with it is the finding.
+            """
+        ),
+        why=_prose(
+            """
+            Detection and segmentation recipes freeze BatchNorm in pretrained backbones (eval mode, parameters
+            without gradients), because their per-GPU batches are too small to re-estimate the statistics. A
+            converter that builds fresh SyncBatchNorm layers without copying `training` and `requires_grad` —
+            torch's own before 2.2, mmengine's (mmengine#1624), many hand-written ones — unfreezes them: the
+            pretrained statistics get overwritten and the affine parameters start moving, which is exactly what
+            freezing was there to prevent.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: a converter that drops requires_grad and eval mode
+            def to_syncbn(m):
+                new = nn.SyncBatchNorm(m.num_features, m.eps, m.momentum)
+                new.weight.data.copy_(m.weight.data)
+                new.bias.data.copy_(m.bias.data)
+                return new
+
+            # Good: keep the frozen state
+            new.weight.requires_grad_(m.weight.requires_grad)
+            new.bias.requires_grad_(m.bias.requires_grad)
+            new.train(m.training)
+            """
+        ),
+        fix=(
+            "Copy training and requires_grad in the converter (torch >= 2.2 does), or freeze after converting."
+        ),
+    ),
+    Rule(
+        code="DD211",
+        name="syncbn-stats-wrong",
+        severity=Severity.HIGH,
+        summary=(
+            "the statistics a SyncBN layer applied differ from the exact global-batch statistics (a custom or "
+            "buggy implementation, e.g. equal-weight averaging of unequal batches)"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            For the first optimizer steps the probe records the per-channel mean, variance and covariance of
+            every SyncBN-like layer's input and output on each rank, and its weight and bias. Training-mode batch
+            norm is an affine map per channel, so the mean and variance the layer applied follow from them; the
+            analysis compares them with the exact statistics of the layer's process group (Chan's combination of
+            the ranks' counts, means and variances) and of the rank's own batch, with a tolerance derived from
+            the output's floating-point rounding. Channels whose output carries no information about the
+            statistics (weight near zero) and layers whose output is not affine (a fused activation) are not
+            measured, and the finding says how many were.
+            """
+        ),
+        why=_prose(
+            """
+            SyncBN exists to normalise with the statistics of the union of the ranks' batches. Implementations
+            that average per-rank means and variances with equal weights are exact only when every rank has the
+            same batch size and the same mean; with unequal batches (the last batch of an epoch, uneven shards)
+            or non-i.i.d. ranks the applied statistics are biased, and naive sum-of-squares variants lose
+            precision when activations sit far from zero. Old and third-party implementations
+            (pytorch#22192-era bugs, hand-rolled NaiveSyncBN ports) shift every layer's normalisation in a way
+            plain DDP never does.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: equal-weight average of per-rank statistics
+            mean = x.mean((0, 2, 3)); dist.all_reduce(mean); mean /= world
+
+            # Good: torch's SyncBatchNorm combines counts, means and variances exactly
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            """
+        ),
+        fix=(
+            "Use torch.nn.SyncBatchNorm, or weight each rank's mean and variance by its count and add the "
+            "between-rank term (Chan's formula)."
+        ),
+    ),
+    Rule(
+        code="DD212",
+        name="syncbn-scope",
+        severity=Severity.HIGH,
+        summary=(
+            "SyncBN layers sync over a different set of ranks than intended (a singleton or wrong "
+            "process_group): statistics are local"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            The probe records each SyncBN layer's process group on every rank (its global ranks) and, from the
+            layer's input and output, which ranks' statistics it applied. It fires when a layer on a run with
+            several ranks syncs over a group of one rank, over a group that does not contain the rank itself, or
+            over groups the ranks disagree about.
+            """
+        ),
+        why=_prose(
+            """
+            `convert_sync_batchnorm(model, process_group=...)` scopes synchronisation to that group. Building
+            one group per rank (`new_group([rank])`), passing another rank's group, or building groups with
+            different rank lists on different ranks leaves every layer normalising over its own batch: the run
+            pays for SyncBN and gets per-GPU statistics, or synchronises over a partition nobody intended.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: every rank syncs with itself only
+            groups = [dist.new_group([r]) for r in range(world)]
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=groups[rank])
+
+            # Good: one group over the ranks meant to share statistics (here: all of them)
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            """
+        ),
+        fix=(
+            "Pass the process group of the ranks meant to share statistics (None for all); every rank must "
+            "build the same groups in the same order."
+        ),
+    ),
+    Rule(
+        code="DD213",
+        name="stale-running-stats",
+        severity=Severity.INFO,
+        summary=(
+            "running statistics lag the population statistics at the current weights (EMA lag under a large lr "
+            "or small momentum)"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            In `ddpdoctor triage` each arm recomputes, at the end of its steps and at fixed weights,
+            PreciseBN-style population statistics: a copy of the model is run in train mode over the last few
+            training batches with the running statistics reset to a cumulative average. The finding compares the
+            running statistics the layers hold with them (the mean in units of the channel's standard deviation,
+            the variance relatively), with the sampling error of the population estimate as an interval.
+            """
+        ),
+        why=_prose(
+            """
+            Running statistics are an exponential moving average over past batches, computed by past weights.
+            With a large learning rate (a scaled-up lr, a warmup peak) or a small momentum the weights move
+            faster than the average forgets, so evaluation normalises with statistics of a network that no longer
+            exists. It affects plain and SyncBN runs alike; PreciseBN (Wu & Johnson 2021) recomputes them at the
+            final weights.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: evaluate with whatever the EMA holds after a high-lr epoch
+            model.eval(); evaluate(model)
+
+            # Good: recompute the statistics at the final weights first
+            torch.optim.swa_utils.update_bn(train_loader_subset, model)
+            model.eval(); evaluate(model)
+            """
+        ),
+        fix="Recompute BN statistics at the final weights before evaluating (update_bn / PreciseBN).",
+    ),
+    Rule(
+        code="DD214",
+        name="bn-train-test-inconsistency",
+        severity=Severity.LOW,
+        summary=(
+            "the statistics used in training and those used in evaluation differ enough to shift eval outputs"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            In `ddpdoctor triage`, next to the population statistics of DD213, each arm runs the model's eval-mode
+            forward on a held training batch twice, once with the running statistics and once with the
+            population statistics, and reports the relative change of the output.
+            """
+        ),
+        why=_prose(
+            """
+            A model trained with batch statistics is evaluated with running statistics. When they disagree —
+            lagging running averages, a normalisation batch much smaller or larger than the data's real
+            variation, non-i.i.d. batches — the eval-mode network is not the one that was trained, and accuracy
+            drops although training looked fine. Measuring the shift of the outputs says how much that matters
+            for this model, which the size of the statistics' error alone does not.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: running statistics from a few noisy per-GPU batches of 2
+            model.eval(); evaluate(model)
+
+            # Good: recalibrate, or normalise over a larger batch (SyncBN over a subgroup)
+            torch.optim.swa_utils.update_bn(calibration_loader, model)
+            """
+        ),
+        fix="Recalibrate BN statistics before evaluation, or normalise over batches that represent the data.",
+    ),
+    Rule(
+        code="DD215",
+        name="micro-batch-bn",
+        severity=Severity.LOW,
+        summary=(
+            "with gradient accumulation, BN normalises (and updates running stats) per micro-batch, not over the "
+            "batch the optimizer sees"
+        ),
+        static=False,
+        probe=True,
+        what=_prose(
+            """
+            The probe counts the gradient-enabled training forwards of each BatchNorm layer between optimizer
+            steps and their batch sizes. Two or more per step is gradient accumulation: the finding gives the
+            samples BN normalised over per forward (per rank, and with SyncBN per group) against the samples the
+            optimizer step averages over.
+            """
+        ),
+        why=_prose(
+            """
+            Gradient accumulation makes the optimizer see a large batch, but BatchNorm still normalises each
+            micro-batch on its own and updates its running statistics once per micro-batch. A recipe ported to
+            fewer GPUs with accumulation "to keep the batch size" therefore has the gradient of the large batch
+            and the BN noise of the small one, and running statistics averaged over micro-batches. SyncBN
+            recovers part of the normalisation batch across ranks; only a larger micro-batch recovers all of it.
+            """
+        ),
+        example=_code(
+            """
+            # Bad (for BN): 4 micro-batches of 8 per step, BN sees 8
+            for i, (x, y) in enumerate(loader):
+                loss_fn(ddp(x), y).backward()
+                if (i + 1) % 4 == 0:
+                    opt.step(); opt.zero_grad()
+
+            # Better: larger micro-batches, SyncBN across ranks, or GroupNorm
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            """
+        ),
+        fix=(
+            "Prefer larger micro-batches (or SyncBN across ranks, or GroupNorm) when BN batches under "
+            "accumulation are small."
+        ),
+    ),
+    Rule(
+        code="DD216",
+        name="bn-params-not-trained",
+        severity=Severity.CRITICAL,
+        summary=(
+            "after conversion the BN weight/bias the model uses are not the ones the optimizer updates (a cloning "
+            "converter applied after the optimizer was built)"
+        ),
+        static=True,
+        probe=True,
+        what=_prose(
+            """
+            Static analysis looks for an optimizer built over the model's parameters before a converter that
+            makes new parameters (apex's `convert_syncbn_model`, or a function of the project that builds
+            SyncBatchNorm layers and gives them new weight/bias tensors) is applied to that model.
+
+            The probe checks, at the first optimizer step after a conversion, whether an optimizer holds the
+            converted layers' weight and bias (and whether it holds the originals' instead), and at the first
+            step of every DDP model whether its SyncBN parameters are in an optimizer at all.
+            """
+        ),
+        why=_prose(
+            """
+            An optimizer holds references to Parameter objects. torch's `convert_sync_batchnorm` reuses the
+            original weight and bias, so an optimizer built before it still updates them (FACTS: 2.13). Converters
+            that clone — apex's `convert_syncbn_model`, many hand-written ones — register new Parameters: an
+            optimizer built before the conversion keeps updating the old, now unused tensors while the model's
+            BN affine parameters never change (CenterPoint#146, horovod#2183). Training still converges somewhat,
+            so nothing crashes; accuracy is simply lower.
+            """
+        ),
+        example=_code(
+            """
+            # Bad: the optimizer holds the pre-conversion parameters
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model = apex.parallel.convert_syncbn_model(model)
+
+            # Good: convert first, then build the optimizer
+            model = apex.parallel.convert_syncbn_model(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            """
+        ),
+        fix="Convert the model to SyncBN before building the optimizer (and the DDP wrapper).",
+    ),
+    Rule(
         code="DD301",
         name="sampler-not-reshuffled",
         severity=Severity.HIGH,

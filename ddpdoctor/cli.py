@@ -91,6 +91,18 @@ def check(
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
     from ddpdoctor.check import run_check
+
+    cfg, fmt, fail = _check_config(
+        script, script_args, static=static, nproc=nproc, epochs=epochs, steps=steps, timeout=timeout, device=device,
+        base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling, output_format=output_format, output=output,
+        fail_on=fail_on, select=select, ignore=ignore, keep_run=keep_run,
+    )
+    report = run_check(cfg)
+    _render_and_exit(report, fmt, output, fail)
+
+
+def _check_config(script: Path, script_args: Optional[List[str]], **o):  # noqa: ANN003, ANN202
+    """check's options (command line over [tool.ddpdoctor]) as (CheckConfig, format, fail-on severity)."""
     from ddpdoctor.config import (
         DEVICES,
         LR_SCALINGS,
@@ -102,8 +114,8 @@ def check(
     )
     from ddpdoctor.findings import Severity
 
-    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
-    dev = _choice(device, DEVICES, "--device")
+    fmt = _choice(o["output_format"], OUTPUT_FORMATS, "--format")
+    dev = _choice(o["device"], DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
     pyproject = find_pyproject(script)
@@ -113,29 +125,29 @@ def check(
         return cli_value if cli_value is not None else table.get(key, default)
 
     try:
-        fail = Severity.parse(str(pick(fail_on, "fail_on", "medium")))
-        scaling = _choice(str(pick(lr_scaling, "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
-        n = int(pick(nproc, "nproc", 2))
-        blr = pick(base_lr, "base_lr", None)
-        bbatch = pick(base_batch, "base_batch", None)
+        fail = Severity.parse(str(pick(o["fail_on"], "fail_on", "medium")))
+        scaling = _choice(str(pick(o["lr_scaling"], "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
+        n = int(pick(o["nproc"], "nproc", 2))
+        blr = pick(o["base_lr"], "base_lr", None)
+        bbatch = pick(o["base_batch"], "base_batch", None)
         cfg = CheckConfig(
             script=script,
             script_args=tuple(script_args or ()),
-            static_only=static,
+            static_only=o["static"],
             nproc=n,
-            epochs=epochs,
-            steps=steps,
-            timeout=timeout,
+            epochs=o["epochs"],
+            steps=o["steps"],
+            timeout=o["timeout"],
             device=dev,
             base_lr=float(blr) if blr is not None else None,
             base_batch=int(bbatch) if bbatch is not None else None,
             lr_scaling=scaling,
             output_format=fmt,
-            output=output,
+            output=o["output"],
             fail_on=fail,
-            select=split_codes(select) or tuple(table.get("select", ())),
-            ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
-            keep_run=keep_run,
+            select=split_codes(o["select"]) or tuple(table.get("select", ())),
+            ignore=split_codes(o["ignore"]) + tuple(table.get("ignore", ())),
+            keep_run=o["keep_run"],
             small_bn_batch=int(table.get("small_bn_batch", 16)),
             pyproject=pyproject,
         )
@@ -145,7 +157,45 @@ def check(
         raise UsageError("--nproc must be >= 1")
     if (cfg.base_lr is None) != (cfg.base_batch is None):
         raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
-    report = run_check(cfg)
+    return cfg, fmt, fail
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def triage(
+    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`.", show_default=False
+    ),
+    arms: Optional[str] = typer.Option(None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", min=1, help="Ranks per SyncBN subgroup (arm G)."),
+    seed: int = typer.Option(0, "--seed", help="Seed every arm starts from (seed + rank), for scripts that set none."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs observed per arm (default 3)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Steps kept per epoch (default 10)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for each arm's probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's event logs in DIR."),
+) -> None:
+    """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
+    from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
+
+    cfg, fmt, fail = _check_config(
+        script, script_args, static=False, nproc=nproc, epochs=epochs or DEFAULT_EPOCHS,
+        steps=steps or DEFAULT_STEPS, timeout=timeout, device=device, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling, output_format=output_format, output=output, fail_on=fail_on, select=select,
+        ignore=ignore, keep_run=keep_run,
+    )
+    if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
+        raise UsageError(f"--group-size {group_size}: must divide --nproc {cfg.nproc} into groups of 2 or more ranks")
+    report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
     _render_and_exit(report, fmt, output, fail)
 
 

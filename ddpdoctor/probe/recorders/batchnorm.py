@@ -172,13 +172,24 @@ def _forward(
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     samples = int(x.shape[0])
-    synced = _syncs(layer, module) if isinstance(module, SyncBatchNorm) else False
+    synced = _syncs(layer, module) if isinstance(module, SyncBatchNorm) and not _local(probe) else False
     if layer.recorded >= FORWARDS_PER_STEP or count == 0:
         layer.dropped += 1
         return
     layer.recorded += 1
     mean, var = channel_moments(x, torch)
     state.records.append(_Record(layer.index, probe.steps, grad, samples, count, synced, mean, var))
+
+
+def _local(probe: Probe) -> bool:
+    """SyncBN layers normalise with per-rank statistics here (triage arm L, or an in-process check)."""
+    if probe.settings.bn_mode == "local":
+        return True
+    try:
+        from ddpdoctor.probe.arms import local_stats_active
+    except Exception:
+        return False
+    return local_stats_active()
 
 
 def channel_moments(x: Any, torch: Any) -> tuple[Any, Any]:

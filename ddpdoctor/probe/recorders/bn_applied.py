@@ -68,6 +68,16 @@ def install(probe: Probe) -> None:
     probe.end_hooks.append(lambda: probe.safely("bn applied flush", _flush, probe, records, fallback_names, torch))
 
 
+def io_moments(x: Any, y: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """Per-channel (input mean, input biased variance, output mean, output biased variance, covariance), float64."""
+    dims = [0, *range(2, x.dim())]
+    view = (1, -1, *([1] * (x.dim() - 2)))
+    xd, yd = x.detach().double(), y.detach().double()
+    mx, my = xd.mean(dims), yd.mean(dims)
+    xc, yc = xd - mx.view(view), yd - my.view(view)
+    return mx, (xc * xc).mean(dims), my, (yc * yc).mean(dims), (xc * yc).mean(dims)
+
+
 def _group_of(module: Any, probe: Probe) -> tuple[bool | None, list[int] | None]:
     """(synchronises, global ranks of its process group) as the layer stands after its forward."""
     import torch.distributed as dist
@@ -97,12 +107,7 @@ def _record(probe: Probe, records: list[_Record], module: Any, args: Any, output
     if count < 2:
         return
     with torch.no_grad():
-        dims = [0, *range(2, x.dim())]
-        view = (1, -1, *([1] * (x.dim() - 2)))
-        xd, yd = x.detach().double(), y.detach().double()
-        mx, my = xd.mean(dims), yd.mean(dims)
-        xc, yc = xd - mx.view(view), yd - my.view(view)
-        vx, vy, cxy = (xc * xc).mean(dims), (yc * yc).mean(dims), (xc * yc).mean(dims)
+        mx, vx, my, vy, cxy = io_moments(x, y)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         w = weight.detach().double().reshape(-1) if weight is not None else torch.ones_like(mx)
         b = bias.detach().double().reshape(-1) if bias is not None else torch.zeros_like(mx)
