@@ -1010,7 +1010,7 @@ RULES: tuple[Rule, ...] = (
         probe=True,
         what=_prose(
             """
-            For the first optimizer steps the probe records the per-channel mean, variance and covariance of
+            The probe records, for the first optimizer steps, the per-channel mean, variance and covariance of
             every SyncBN-like layer's input and output on each rank, and its weight and bias. Training-mode batch
             norm is an affine map per channel, so the mean and variance the layer applied follow from them; the
             analysis compares them with the exact statistics of the layer's process group (Chan's combination of
@@ -1098,8 +1098,8 @@ RULES: tuple[Rule, ...] = (
         probe=True,
         what=_prose(
             """
-            In `ddpdoctor triage` each arm recomputes, at the end of its steps and at fixed weights,
-            PreciseBN-style population statistics: a copy of the model is run in train mode over the last few
+            The probe, in each arm of `ddpdoctor triage`, recomputes at the end of its steps and at fixed
+            weights PreciseBN-style population statistics: a copy of the model is run in train mode over the last few
             training batches with the running statistics reset to a cumulative average. The finding compares the
             running statistics the layers hold with them (the mean in units of the channel's standard deviation,
             the variance relatively), with the sampling error of the population estimate as an interval.
@@ -1137,8 +1137,8 @@ RULES: tuple[Rule, ...] = (
         probe=True,
         what=_prose(
             """
-            In `ddpdoctor triage`, next to the population statistics of DD213, each arm runs the model's eval-mode
-            forward on a held training batch twice, once with the running statistics and once with the
+            The probe, in each arm of `ddpdoctor triage`, next to the population statistics of DD213, runs the
+            model's eval-mode forward on a held training batch twice, once with the running statistics and once with the
             population statistics, and reports the relative change of the output.
             """
         ),
@@ -1197,7 +1197,7 @@ RULES: tuple[Rule, ...] = (
                 if (i + 1) % 4 == 0:
                     opt.step(); opt.zero_grad()
 
-            # Better: larger micro-batches, SyncBN across ranks, or GroupNorm
+            # Good: larger micro-batches, SyncBN across ranks, or GroupNorm
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
             """
         ),

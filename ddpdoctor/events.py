@@ -526,12 +526,14 @@ EVENT_KINDS: dict[str, EventKind] = {
         _k("bn_population", "PreciseBN-style population statistics at the final weights on the last training "
            "batches (triage, at the end)", ok="measured", reason="why not", step="optimizer steps completed",
            layers="[{name, channels, batches, eps, momentum, batches_tracked}]",
-           stats="blob ref (float64): per layer, the running mean and variance the layer holds, the population "
-           "mean and variance (cumulative average of the batch means and unbiased variances), then the batch "
-           "means (batches x channels)",
+           stats="blob ref (float64): per layer, the running mean and variance the layer holds, this rank's "
+           "population mean and variance (cumulative average of the batch means and unbiased variances), the "
+           "population mean and variance over every rank's held batches (= this rank's when not pooled), then "
+           "the batch means (batches x channels)",
+           pooled="the population statistics of all ranks were exchanged (through the store, with a deadline)",
            batches="held batches", batch_samples="samples in each held batch",
            eval_output_shift="||y_running - y_population|| / ||y_population|| of the eval-mode output on the last "
-           "held batch (first output tensor), or null"),
+           "held batch (first output tensor), with the population statistics of all ranks, or null"),
         # --- data, optimisation, checkpoints (probe/recorders/rng.py, dataset.py, optim_health.py, checkpoint.py;
         #     issue 4 areas "Data", "Optimisation", "Checkpoints": DD303-DD306, DD402-DD406, DD501-DD503)
         _k(

@@ -176,7 +176,7 @@ def applied_statistics(
     z = np.maximum(np.abs(my - my_pred) / tol_m, np.abs(sy - sy_pred) / tol_s)
     resolvable = RESOLUTION * np.abs(w)  # output change of a RESOLUTION deviation of the mean (in std units)
     measurable = (tol_m < resolvable) & (tol_s < RESOLUTION * np.maximum(sy_pred, 1e-300)) & (sx > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         corr = cxy / np.sqrt(np.maximum(vx * vy, 1e-300))
         affine = (np.abs(np.abs(corr) - 1.0) <= max(1e-4, 64 * u)) | ~measurable
         a_obs = np.sign(cxy) * np.sqrt(vy / np.maximum(vx, 1e-300))

@@ -11,8 +11,9 @@ Arms (ProbeSettings.bn_mode / bn_convert, set by the launcher; `check` runs with
 - "plain" (arm P of a SyncBN script): the conversion undone. `convert_sync_batchnorm` returns the module unchanged;
   any converter (timm, mmengine/mmcv, apex-style, the script's own) that registers a SyncBN-like module where a
   plain BatchNorm is gets the plain one kept (a module-registration hook returns the registered child unchanged),
-  so the original layers, their flags and their parameters stay; `nn.SyncBatchNorm(...)` built directly becomes
-  `nn.BatchNorm2d` (re-classed to BatchNorm1d/3d at its first forward by the input's dimension).
+  so the original layers, their flags and their parameters stay; an `nn.SyncBatchNorm(...)` the script builds
+  directly is registered as an `nn.BatchNorm2d` holding the same parameters and buffers (re-classed to
+  BatchNorm1d/3d at its first forward by the input's dimension).
 - "group" (arm G): SyncBN over subgroups of `bn_group_size` consecutive ranks, created right after
   init_process_group; layers without an explicit process group use the rank's subgroup.
 - bn_convert=1 (arms A, L, G of a plain-BN script, the mirror question): the model is converted with
@@ -31,12 +32,12 @@ leaving the peers waiting. Both are thread-local and never active while the user
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import random
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ddpdoctor.probe.session import Probe
 
@@ -238,50 +239,46 @@ def _install_plain(probe: Probe, state: _ArmState, torch: Any, SyncBatchNorm: ty
         if submodule is None or not sync_like(submodule):
             return None
         current = parent.__dict__.get("_modules", {}).get(name)
-        if current is None or current is submodule or not isinstance(current, _BatchNorm) or sync_like(current):
+        if current is submodule:
             return None
-        probe.safely("arm plain", state.note, probe, "conversion undone", converter=type(submodule).__name__,
-                     layer=name, kept=type(current).__name__)
-        return current
+        if current is not None and isinstance(current, _BatchNorm) and not sync_like(current):
+            probe.safely("arm plain", state.note, probe, "conversion undone", converter=type(submodule).__name__,
+                         layer=name, kept=type(current).__name__)
+            return current
+        if type(submodule) is SyncBatchNorm:  # built directly by the script: plain BatchNorm in its place
+            plain = probe.safely("arm plain", _as_plain, submodule, torch)
+            if plain is not None:
+                probe.safely("arm plain", state.note, probe, "built as BatchNorm", layer=name,
+                             num_features=int(submodule.num_features))
+                return plain
+        return None
 
     handle = module_mod.register_module_module_registration_hook(keep_plain)
     probe.patcher.add_undo(handle.remove)
-
-    init_sig = inspect.signature(SyncBatchNorm.__init__)
-
-    def sync_bn_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if cls is SyncBatchNorm and (args or kwargs):
-            try:
-                bound = init_sig.bind(None, *args, **kwargs)
-            except TypeError:
-                return object.__new__(cls)
-            a = bound.arguments
-            plain = torch.nn.BatchNorm2d(
-                a["num_features"], a.get("eps", 1e-5), a.get("momentum", 0.1), a.get("affine", True),
-                a.get("track_running_stats", True), device=a.get("device"), dtype=a.get("dtype"),
-                bias=a.get("bias", True),
-            )
-            plain._ddpdoctor_any_dim = True
-            probe.safely("arm plain", state.note, probe, "built as BatchNorm", num_features=int(a["num_features"]))
-            return plain
-        return object.__new__(cls)
-
-    probe.patcher.setattr(SyncBatchNorm, "__new__", staticmethod(sync_bn_new))
 
     by_dim = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}
 
     def fix_class(module: Any, args: Any) -> None:
         if not module.__dict__.get("_ddpdoctor_any_dim"):
-            return None
+            return
         del module.__dict__["_ddpdoctor_any_dim"]
         x = args[0] if args else None
         cls = by_dim.get(getattr(x, "dim", lambda: 4)())
         if cls is not None and type(module) is not cls:
             module.__class__ = cls
-        return None
+        return
 
     handle = module_mod.register_module_forward_pre_hook(fix_class)
     probe.patcher.add_undo(handle.remove)
+
+
+def _as_plain(sync: Any, torch: Any) -> Any:
+    """A BatchNorm2d holding the SyncBatchNorm's own parameters, buffers and mode (re-classed to 1d/3d by the
+    input's dimension at its first forward)."""
+    plain = torch.nn.BatchNorm2d.__new__(torch.nn.BatchNorm2d)
+    plain.__dict__.update({k: v for k, v in sync.__dict__.items() if k != "process_group"})
+    plain.__dict__["_ddpdoctor_any_dim"] = True
+    return plain
 
 
 def _install_groups(probe: Probe, state: _ArmState) -> None:

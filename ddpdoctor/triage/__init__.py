@@ -11,7 +11,7 @@ re-analysed by `ddpdoctor report DIR` like a check run.
 
 from __future__ import annotations
 
-__all__ = ["ARM_NAMES", "VERDICTS", "FAVOURS"]
+__all__ = ["ARM_NAMES", "FAVOURS", "VERDICTS"]
 
 ARM_NAMES = ("A", "L", "P", "G")
 VERDICTS = ("confirmed", "likely", "possible", "ruled_out", "both_arms", "not_measurable")

@@ -13,8 +13,8 @@ statistics against PreciseBN population statistics at fixed weights (DD213) and 
 (DD214), micro-batch BN under accumulation (DD215). Port problems the check analyses find in both arms are
 BOTH ARMS: they cannot explain a gap between the arms.
 
-Ranking: confirmed; both-arms causes of medium severity or more; likely; possible; low both-arms causes;
-not measurable; ruled out — then by severity and measured size.
+Ranking: confirmed; both-arms causes of medium severity or more; likely; possible; ruled out in favour of one arm
+("SyncBN is right here"); low both-arms causes; not measurable; ruled out — then by severity and measured size.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ LAG_LIKELY, LAG_POSSIBLE = 0.2, 0.1  # running mean vs population, in standard d
 VAR_LAG_LIKELY, VAR_LAG_POSSIBLE = 0.2, 0.1  # running var vs population, relative
 SHIFT_LIKELY, SHIFT_POSSIBLE = 0.05, 0.01  # eval-output change, running vs population statistics
 CLEAR_DIFFERENCE = 1.5  # one arm's lag or shift this many times the other's favours the other arm
-TIERS = {"confirmed": 0, "both_arms_high": 1, "likely": 2, "possible": 3, "both_arms_low": 4, "not_measurable": 5,
-         "ruled_out": 6}
+TIERS = {"confirmed": 0, "both_arms_high": 1, "likely": 2, "possible": 3, "ruled_out_favouring": 4,
+         "both_arms_low": 5, "not_measurable": 6, "ruled_out": 7}
 
 
 @dataclass
@@ -85,6 +85,8 @@ class Cause:
     def tier(self) -> int:
         if self.verdict == "both_arms":
             return TIERS["both_arms_high" if self.severity >= Severity.MEDIUM else "both_arms_low"]
+        if self.verdict == "ruled_out" and self.favours != "none":  # evidence for one arm ("SyncBN is right here")
+            return TIERS["ruled_out_favouring"]
         return TIERS[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
@@ -293,8 +295,8 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
                 groups.setdefault("hyper", []).append({**d, "key": key, "a": va, "p": vp})
             elif key in ("training", "weight_requires_grad", "bias_requires_grad"):
                 dropped = before.get(key) is False and after.get(key) is True
-                if dropped and key != "training" and "DD210" in have:
-                    continue
+                if dropped and "DD210" in have:
+                    continue  # the converter dropped the frozen state: reported from the conversion
                 kind = "frozen_by_converter" if dropped else "frozen_by_code"
                 groups.setdefault(kind, []).append({**d, "key": key, "a": va, "p": vp})
             elif key.endswith("_in_optimizer"):
@@ -338,7 +340,7 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
             text = (f"{layers_text(items)} are frozen differently with and without the conversion ({what}, from "
                     f"step {first['step']}): code that freezes norm layers by exact class skips SyncBatchNorm")
         measured = {"summary": what, "layers": [{k: i[k] for k in ("layer", "step", "key", "a", "p")}
-                                                 for i in items][:16], "compared": f"arm A vs arm P at each step"}
+                                                 for i in items][:16], "compared": "arm A vs arm P at each step"}
         out.append(Cause(cause=cause, rule=rule, verdict="confirmed", favours="fix_conversion", measured=measured,
                          message=text, fix=get_rule(rule).fix, severity=get_rule(rule).severity,
                          magnitude=float(len(items))))
@@ -529,7 +531,7 @@ def _population(ctx: RunContext) -> dict[str, Any] | None:
     """Per layer over ranks: running vs population lag (mean in std, var relative), the population estimate's
     standard error, and the eval-output shift; None when not recorded."""
     lags_m, lags_v, ses, shifts = [], [], [], []
-    for rank, proc in ctx.ranks.items():
+    for proc in ctx.ranks.values():
         ev = proc.last("bn_population")
         if not ev or not ev.get("ok"):
             continue
@@ -542,19 +544,20 @@ def _population(ctx: RunContext) -> dict[str, Any] | None:
         if vec is None:
             continue
         off = 0
+        world = max(len(ctx.ranks), 1) if ev.get("pooled") else 1
         for layer in ev.get("layers") or []:
             c, h = int(layer["channels"]), int(layer["batches"])
-            need = 4 * c + h * c
+            need = 6 * c + h * c
             if off + need > vec.size:
                 break
-            rm, rv, pm, pv = (vec[off + i * c: off + (i + 1) * c] for i in range(4))
-            means = vec[off + 4 * c: off + 4 * c + h * c].reshape(h, c)
+            rm, rv, _pm, _pv, gm, gv = (vec[off + i * c: off + (i + 1) * c] for i in range(6))
+            means = vec[off + 6 * c: off + 6 * c + h * c].reshape(h, c)
             off += need
-            sd = np.sqrt(np.maximum(pv, 0) + float(layer.get("eps") or 1e-5))
-            lags_m.append(float(np.sqrt(np.mean(((rm - pm) / sd) ** 2))))
-            lags_v.append(float(np.median(np.abs((rv + 1e-12) / (pv + 1e-12) - 1.0))))
+            sd = np.sqrt(np.maximum(gv, 0) + float(layer.get("eps") or 1e-5))
+            lags_m.append(float(np.sqrt(np.mean(((rm - gm) / sd) ** 2))))
+            lags_v.append(float(np.median(np.abs((rv + 1e-12) / (gv + 1e-12) - 1.0))))
             if h > 1:
-                ses.append(float(np.sqrt(np.mean((means.std(axis=0, ddof=1) / math.sqrt(h) / sd) ** 2))))
+                ses.append(float(np.sqrt(np.mean((means.std(axis=0, ddof=1) / math.sqrt(h * world) / sd) ** 2))))
     if not lags_m:
         return None
     return {"mean_lag_std": float(np.median(lags_m)), "var_lag_rel": float(np.median(lags_v)),
@@ -666,26 +669,54 @@ def rank_causes(causes: list[Cause]) -> list[Cause]:
     return sorted(causes, key=lambda c: (c.tier, -int(c.severity), -c.magnitude, c.rule or "", c.cause))
 
 
+REASONS = {
+    "DD208": "a converted layer computes a different function",
+    "DD209": "code that picks norm layers by class treats the converted layers differently",
+    "DD210": "frozen BatchNorm layers train again",
+    "DD211": "SyncBN applies statistics that are not its group's exact ones",
+    "DD212": "SyncBN synchronises over the wrong ranks",
+    "DD216": "the converted layers' BN parameters are never trained",
+    "DD203": "the ranks' data are not i.i.d., which SyncBN corrects",
+    "DD215": "BN normalises small micro-batches under gradient accumulation, which SyncBN partly recovers",
+    "DD213": "running statistics lag the weights more without SyncBN",
+    "DD214": "evaluation is more inconsistent with training without SyncBN",
+    "DD204": "per-GPU BN statistics from so few samples are noisy",
+}
+
+
 def headline(causes: list[Cause], mirror: bool) -> str:
+    """One sentence: what to do first, in the user's question's terms."""
     top = causes[0] if causes else None
-    subject = "Converting this plain-BN script to SyncBN" if mirror else "The conversion to SyncBN"
     if top is not None and top.verdict == "confirmed":
-        return (f"{subject} {'would change' if mirror else 'changed'} the model itself ({top.cause}, {top.rule}): "
-                f"fix that before comparing accuracy.")
+        reason = REASONS.get(top.rule or "", top.cause)
+        if mirror:
+            return (f"Converting this plain-BN script to SyncBN would change the model itself: {reason} "
+                    f"({top.rule}) — fix that before converting.")
+        return f"The conversion to SyncBN changed the model itself: {reason} ({top.rule}) — fix that before comparing accuracy."
     prefix = "No SyncBN-specific defect found"
     if top is not None and top.verdict == "both_arms":
-        return (f"{prefix}; {top.cause} ({top.rule}) hurts both arms, so the regression is elsewhere — fix it "
-                "first.")
+        return f"{prefix}; {top.cause} ({top.rule}) hurts both arms, so the regression is elsewhere — fix it first."
     noise = next((c for c in causes if c.rule == "DD204"), None)
+    b = noise.measured.get("per_rank_samples") if noise is not None else None
     if top is not None and top.verdict == "likely" and top.favours in ("plain", "subgroups"):
-        b = (noise.measured.get("per_rank_samples") if noise is not None else None)
+        if mirror:
+            return (f"{prefix}; SyncBN would most likely not help: per-GPU batches" + (f" of {b}" if b else "")
+                    + " already give stable BN statistics, and syncing would remove the BN noise that regularises.")
         return (f"{prefix}; SyncBN most likely scores lower because it removes the BN noise that per-GPU batches"
                 + (f" of {b}" if b else "") + " already average out: use per-GPU BatchNorm or SyncBN over small "
                 "subgroups.")
-    if top is not None and top.verdict == "likely" and top.favours == "syncbn":
-        return (f"{prefix}; SyncBN is right here ({top.cause}, {top.rule}), so the regression is elsewhere.")
-    if noise is not None and noise.verdict == "ruled_out" and noise.favours == "syncbn":
-        return f"{prefix}; SyncBN is right here (it fixes noisy per-GPU BN statistics), so the regression is elsewhere."
+    favouring = next((c for c in causes if c.favours == "syncbn" and c.verdict in ("likely", "possible", "ruled_out")),
+                     None)
+    if favouring is not None and (top is favouring or top is None or top.favours in ("syncbn", "none")):
+        reason = REASONS.get(favouring.rule or "", favouring.cause)
+        if mirror:
+            return f"{prefix} in the conversion; SyncBN would likely help here: {reason} ({favouring.rule})."
+        return f"{prefix}; SyncBN is right here — {reason} ({favouring.rule}) — so the regression is elsewhere."
+    if top is not None and top.verdict == "possible":
+        if top.rule == "DD204" and not mirror:
+            return (f"{prefix}; SyncBN may score lower because it removes part of the BN noise of per-GPU batches"
+                    + (f" of {b}" if b else "") + " (possible, not likely): compare with per-GPU BatchNorm.")
+        return f"{prefix}; the strongest candidate is only possible: {top.cause} ({top.rule})."
     return (f"{prefix}: nothing measured explains a gap between SyncBN and plain DDP on this script"
             + (" (the mirror question: converting would change nothing measurable)." if mirror else "."))
 

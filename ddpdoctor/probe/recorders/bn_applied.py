@@ -25,8 +25,21 @@ FORWARDS_PER_STEP = 2  # per layer and step
 
 
 class _Record:
-    __slots__ = ("module", "step", "samples", "count", "vec", "eps", "affine", "momentum", "sync_like", "synced",
-                 "group_ranks", "local_mode", "dtype")
+    __slots__ = (
+        "affine",
+        "count",
+        "dtype",
+        "eps",
+        "group_ranks",
+        "local_mode",
+        "module",
+        "momentum",
+        "samples",
+        "step",
+        "sync_like",
+        "synced",
+        "vec",
+    )
 
     def __init__(self, **kw: Any) -> None:
         for k, v in kw.items():
@@ -47,14 +60,14 @@ def install(probe: Probe) -> None:
     def hook(module: Any, args: Any, output: Any) -> None:
         if (probe.steps >= APPLIED_STEPS or probe.quiet or probe.ending or not isinstance(module, _BatchNorm)
                 or not module.training or not torch.is_grad_enabled()):
-            return None
+            return
         key = (id(module), probe.steps)
         if per_step.get(key, 0) >= FORWARDS_PER_STEP:
-            return None
+            return
         per_step[key] = per_step.get(key, 0) + 1
         probe.safely("bn applied", _record, probe, records, module, args, output, torch, sync_like,
                      local_stats_active)
-        return None
+        return
 
     def on_step(optimizer: Any) -> None:
         if records:

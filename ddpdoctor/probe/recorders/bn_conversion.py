@@ -148,23 +148,23 @@ def install(probe: Probe) -> None:
 
     def registration_hook(parent: Any, name: str, submodule: Any) -> None:
         if submodule is None or not isinstance(submodule, _BatchNorm) or not sync_like(submodule):
-            return None
+            return
         current = parent.__dict__.get("_modules", {}).get(name)
         if current is None or current is submodule or not isinstance(current, _BatchNorm) or sync_like(current):
-            return None
+            return
         if len(state.order) < MAX_CONVERSIONS:
             probe.safely("bn conversion", _record, probe, state, parent, name, current, submodule)
-        return None
+        return
 
     def pre_hook(module: Any, args: Any) -> None:
         if not state.unchecked or probe.quiet or probe.ending:
-            return None
+            return
         conv = state.unchecked.get(id(module))
         if conv is None or conv.new is not module:
-            return None
+            return
         del state.unchecked[id(module)]
         probe.safely("bn conversion equivalence", _check, probe, conv, module, args)
-        return None
+        return
 
     h1 = module_mod.register_module_module_registration_hook(registration_hook)
     h2 = module_mod.register_module_forward_pre_hook(pre_hook)

@@ -57,7 +57,6 @@ def install(probe: Probe) -> None:
         if (isinstance(module, _BatchNorm) and module.training and not probe.quiet and not probe.ending
                 and torch.is_grad_enabled()):
             probe.safely("bn samples", _samples, probe, state, module, args, torch)
-        return None
 
     handle = module_mod.register_module_forward_pre_hook(pre_hook)
     probe.patcher.add_undo(handle.remove)
@@ -79,7 +78,6 @@ def install(probe: Probe) -> None:
         if not state.initial_done:
             state.initial_done = True
             probe.safely("triage initial params", _initial_params, probe, optimizer, torch)
-        return None
 
     h2 = register_optimizer_step_pre_hook(step_pre)
     probe.patcher.add_undo(h2.remove)
@@ -271,8 +269,7 @@ def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> No
 
                 def keep(mod: Any, a: Any, n: str = n) -> None:
                     x = a[0]
-                    dims = [0, *range(2, x.dim())]
-                    batch_means[n].append(x.detach().double().mean(dims))
+                    batch_means[n].append(x.detach().double().mean([0, *range(2, x.dim())]))
 
                 handles.append(m.register_forward_pre_hook(keep))
             try:
@@ -283,6 +280,14 @@ def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> No
             finally:
                 for h in handles:
                     h.remove()
+            local = {n: (m.running_mean.detach().double().clone(), m.running_var.detach().double().clone())
+                     for n, m in layers}
+        pooled = _pool_over_ranks(probe, local, torch)
+        with torch.no_grad(), local_stats(), no_collectives():
+            for n, m in layers:  # evaluate with the population statistics of all ranks' batches
+                mean, var = (pooled or local)[n]
+                m.running_mean.copy_(mean.to(m.running_mean.dtype))
+                m.running_var.copy_(var.to(m.running_var.dtype))
             twin.eval()
             out_population = first_tensor(twin(*args0, **kwargs0))
     except Exception as exc:
@@ -300,8 +305,10 @@ def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> No
         c = int(m.running_mean.numel())
         if not means or any(bm.numel() != c for bm in means):
             continue
+        pm, pv = local[n]
+        gm, gv = (pooled or local)[n]
         parts.extend([r.running_mean.detach().double().reshape(-1).cpu(), r.running_var.detach().double().reshape(-1).cpu(),
-                      m.running_mean.detach().double().reshape(-1).cpu(), m.running_var.detach().double().reshape(-1).cpu(),
+                      pm.reshape(-1).cpu(), pv.reshape(-1).cpu(), gm.reshape(-1).cpu(), gv.reshape(-1).cpu(),
                       torch.stack(means).reshape(-1).cpu()])
         entries.append({"name": n, "channels": c, "batches": len(means), "eps": float(m.eps),
                         "momentum": None if r.momentum is None else float(r.momentum),
@@ -316,4 +323,46 @@ def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> No
         vec = torch.cat(parts)
         ref = probe.blob(vec.numpy().tobytes(), dtype="float64", count=int(vec.numel()))
     probe.emit("bn_population", ok=True, step=probe.steps, layers=entries, stats=ref, batches=len(held),
-               batch_samples=batch_samples, eval_output_shift=shift)
+               batch_samples=batch_samples, eval_output_shift=shift, pooled=pooled is not None)
+
+
+POOL_TIMEOUT = 20.0  # seconds a rank waits for its peers' population statistics at the end
+
+
+def _pool_over_ranks(probe: Probe, local: dict[str, tuple[Any, Any]], torch: Any) -> dict[str, tuple[Any, Any]] | None:
+    """The population statistics of every rank's held batches together: the ranks' PreciseBN means averaged, their
+    variances averaged plus the spread of their means (the variance of the union). Exchanged through the process
+    group's store with a deadline, never with a collective: a peer that ended differently cannot hang this one.
+    None when there is no process group or a peer did not answer."""
+    import time
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 or not local:
+        return None
+    store = dist.distributed_c10d._get_default_store()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    names = sorted(local)
+    vec = torch.cat([t.reshape(-1) for n in names for t in local[n]]).cpu()
+    store.set(f"ddpdoctor/triage/population/{rank}", vec.numpy().tobytes())
+    keys = [f"ddpdoctor/triage/population/{r}" for r in range(world)]
+    deadline = time.monotonic() + min(POOL_TIMEOUT, max(probe.settings.timeout / 4, 1.0))
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    import numpy as np
+
+    vectors = [torch.from_numpy(np.frombuffer(store.get(k), dtype=np.float64).copy()) for k in keys]
+    if any(v.numel() != vec.numel() for v in vectors):
+        return None
+    stacked = torch.stack(vectors)
+    out: dict[str, tuple[Any, Any]] = {}
+    offset = 0
+    for n in names:
+        c = local[n][0].numel()
+        means, variances = stacked[:, offset: offset + c], stacked[:, offset + c: offset + 2 * c]
+        offset += 2 * c
+        mean = means.mean(0)
+        out[n] = (mean, variances.mean(0) + ((means - mean) ** 2).mean(0))
+    return out
