@@ -213,7 +213,7 @@ def test_json_document(demo_sorted):
     assert layer["features"] == 16 and layer["norm_batch"]["local"] == 16 and layer["norm_batch"]["sync"] == 32
     assert set(layer["running_mean_rel_err"]) >= {"local", "local_no_broadcast", "sync"}
     assert set(layer["running_var_rel_err"]) >= {"local", "local_no_broadcast", "sync"}
-    assert set(layer["rank_spread"]["running_var"]) == {"local", "local_no_broadcast", "sync"}
+    assert set(layer["rank_spread"]["running_var"]) == {"local", "local_no_broadcast", "local_reduce", "sync"}
     assert "Cauchy" in doc["noniid"]["method"] and doc["noniid"]["p_value"] < 1e-3
     assert doc["noniid"]["statistic"] > 0
     findings = [Finding.from_json(f) for f in doc["findings"]]

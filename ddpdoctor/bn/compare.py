@@ -5,7 +5,9 @@ have computed over the whole global batch, and is the data on the ranks even dra
 
 The command launches N rank processes (`ddpdoctor.bn._worker`: gloo on CPU, NCCL on GPUs). They replay one plan
 of global batches through local BN with DDP's default buffer broadcast, local BN without it, and SyncBN; rank 0
-then runs the exact reference. This process never imports torch: it validates options, launches and supervises
+then runs the exact reference. The "reduce" mode is per-GPU BN whose running statistics are averaged over the ranks at the
+end of the epoch (timm's `--dist-bn reduce`): the ranks' means average correctly, but averaging their variances
+drops the spread between their means, so it is biased low whenever the ranks' data differ. This process never imports torch: it validates options, launches and supervises
 the ranks (a rank that fails ends the run with one line; a timeout kills them all), and turns their measurements
 into per-layer errors, the non-i.i.d. test, findings (DD201-DD204) and a verdict.
 """
@@ -33,10 +35,11 @@ from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, rank_findings
 
 COMPARE_SCHEMA = "ddpdoctor.compare-bn/1"
-MODES = ("local", "local_no_broadcast", "sync")
+MODES = ("local", "local_no_broadcast", "local_reduce", "sync")
 MODE_LABELS = {
     "local": "local BN (DDP default)",
     "local_no_broadcast": "local BN, no broadcast",
+    "local_reduce": "local BN, running stats averaged over ranks each epoch (timm --dist-bn reduce)",
     "sync": "SyncBN",
 }
 SMALL_BN_BATCH = 16  # DD202: the catalog's threshold
@@ -79,6 +82,9 @@ class LayerComparison:
     rank_spread: dict[str, dict[str, float | None]]
     noniid_p: float | None = None
     noniid_channel: int | None = None
+    # median over channels of (reduce-mode running_var - reference) / reference: the sign says which way the
+    # averaging of per-rank variances is biased (low when the ranks' means differ)
+    reduce_var_bias: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _finite(
@@ -94,6 +100,7 @@ class LayerComparison:
                 "running_mean_shift_sd": self.running_mean_shift_sd,
                 "rank_spread": self.rank_spread,
                 "noniid": {"p_value": self.noniid_p, "channel": self.noniid_channel},
+                "reduce_var_bias": self.reduce_var_bias,
             }
         )
 
@@ -462,6 +469,11 @@ def analyse(
             per_sample = layer_counts[name][0] / np.maximum(np.asarray(sizes[0], dtype=float), 1.0)
             spatial = int(round(float(np.median(per_sample))))
         test = per_layer_test.get(name)
+        reduce_bias = None
+        if tracked and f"local_reduce|{name}|running_var" in arrays[0]:
+            ref_var = ref_arrays[f"reference|{name}|running_var"]
+            got = arrays[0][f"local_reduce|{name}|running_var"]
+            reduce_bias = float(np.median((got - ref_var) / np.maximum(np.abs(ref_var), 1e-30)))
         layers.append(
             LayerComparison(
                 layer=name,
@@ -482,6 +494,7 @@ def analyse(
                 rank_spread=spread,
                 noniid_p=None if test is None else test.p_value,
                 noniid_channel=None if test is None else test.channel,
+                reduce_var_bias=reduce_bias,
             )
         )
 
@@ -692,6 +705,14 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
     return rank_findings(out)
 
 
+def _reduce_bias(layer: LayerComparison) -> str:
+    """'biased low/high by X%' from the signed bias the reduce mode left in running_var (JSON `reduce_bias`)."""
+    bias = layer.reduce_var_bias
+    if bias is None or not math.isfinite(bias) or abs(bias) < 1e-6:
+        return ""
+    return f"biased {'low' if bias < 0 else 'high'} by {fmt_err(abs(bias))} (median over channels)"
+
+
 def _verdict(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) -> list[str]:
     """Plain words: the headline sentence first, then what explains it."""
     s = _summary(layers)
@@ -711,6 +732,21 @@ def _verdict(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) -
     else:
         parts.append(f"shards look i.i.d. (p={fmt_p(noniid.p_value)})")
     lines = ["; ".join(parts) + "."]
+    reduce_layer, reduce_err = _worst([lay for lay in layers if lay.tracked], "local_reduce")
+    if reduce_layer is not None:
+        direction = _reduce_bias(reduce_layer)
+        lines.append(
+            f"averaging the ranks' running statistics each epoch (timm --dist-bn reduce) leaves running_var "
+            f"{fmt_err(reduce_err)} off the global-batch value in {reduce_layer.layer}"
+            + (f", {direction}" if direction else "")
+            + ("; SyncBN is exact" if s.sync <= SYNC_MATCH else "")
+            + (
+                ": the ranks' means differ, and averaging variances drops the spread between them"
+                if noniid.non_iid
+                else ""
+            )
+            + "."
+        )
     if s.var_layer is not None:
         if s.shift_layer is not None and s.shift_local >= LOCAL_ERROR_ALARM / 2:
             lines.append(
@@ -791,7 +827,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     )
     for header, justify in (
         ("layer", "left"), ("C", "right"), ("batch\nloc/sync", "right"),
-        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nSyncBN", "right"),
+        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nreduce", "right"),
+        ("var err\nSyncBN", "right"),
         ("mean err\nlocal", "right"), ("mean err\nno-bcast", "right"), ("mean err\nSyncBN", "right"),
         ("mean shift\nlocal (sd)", "right"), ("var spread\nno-bcast", "right"), ("non-iid\np", "right"),
     ):
@@ -805,6 +842,7 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
             f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}",
             _styled(v.get("local")),
             _styled(v.get("local_no_broadcast_worst")),
+            _styled(v.get("local_reduce")),
             _styled(v.get("sync")),
             fmt_err(m.get("local")),
             fmt_err(m.get("local_no_broadcast_worst")),
@@ -817,7 +855,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     console.print(
         Padding(
             "local = rank 0 under DDP's default buffer broadcast (what a rank-0 checkpoint holds); no-bcast = the "
-            "worst rank with broadcast_buffers=False; SyncBN = the worst rank; mean shift = RMS over channels of "
+            "worst rank with broadcast_buffers=False; reduce = per-GPU BN with the running statistics averaged over "
+            "the ranks at the end of the epoch (timm --dist-bn reduce); SyncBN = the worst rank; mean shift = RMS over channels of "
             "the running_mean error in reference standard deviations; spread = the largest distance of a rank "
             "from the ranks' average.",
             (0, 0, 1, 0),
@@ -831,7 +870,9 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
         if not layer.tracked:
             console.print(f"  {layer.layer:<{name_w}}  (no running statistics)")
             continue
-        for i, (label, key) in enumerate((("local", "local"), ("no-bcast", "local_no_broadcast_worst"), ("SyncBN", "sync"))):
+        bars = (("local", "local"), ("no-bcast", "local_no_broadcast_worst"), ("reduce", "local_reduce"),
+                ("SyncBN", "sync"))
+        for i, (label, key) in enumerate(bars):
             x = layer.running_var_rel_err.get(key)
             style = "green" if key == "sync" else ("red" if (x or 0) >= LOCAL_ERROR_ALARM else "yellow")
             console.print(
