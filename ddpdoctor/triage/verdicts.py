@@ -80,6 +80,7 @@ class Cause:
     site: dict[str, Any] | None = None
     file: str | None = None
     line: int | None = None
+    explained_by: str | None = None  # the rule of a cause this one is a consequence of (ranked right after it)
 
     @property
     def tier(self) -> int:
@@ -397,7 +398,7 @@ def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool) -> Cause:
         for row in rows:
             pr = p_rows.get(row["layer"]) or {}
             if pr:
-                row["n_eff_plain"] = float(np.median([v["n_eff"] for v in pr.values()]))
+                row[f"n_eff_arm_{p.name}"] = float(np.median([v["n_eff"] for v in pr.values()]))
     if not rows:
         return Cause(cause="bn-noise-removed", rule="DD204", verdict="not_measurable", favours="none",
                      measured={"summary": "no per-sample BN moments recorded"},
@@ -567,10 +568,18 @@ def _population(ctx: RunContext) -> dict[str, Any] | None:
 
 def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
     """DD213 (running statistics lag population statistics at the final weights) and DD214 (the eval-output shift
-    that lag causes), per arm. Lag present in both the SyncBN and the plain arm to within a factor
-    CLEAR_DIFFERENCE cannot explain a gap between them: BOTH ARMS. Comparing arms needs them paired."""
+    that lag causes), per arm. Lag present in both the SyncBN arm and the per-rank-statistics arm to within a
+    factor CLEAR_DIFFERENCE cannot explain a gap between them: BOTH ARMS. The per-rank arm compared is L when it
+    ran (same modules, only the statistics differ: the statistical effect of syncing), else P. Comparing arms
+    needs them paired."""
     pops = {arm.name: _population(arm.ctx) for arm in arms}
     pops = {k: v for k, v in pops.items() if v}
+    if "L" in pops:  # the statistical effect of syncing: A against L
+        pops = {k: v for k, v in pops.items() if k != "P"}
+        pops = {("P" if k == "L" else k): v for k, v in pops.items()}
+        renamed = True
+    else:
+        renamed = False
     if not pops:
         return []
     out = []
@@ -601,15 +610,19 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
     verdict, favours = decide(size, per_arm)
     worst = max(pops.items(), key=lambda kv: size[kv[0]])
     m, v, se = worst[1]["mean_lag_std"], worst[1]["var_lag_rel"], worst[1]["population_se_std"] or 0.0
-    text = "; ".join(f"arm {k}: mean {fmt_num(x['mean_lag_std'])} std, var {fmt_num(100 * x['var_lag_rel'])}%"
+    def label(k: str) -> str:
+        return "L" if renamed and k == "P" else k
+
+    text = "; ".join(f"arm {label(k)}: mean {fmt_num(x['mean_lag_std'])} std, var {fmt_num(100 * x['var_lag_rel'])}%"
                      for k, x in sorted(pops.items()))
     tail = {"ruled_out": ": no material lag",
             "both_arms": ": both arms lag alike, so it cannot explain a gap between them (early training moves the "
             "weights faster than the running averages follow)",
-            }.get(verdict, f": arm {worst[0]}'s running statistics lag the current weights")
+            }.get(verdict, f": arm {label(worst[0])}'s running statistics lag the current weights")
     out.append(Cause(cause="stale-running-stats", rule="DD213", verdict=verdict, favours=favours,
-                     measured={"summary": f"lag {fmt_num(m)} std, var {fmt_num(100 * v)}% (arm {worst[0]})",
-                               "per_arm": bc.rounded(pops), "population_se_std": _r(se)},
+                     measured={"summary": f"lag {fmt_num(m)} std, var {fmt_num(100 * v)}% (arm {label(worst[0])})",
+                               "per_arm": {label(k): bc.rounded(x) for k, x in pops.items()},
+                               "population_se_std": _r(se)},
                      message=(f"running statistics against PreciseBN population statistics recomputed at the final "
                               f"weights on held training batches (median over layers; {text}; population estimate "
                               f"±{fmt_num(se)} std){tail}"),
@@ -620,12 +633,12 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
                   for k, s in shifts.items()}
         verdict, favours = decide(shifts, levels)
         worst_arm, s = max(shifts.items(), key=lambda kv: kv[1])
-        text = ", ".join(f"arm {k} {fmt_num(100 * x)}%" for k, x in sorted(shifts.items()))
+        text = ", ".join(f"arm {label(k)} {fmt_num(100 * x)}%" for k, x in sorted(shifts.items()))
         tail = {"ruled_out": "", "both_arms": ": alike in both arms, so it cannot explain a gap between them"}.get(
             verdict, "")
         out.append(Cause(cause="bn-train-test-inconsistency", rule="DD214", verdict=verdict, favours=favours,
-                         measured={"summary": f"eval output shift {fmt_num(100 * s)}% (arm {worst_arm})",
-                                   "eval_output_shift": bc.rounded(shifts)},
+                         measured={"summary": f"eval output shift {fmt_num(100 * s)}% (arm {label(worst_arm)})",
+                                   "eval_output_shift": {label(k): bc.finite(x) for k, x in shifts.items()}},
                          message=(f"evaluating with the running statistics instead of population statistics "
                                   f"changes the model's eval output by {text} (relative L2, on a held training "
                                   f"batch){tail}"),
@@ -666,7 +679,33 @@ def _clip(text: str, n: int = 60) -> str:
 
 
 def rank_causes(causes: list[Cause]) -> list[Cause]:
-    return sorted(causes, key=lambda c: (c.tier, -int(c.severity), -c.magnitude, c.rule or "", c.cause))
+    """By tier, severity and size; a consequence right after the cause that explains it (root causes first)."""
+    def key(c: Cause) -> tuple:
+        return (c.tier, -int(c.severity), -c.magnitude, c.rule or "", c.cause)
+
+    roots = sorted((c for c in causes if c.explained_by is None or not any(
+        r.rule == c.explained_by and r.explained_by is None for r in causes)), key=key)
+    out: list[Cause] = []
+    for c in roots:
+        out.append(c)
+        out.extend(sorted((x for x in causes if x.explained_by == c.rule and x not in roots), key=key))
+    return out
+
+
+def fold_consequences(causes: list[Cause]) -> None:
+    """Running statistics that are worse with per-rank statistics are what noisy small per-rank batches, non-i.i.d.
+    shards, or BN over small micro-batches do: such DD213/DD214 verdicts favouring SyncBN are consequences of that
+    cause."""
+    roots = [c for c in causes if (c.rule == "DD204" and c.verdict == "ruled_out" and c.favours == "syncbn"
+                                   and (c.measured.get("per_rank_samples") or SMALL_BATCH) < SMALL_BATCH)
+             or (c.rule in ("DD203", "DD215") and c.verdict in ("likely", "possible"))]
+    if not roots:
+        return
+    root = roots[0]
+    for c in causes:
+        if c.rule in ("DD213", "DD214") and c.favours == "syncbn" and c.explained_by is None:
+            c.explained_by = root.rule
+            c.message += f" — a consequence of {root.cause} ({root.rule})"
 
 
 REASONS = {
@@ -737,13 +776,15 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
         nonid = noniid_cause(a)
         if nonid is not None:
             causes.append(nonid)
-        causes.append(noise_cause(a, p, settings, noniid=bool(nonid and nonid.verdict != "ruled_out")))
+        causes.append(noise_cause(a, by_name.get("L") or p, settings,
+                                  noniid=bool(nonid and nonid.verdict != "ruled_out")))
         acc = accumulation_cause(a)
         if acc is not None:
             causes.append(acc)
-    causes.extend(running_stats_causes([x for x in (a, p) if x is not None], paired))
+    causes.extend(running_stats_causes([x for x in (a, by_name.get("L"), p) if x is not None], paired))
     other = p if written is a else a
     causes.extend(port_causes(written, other))
+    fold_consequences(causes)
     if not paired:
         notes.append(f"arms not paired: {pair_info.get('reason')}; statistics comparing the arms are not used")
     ranked = rank_causes(causes)
