@@ -289,6 +289,10 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
     for d in diffs:
         conv = convs.get(d["layer"]) or {}
         before, after = conv.get("before") or {}, conv.get("after") or {}
+        # parameters frozen on one side only: their optimizer membership follows from that (a script that builds
+        # the optimizer over requires_grad parameters), so the freezing is the cause
+        frozen_differs = any(k in d["diffs"] for k in ("weight_requires_grad", "bias_requires_grad")) or any(
+            before.get(k) is False and after.get(k) is True for k in ("weight_requires_grad", "bias_requires_grad"))
         for key, (va, vp) in d["diffs"].items():
             if key in ("momentum", "eps"):
                 if before.get(key) != after.get(key) and "DD209" in have:
@@ -301,16 +305,16 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
                 kind = "frozen_by_converter" if dropped else "frozen_by_code"
                 groups.setdefault(kind, []).append({**d, "key": key, "a": va, "p": vp})
             elif key.endswith("_in_optimizer"):
-                if "DD216" in have:
+                if "DD216" in have or (frozen_differs and "DD210" in have):
                     continue
-                groups.setdefault("optimizer", []).append({**d, "key": key, "a": va, "p": vp})
+                kind = "frozen_by_converter" if frozen_differs else "optimizer"
+                groups.setdefault(kind, []).append({**d, "key": key, "a": va, "p": vp})
             else:
                 groups.setdefault("optimizer", []).append({**d, "key": key, "a": va, "p": vp})
     ng_a, ng_p = _no_grad_forwards(a.ctx), _no_grad_forwards(p.ctx)
     recal = [{"layer": n, "a": ng_a.get(n, 0), "p": ng_p.get(n, 0)} for n in sorted(set(ng_a) & set(ng_p))
              if (ng_a.get(n, 0) == 0) != (ng_p.get(n, 0) == 0)]
     out: list[Cause] = []
-    written = "A" if not a.mirror else "P"
 
     def layers_text(items: list[dict[str, Any]]) -> str:
         names = sorted({i["layer"] for i in items})
@@ -357,7 +361,6 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
                                    "layers": recal[:16]},
                          message=text, fix=get_rule("DD209").fix, severity=get_rule("DD209").severity,
                          magnitude=float(len(recal))))
-    del written
     return out
 
 
@@ -482,7 +485,7 @@ def noniid_cause(a: Arm) -> Cause | None:
                      measured={"summary": f"p = {fmt_num(f.evidence.get('p_value') or 0)}",
                                **{k: f.evidence.get(k) for k in ("p_value", "statistic", "most_different")}},
                      message=f.message + " — SyncBN is right to normalise over the union of the shards; the "
-                     "regression is elsewhere (or in the data itself)", fix=f.fix, severity=Severity.HIGH,
+                     "regression is elsewhere (or in the data itself)", fix=f.fix, severity=f.severity,
                      magnitude=f.magnitude, file=f.file, line=f.line)
     if test is None or test.p_value is None:
         return None
@@ -805,7 +808,7 @@ def cause_findings(result: TriageResult, arm: Arm) -> list[Finding]:
             out.extend(existing)
             continue
         out.append(Finding(
-            rule=c.rule, severity=c.severity if c.rule in ("DD203",) else get_rule(c.rule).severity,
+            rule=c.rule, severity=c.severity,
             confidence=Confidence.CERTAIN if c.verdict == "confirmed" else Confidence.LIKELY,
             message=c.message, fix=c.fix, sources=("probe",), file=c.file or arm.ctx.script, line=c.line,
             ranks=tuple(sorted(arm.ctx.ranks)),
