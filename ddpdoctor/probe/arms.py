@@ -182,8 +182,6 @@ def install_early(probe: Probe) -> None:
         def forward(self: Any, input: Any) -> Any:
             if local_stats_active() or state.mode == "local":
                 return _BatchNorm.forward(self, input)
-            if state.mode == "group" and state.group is not None and self.process_group is None:
-                self.process_group = state.group
             return orig(self, input)
 
         return forward
@@ -194,6 +192,14 @@ def install_early(probe: Probe) -> None:
         _install_plain(probe, state, torch, SyncBatchNorm, module_mod, _BatchNorm)
     if state.mode == "group" and state.group_size > 0:
         _install_groups(probe, state)
+
+        def scope(module: Any, args: Any) -> None:
+            # before the recorders' hooks, which read the layer's process group at its first forward
+            if state.group is not None and isinstance(module, SyncBatchNorm) and module.process_group is None:
+                module.process_group = state.group
+
+        handle = module_mod.register_module_forward_pre_hook(scope)
+        probe.patcher.add_undo(handle.remove)
 
 
 def install_late(probe: Probe) -> None:

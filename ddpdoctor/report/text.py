@@ -200,7 +200,7 @@ def render_rules_text(*, color: bool, width: int | None = None) -> str:
 def _header(console: Console, report: Report) -> None:
     title = Text()
     title.append(f"ddpdoctor {__version__}", style="bold")
-    title.append("  ")
+    title.append("  triage " if report.triage is not None else "  ")
     title.append(" ".join([report.script, *(shlex.quote(a) for a in report.args)]))
     console.print(title)
     console.print(Text(environment_line(report.environment), style="dim"))

@@ -199,9 +199,15 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
 
 def _triage_json(result: Any, written: Any, arms: list[Any], mirror: bool) -> dict[str, Any]:
     if result is None:
+        failed = [f for f in written.findings if f.rule in ("DD901", "DD902")]
+        if failed:
+            headline = (f"The run as written failed before any BatchNorm layer was recorded ({failed[0].rule} "
+                        f"{failed[0].name}), so no arm could be compared: fix that first.")
+        else:
+            headline = ("The script uses no BatchNorm layer: there is nothing for SyncBN to change, so triage does "
+                        "not apply.")
         return {"arms": [{"name": a.name, "what": a.what, "steps": a.steps} for a in arms], "paired": False,
-                "headline": "The script uses no BatchNorm layer: there is nothing for SyncBN to change, so triage "
-                "does not apply.", "causes": []}
+                "headline": headline, "causes": []}
     return result.to_json()
 
 

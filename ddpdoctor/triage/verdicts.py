@@ -195,7 +195,9 @@ def attribute_differences(a: RunContext, p: RunContext) -> list[dict[str, Any]]:
     sa, sp = _attrs_by_step(a), _attrs_by_step(p)
     if not sa or not sp:
         return []
-    last = min(max(sa), max(sp))
+    # events are written when something changed: the last step compared is the last step both arms took
+    last = min(max([a.steps_of(r) for r in a.ranks] or [0]), max([p.steps_of(r) for r in p.ranks] or [0]))
+    last = max(last, min(max(sa), max(sp)))
     steps = sorted(s for s in set(sa) | set(sp) if s <= last)
     seen: set[tuple[str, str]] = set()
     out = []
@@ -254,6 +256,10 @@ def conversion_causes(a: Arm) -> list[Cause]:
     return out
 
 
+def _layers(n: Any) -> str:
+    return f"{n} layer" + ("" if n == 1 else "s")
+
+
 def _small(evidence: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in evidence.items() if not isinstance(v, str) or len(v) < 200}
 
@@ -263,19 +269,20 @@ def _summary_of(f: Finding) -> str:
     if f.rule == "DD208":
         layers = ev.get("layers") or [{}]
         rel = layers[0].get("train_rel_diff")
-        return f"{ev.get('changed')} of {ev.get('compared')} layers changed (train output differs by {fmt_num(rel or 0)})"
+        return (f"{ev.get('changed')} of {_layers(ev.get('compared'))} changed (train output differs by "
+                f"{fmt_num(100 * (rel or 0))}%)")
     if f.rule == "DD211":
         layers = ev.get("layers") or [{}]
         return (f"applied {layers[0].get('applied')} statistics; var off {fmt_num(layers[0].get('var_error_rel') or 0)}"
                 f", mean off {fmt_num(layers[0].get('mean_error_std') or 0)} std")
     if f.rule == "DD212":
-        return f"{len(ev.get('layers') or [])} layers with a wrong process group"
+        return f"{_layers(len(ev.get('layers') or []))} with a wrong process group"
     if f.rule == "DD216":
-        return f"{ev.get('untrained_layers')} layers' BN parameters not in the optimizer"
+        return f"{_layers(ev.get('untrained_layers'))}: BN parameters not in the optimizer"
     if f.rule == "DD210":
-        return f"{ev.get('unfrozen_layers')} frozen layers unfrozen by the converter"
+        return f"{_layers(ev.get('unfrozen_layers'))} unfrozen by the converter"
     if f.rule == "DD209":
-        return f"{ev.get('changed_layers')} layers lost momentum/eps in the converter"
+        return f"{_layers(ev.get('changed_layers'))}: momentum/eps lost in the converter"
     return f.message[:80]
 
 
@@ -378,7 +385,7 @@ def _layer_groups(a: Arm) -> dict[str, int]:
     return out
 
 
-def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool) -> Cause:
+def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool, g_arm: Arm | None = None) -> Cause:
     """BN noise removed by syncing (DD204 generalised), measured as effective sample counts."""
     layers = bn_checks.sample_moments(a.ctx.run)
     groups = _layer_groups(a)
@@ -440,37 +447,47 @@ def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool) -> Cause:
     }
     if spread:
         measured["measured_across_ranks"] = bc.rounded(spread)
-    noise_text = (f"batch-mean noise {fmt_num(noise_local)} std per rank: {fmt_num(n_local)} effective samples, "
-                  f"90% interval {fmt_num(n_lo)}–{fmt_num(n_hi)}, from {b} samples")
+    subgroup = _layer_groups(g_arm) if g_arm is not None else {}
+    gs = max(subgroup.values(), default=0)
+    if gs > 1:
+        measured["normalisation_batch_subgroups"] = b * gs
+        measured["batch_mean_noise_subgroups_std"] = _r(noise_local / math.sqrt(gs))
+    noise_text = (f"{fmt_num(noise_local)} std ({fmt_num(n_local)} effective samples from {b}, 90% interval "
+                  f"{fmt_num(n_lo)}–{fmt_num(n_hi)})")
     measured["summary"] = (f"{b}/rank, BN over {norm_batch if synced else b}; noise {fmt_num(noise_local)}"
                            + (f" → {fmt_num(noise_sync)} std" if synced else " std"))
     fix = get_rule("DD204").fix
     if not synced:
         verdict, favours = "not_measurable", "none"
         message = (f"SyncBN did not synchronise in arm {a.name} (its layers normalise over one rank), so it "
-                   f"removed no BN noise; plain BN normalises with {noise_text}")
+                   f"removed no BN noise; the batch mean of each rank's batch is noisy by {noise_text}")
     elif b < SMALL_BATCH:
         verdict, favours = "ruled_out", "syncbn"
-        message = (f"per-rank batches of {b} give noisy BN statistics ({noise_text}); SyncBN over {g} ranks "
-                   f"normalises over {norm_batch} and cuts that to {fmt_num(noise_sync)} std — the noise it removes "
-                   "is harmful here, so SyncBN is right for this batch size")
+        message = (f"per-rank batches of {b} give noisy BN statistics: the batch mean is off by {noise_text}; "
+                   f"SyncBN over {g} ranks normalises over {norm_batch} samples and cuts that to "
+                   f"{fmt_num(noise_sync)} std — the noise it removes is harmful here, so SyncBN is right for this "
+                   "batch size")
     elif base is not None and norm_batch <= base:
         verdict, favours = "ruled_out", "syncbn"
         message = (f"SyncBN normalises over {norm_batch} samples, no more than the recipe's batch of {base}: it "
-                   f"restores the recipe's BN noise rather than removing it ({noise_text} per rank)")
+                   f"restores the recipe's BN noise rather than removing it (per rank the batch mean is off by "
+                   f"{noise_text})")
     elif b >= LARGE_BATCH and ratio <= NOISE_RATIO_LIKELY and not noniid:
-        verdict, favours = "likely", "plain"
-        message = (f"each rank's {b} samples already give stable BN statistics ({noise_text}); syncing over {g} "
-                   f"ranks cuts that to {fmt_num(noise_sync)} std (×{fmt_num(ratio)}) and removes the "
+        verdict, favours = "likely", ("subgroups" if gs > 1 and gs < g else "plain")
+        message = (f"each rank's {b} samples already give stable BN statistics (the batch mean is off by "
+                   f"{noise_text}); syncing over {g} ranks cuts that to {fmt_num(noise_sync)} std "
+                   f"(×{fmt_num(ratio)}) and removes the "
                    "batch-statistics noise that regularises (ghost batch norm) — the most likely reason the SyncBN "
                    "run scores lower; keep per-GPU BN or sync over small subgroups"
-                   + (f" (recipe batch {base})" if base else ""))
+                   + (f" (recipe batch {base})" if base else "")
+                   + (f"; SyncBN over subgroups of {gs} (arm G) normalises over {b * gs} with "
+                      f"{fmt_num(noise_local / math.sqrt(gs))} std" if gs > 1 else ""))
     else:
         verdict, favours = "possible", "plain"
         reason = ("the ranks' data are not i.i.d., which SyncBN is right to correct" if noniid
                   else f"with {b} samples per rank the local statistics are only moderately stable")
-        message = (f"syncing over {g} ranks cuts the BN noise from {noise_text} to {fmt_num(noise_sync)} std; "
-                   f"whether losing it costs accuracy is uncertain: {reason}")
+        message = (f"syncing over {g} ranks cuts the noise of the batch mean BN subtracts from {noise_text} per "
+                   f"rank to {fmt_num(noise_sync)} std; whether losing it costs accuracy is uncertain: {reason}")
     return Cause(cause="bn-noise-removed", rule="DD204", verdict=verdict, favours=favours, measured=measured,
                  message=message, fix=fix, severity=Severity.LOW, magnitude=1.0 - ratio)
 
@@ -780,7 +797,7 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
         if nonid is not None:
             causes.append(nonid)
         causes.append(noise_cause(a, by_name.get("L") or p, settings,
-                                  noniid=bool(nonid and nonid.verdict != "ruled_out")))
+                                  noniid=bool(nonid and nonid.verdict != "ruled_out"), g_arm=by_name.get("G")))
         acc = accumulation_cause(a)
         if acc is not None:
             causes.append(acc)
@@ -788,6 +805,11 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
     other = p if written is a else a
     causes.extend(port_causes(written, other))
     fold_consequences(causes)
+    for arm in arms:
+        failed = [f for f in arm.findings if f.rule in ("DD901", "DD902")] if arm is not written else []
+        if failed:
+            notes.append(f"arm {arm.name} ({arm.what}) failed: {failed[0].rule} {failed[0].name} — what compares it "
+                         f"with the other arms covers its {arm.steps} steps only")
     if not paired:
         notes.append(f"arms not paired: {pair_info.get('reason')}; statistics comparing the arms are not used")
     ranked = rank_causes(causes)
