@@ -331,9 +331,18 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
         return "-" if v is None else (fmt_num(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool)
                                       else str(v))
 
+    def attribute(key: str) -> str:
+        for param in ("weight", "bias"):
+            for suffix, text in (("_weight_decay", "weight decay of the BN {p}"), ("_lr", "lr of the BN {p}"),
+                                 ("_in_optimizer", "BN {p} in an optimizer"),
+                                 ("_requires_grad", "requires_grad of the BN {p}")):
+                if key == param + suffix:
+                    return text.format(p=param)
+        return key.replace("_", " ")
+
     for kind, items in groups.items():
         first = items[0]
-        what = f"{first['key'].replace('_', ' ')} {value(first['a'])} with SyncBN vs {value(first['p'])} without"
+        what = f"{attribute(first['key'])} {value(first['a'])} with SyncBN vs {value(first['p'])} without"
         if kind == "optimizer":
             cause, rule = "bn-type-check-misses-syncbn", "DD209"
             text = (f"the optimizer treats {layers_text(items)} differently once they are SyncBatchNorm ({what}, "
