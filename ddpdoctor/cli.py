@@ -194,7 +194,8 @@ def triage(
         ignore=ignore, keep_run=keep_run,
     )
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
-        raise UsageError(f"--group-size {group_size}: must divide --nproc {cfg.nproc} into groups of 2 or more ranks")
+        raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple of "
+                         "G (SyncBN over subgroups smaller than the world)")
     report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
     _render_and_exit(report, fmt, output, fail)
 

@@ -41,7 +41,8 @@ SPEC_CAUSE_KEYS = {"cause", "rule", "verdict", "favours", "measured", "message",
 
 
 def applied_verdicts(run_dir: Path):
-    from ddpdoctor.analyses.bn_checks import applied, applied_verdicts as verdicts
+    from ddpdoctor.analyses.bn_checks import applied
+    from ddpdoctor.analyses.bn_checks import applied_verdicts as verdicts
     from ddpdoctor.events import read_run
 
     run = read_run(run_dir)
@@ -97,7 +98,7 @@ def test_triage_fixture_verdict(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.slow
 def test_all_three_arms_on_the_clean_control(tmp_path: Path) -> None:
-    code, report = triage(tmp_path, "clean")
+    _, report = triage(tmp_path, "clean")
     tri = report["triage"]
     assert [a["name"] for a in tri["arms"]] == ["A", "L", "P"] and tri["paired"] is True
     assert not [c for c in tri["causes"] if c["verdict"] == "confirmed"]

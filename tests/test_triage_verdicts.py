@@ -77,3 +77,31 @@ def test_arm_settings_of_a_syncbn_script_and_of_the_mirror_question():
     assert "bn_mode" not in _arm_settings("P", True, 0, None, False) and "bn_convert" not in _arm_settings(
         "P", True, 0, None, False)
     assert _arm_settings("G", False, 3, 2, False) == {"arm": "G", "seed": 3, "bn_mode": "group", "bn_group_size": 2}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--arms", "A,L"], "--arms must include A and P"),
+        (["--arms", "A,P,X"], "unknown arm"),
+        (["--arms", "A,P,G"], "--arms G needs --group-size"),
+        (["--group-size", "3"], "--group-size 3: needs 2 <= G < --nproc (2)"),
+        (["--group-size", "2"], "--group-size 2: needs 2 <= G < --nproc (2)"),
+        (["--format", "xml"], "--format"),
+    ],
+)
+def test_triage_bad_options_exit_2_with_one_line(args, message, capsys, tmp_path):
+    from ddpdoctor.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n", encoding="utf-8")
+    assert main(["triage", str(script), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_triage_missing_script_exits_2(capsys, tmp_path):
+    from ddpdoctor.cli import main
+
+    assert main(["triage", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err

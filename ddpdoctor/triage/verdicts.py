@@ -523,21 +523,18 @@ def noniid_cause(a: Arm) -> Cause | None:
 
 
 def accumulation_cause(a: Arm) -> Cause | None:
+    """DD215: optimizer steps that average several model forwards (gradient accumulation), counted as training
+    forwards through DDP between optimizer steps — not BN forwards, which a multi-view model (SimSiam, MoCo, DINO:
+    the encoder run once per view) makes several of per model forward."""
+    per_step = [int(e.get("ddp_forwards") or 0) for p in a.ctx.ranks.values() for e in p.of("optimizer_step")]
+    per_step = [k for k in per_step if k > 0]
+    if not per_step:
+        return None
+    k = int(np.median(per_step))
+    if k < 2:
+        return None
     bn = bc.bn_for(a.ctx)
     if bn is None:
-        return None
-    ratios = []
-    for layer in bn.layers:
-        for rl in layer.ranks.values():
-            per_step: dict[int, int] = {}
-            for f in rl.train_forwards:
-                per_step[f.step] = per_step.get(f.step, 0) + 1
-            if per_step:
-                ratios.append(int(np.median(list(per_step.values()))))
-    if not ratios:
-        return None
-    k = int(np.median(ratios))
-    if k < 2:
         return None
     first = bn.layers[0]
     per_rank = first.per_rank_samples()
@@ -545,9 +542,9 @@ def accumulation_cause(a: Arm) -> Cause | None:
     g = _layer_groups(a).get(first.name, 1)
     world = len(bn.ranks)
     verdict = "likely" if b * g < LARGE_BATCH else "possible"
-    message = (f"gradient accumulation: each optimizer step averages {k} micro-batches of {b} per rank "
+    message = (f"gradient accumulation: each optimizer step averages {k} forwards of {b} samples per rank "
                f"({k * b * world} samples over {world} ranks) but BatchNorm normalises — and updates its running "
-               f"statistics — per micro-batch, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
+               f"statistics — per forward, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
                + (f" (plain BN: {b})" if g > 1 else "")
                + "; it hurts both arms, SyncBN less")
     return Cause(cause="micro-batch-bn", rule="DD215", verdict=verdict, favours="syncbn",
