@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ddpdoctor.catalog import select_codes
+from ddpdoctor.rules import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
@@ -166,14 +166,6 @@ def report_run(
         raise UsageError(f"{run_dir}: no such directory")
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
-    from ddpdoctor.triage.run import is_triage_dir, report_triage
-
-    if is_triage_dir(run_dir):
-        from ddpdoctor.config import CheckConfig
-
-        cfg = CheckConfig(script=Path("-"), select=select, ignore=ignore, base_lr=base_lr, base_batch=base_batch,
-                          lr_scaling=lr_scaling or "auto")
-        return report_triage(run_dir, cfg)
     overrides = {
         k: v
         for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))

@@ -113,6 +113,7 @@ def _check_config(script: Path, script_args: Optional[List[str]], **o):  # noqa:
         split_codes,
     )
     from ddpdoctor.findings import Severity
+    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(o["output_format"], OUTPUT_FORMATS, "--format")
     dev = _choice(o["device"], DEVICES, "--device")
@@ -148,7 +149,7 @@ def _check_config(script: Path, script_args: Optional[List[str]], **o):  # noqa:
             select=split_codes(o["select"]) or tuple(table.get("select", ())),
             ignore=split_codes(o["ignore"]) + tuple(table.get("ignore", ())),
             keep_run=o["keep_run"],
-            small_bn_batch=int(table.get("small_bn_batch", 16)),
+            small_bn_batch=int(table.get("small_bn_batch", SMALL_BN_BATCH)),
             pyproject=pyproject,
         )
     except (TypeError, ValueError) as exc:
@@ -224,6 +225,15 @@ def report(
         raise UsageError(str(exc)) from None
     if (base_lr is None) != (base_batch is None):
         raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    from ddpdoctor.triage.run import is_triage_dir, report_triage
+
+    if run_dir.is_dir() and is_triage_dir(run_dir):  # `triage --keep-run DIR`: every arm and the verdicts
+        from ddpdoctor.config import CheckConfig
+
+        cfg = CheckConfig(script=Path("-"), select=split_codes(select), ignore=split_codes(ignore), base_lr=base_lr,
+                          base_batch=base_batch,
+                          lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else "auto")
+        _render_and_exit(report_triage(run_dir, cfg), fmt, output, fail)
     rep = report_run(
         run_dir,
         select=split_codes(select),
@@ -249,7 +259,7 @@ def rules(
 @app.command()
 def explain(code: str = typer.Argument(..., help="A rule code, e.g. DD101.")) -> None:
     """Print one rule's documentation: what it detects, why it hurts accuracy, an example, the fix."""
-    from ddpdoctor.catalog import get_rule
+    from ddpdoctor.rules import get_rule
 
     try:
         rule = get_rule(code)

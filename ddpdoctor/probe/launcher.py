@@ -5,6 +5,7 @@ that spawns its own ranks), instrumented, into a run directory — within a time
                               └─► N × python -m ddpdoctor.probe.bootstrap SCRIPT ARGS   (RANK, LOCAL_RANK, ...)
     or, for a self-spawning script:
     ddpdoctor process ──► python -m ddpdoctor.probe.bootstrap SCRIPT ARGS ──► its mp.spawn children
+    or, for a single-process script (nn.DataParallel, mode "single"): the bootstrap once, as `python train.py`
                                                                               (instrumented by sitecustomize)
 
 Decisions:
@@ -66,6 +67,8 @@ from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
 
 STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+# modes that start the script once (a self-spawning script; a single-process DataParallel script)
+SINGLE_LAUNCH = ("spawn", "single")
 _OURS = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
 
 
@@ -151,7 +154,7 @@ def _require_cuda(timeout: float = 120.0) -> None:
 
 def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
     script_args = [str(cfg.script), *cfg.script_args]
-    if mode == "spawn":
+    if mode in SINGLE_LAUNCH:
         return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
     return [
         sys.executable, "-m", "ddpdoctor.probe.agent",
@@ -266,7 +269,7 @@ def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
 def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
     mode = settings.mode
     port = free_port()
-    if mode == "spawn":
+    if mode in SINGLE_LAUNCH:
         # nothing of ours listens on MASTER_PORT in spawn mode: the script's own rendezvous may use it
         settings = replace(settings, rendezvous_port=port)
     else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
@@ -274,7 +277,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port)
     logs = run_dir / LOGS_DIR
-    who = "main" if mode == "spawn" else "agent"
+    who = "main" if mode in SINGLE_LAUNCH else "agent"
     started = time.time()
     t0 = time.monotonic()
     timed_out = interrupted = False
@@ -293,7 +296,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                     dumped = dump_stacks(run_dir, settings.run_tag)
                     break
                 polls += 1
-                if mode != "spawn" and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+                if mode not in SINGLE_LAUNCH and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
                     # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
                     # teardown, ~1 s) tells us nothing more
                     finished_early = True
@@ -440,7 +443,8 @@ def run_probe(
         timeout=cfg.timeout,
         script=str(cfg.script),
         local_rank_arg=plan.local_rank_option or "",
-        launch_check=1 if plan.mode == "spawn" else 0,
+        launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
+        launcher=plan.launcher,
     )
     if arm:
         settings = replace(settings, **arm)
@@ -453,7 +457,7 @@ def run_probe(
     write_json(run_dir / META_FILE, meta)
     write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
     record = _launch(cfg, run_dir, settings, deadline)
-    relaunch = _relaunch_request(run_dir, record) if plan.mode == "spawn" else None
+    relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record

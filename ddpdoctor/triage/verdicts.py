@@ -28,8 +28,12 @@ import numpy as np
 from ddpdoctor.analyses import bn_checks
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.catalog import get_rule
-from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
+from ddpdoctor.rules import get_rule
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
+from ddpdoctor.rules.dd213_stale_running_stats import LAG_LIKELY, LAG_POSSIBLE, VAR_LAG_LIKELY, VAR_LAG_POSSIBLE
+from ddpdoctor.rules.dd214_bn_train_test_inconsistency import SHIFT_LIKELY, SHIFT_POSSIBLE
 
 # rules whose verdict triage decides itself (their check findings are replaced by the causes)
 TRIAGE_RULES = ("DD203", "DD204", "DD208", "DD209", "DD210", "DD211", "DD212", "DD213", "DD214", "DD215", "DD216")
@@ -37,12 +41,9 @@ TRIAGE_RULES = ("DD203", "DD204", "DD208", "DD209", "DD210", "DD211", "DD212", "
 SYNCBN_ONLY = ("DD101", "DD201", "DD202", "DD205")
 CONVERSION_RULES = ("DD208", "DD209", "DD210", "DD211", "DD212", "DD216")
 
-SMALL_BATCH = 16  # per-rank samples below which local BN statistics are noisy (DD202's threshold)
-LARGE_BATCH = bc.SYNCBN_LARGE_BATCH  # per-rank samples at which local statistics are already stable (DD204)
+SMALL_BATCH = SMALL_BN_BATCH  # per-rank samples below which local BN statistics are noisy (DD202's threshold)
+LARGE_BATCH = LARGE_SYNC_BATCH  # per-rank samples at which local statistics are already stable (DD204's)
 NOISE_RATIO_LIKELY = 0.8  # syncing must remove at least 20% of the batch-mean noise to matter
-LAG_LIKELY, LAG_POSSIBLE = 0.2, 0.1  # running mean vs population, in standard deviations (median over layers)
-VAR_LAG_LIKELY, VAR_LAG_POSSIBLE = 0.2, 0.1  # running var vs population, relative
-SHIFT_LIKELY, SHIFT_POSSIBLE = 0.05, 0.01  # eval-output change, running vs population statistics
 CLEAR_DIFFERENCE = 1.5  # one arm's lag or shift this many times the other's favours the other arm
 TIERS = {"confirmed": 0, "both_arms_high": 1, "likely": 2, "possible": 3, "ruled_out_favouring": 4,
          "both_arms_low": 5, "not_measurable": 6, "ruled_out": 7}
@@ -381,8 +382,12 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
 
 
 def _layer_groups(a: Arm) -> dict[str, int]:
-    """layer → ranks it normalised over in arm A's gradient-enabled training forwards."""
-    bn = bc.bn_for(a.ctx)
+    """layer → ranks it normalised over in the arm's gradient-enabled training forwards."""
+    return _groups_of(a.ctx)
+
+
+def _groups_of(ctx: RunContext) -> dict[str, int]:
+    bn = bc.bn_for(ctx)
     out: dict[str, int] = {}
     if bn is None:
         return out
@@ -522,39 +527,49 @@ def noniid_cause(a: Arm) -> Cause | None:
                  fix=get_rule("DD203").fix, severity=Severity.HIGH)
 
 
-def accumulation_cause(a: Arm) -> Cause | None:
-    """DD215: optimizer steps that average several model forwards (gradient accumulation), counted as training
-    forwards through DDP between optimizer steps — not BN forwards, which a multi-view model (SimSiam, MoCo, DINO:
-    the encoder run once per view) makes several of per model forward."""
-    per_step = [int(e.get("ddp_forwards") or 0) for p in a.ctx.ranks.values() for e in p.of("optimizer_step")]
+def accumulation_of(ctx: RunContext) -> tuple[dict[str, Any], str, str] | None:
+    """(measured, message, verdict) of gradient accumulation in one run, None without it. Optimizer steps that
+    average several model forwards, counted as training forwards through DDP between optimizer steps — not BN
+    forwards, which a multi-view model (SimSiam, MoCo, DINO: the encoder run once per view) makes several of per
+    model forward."""
+    per_step = [int(e.get("ddp_forwards") or 0) for p in ctx.ranks.values() for e in p.of("optimizer_step")]
     per_step = [k for k in per_step if k > 0]
     if not per_step:
         return None
     k = int(np.median(per_step))
     if k < 2:
         return None
-    bn = bc.bn_for(a.ctx)
+    bn = bc.bn_for(ctx)
     if bn is None:
         return None
     first = bn.layers[0]
     per_rank = first.per_rank_samples()
     b = int(np.median(list(per_rank.values()))) if per_rank else 0
-    g = _layer_groups(a).get(first.name, 1)
+    g = _groups_of(ctx).get(first.name, 1)
     world = len(bn.ranks)
     verdict = "likely" if b * g < LARGE_BATCH else "possible"
     message = (f"gradient accumulation: each optimizer step averages {k} forwards of {b} samples per rank "
                f"({k * b * world} samples over {world} ranks) but BatchNorm normalises — and updates its running "
                f"statistics — per forward, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
-               + (f" (plain BN: {b})" if g > 1 else "")
-               + "; it hurts both arms, SyncBN less")
-    return Cause(cause="micro-batch-bn", rule="DD215", verdict=verdict, favours="syncbn",
-                 measured={"summary": f"{k} micro-batches of {b}/rank; BN over {b * g}", "micro_batches": k,
-                           "micro_batch_per_rank": b, "optimizer_batch": k * b * world, "bn_batch_syncbn": b * g,
-                           "bn_batch_plain": b},
-                 message=message, fix=get_rule("DD215").fix, severity=Severity.LOW, magnitude=float(k))
+               + (f" (plain BN: {b})" if g > 1 else ""))
+    measured = {"summary": f"{k} micro-batches of {b}/rank; BN over {b * g}", "micro_batches": k,
+                "micro_batch_per_rank": b, "optimizer_batch": k * b * world, "bn_batch_syncbn": b * g,
+                "bn_batch_plain": b}
+    return measured, message, verdict
 
 
-def _population(ctx: RunContext) -> dict[str, Any] | None:
+def accumulation_cause(a: Arm) -> Cause | None:
+    """DD215 across arms: the micro-batch BN hurts both arms, SyncBN less (it normalises over the group)."""
+    found = accumulation_of(a.ctx)
+    if found is None:
+        return None
+    measured, message, verdict = found
+    return Cause(cause="micro-batch-bn", rule="DD215", verdict=verdict, favours="syncbn", measured=measured,
+                 message=message + "; it hurts both arms, SyncBN less", fix=get_rule("DD215").fix,
+                 severity=Severity.LOW, magnitude=float(measured["micro_batches"]))
+
+
+def population(ctx: RunContext) -> dict[str, Any] | None:
     """Per layer over ranks: running vs population lag (mean in std, var relative), the population estimate's
     standard error, and the eval-output shift; None when not recorded."""
     lags_m, lags_v, ses, shifts = [], [], [], []
@@ -592,13 +607,23 @@ def _population(ctx: RunContext) -> dict[str, Any] | None:
             "eval_output_shift": float(np.median(shifts)) if shifts else None, "layers": len(lags_m)}
 
 
+def lag_level(pop: dict[str, Any]) -> str:
+    """likely / possible / ruled_out for one arm's running-statistics lag (`population`)."""
+    m, v, se = pop["mean_lag_std"], pop["var_lag_rel"], pop["population_se_std"] or 0.0
+    if (m > LAG_LIKELY and m > 3 * se) or v > VAR_LAG_LIKELY:
+        return "likely"
+    if (m > LAG_POSSIBLE and m > 2 * se) or v > VAR_LAG_POSSIBLE:
+        return "possible"
+    return "ruled_out"
+
+
 def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
     """DD213 (running statistics lag population statistics at the final weights) and DD214 (the eval-output shift
     that lag causes), per arm. Lag present in both the SyncBN arm and the per-rank-statistics arm to within a
     factor CLEAR_DIFFERENCE cannot explain a gap between them: BOTH ARMS. The per-rank arm compared is L when it
     ran (same modules, only the statistics differ: the statistical effect of syncing), else P. Comparing arms
     needs them paired."""
-    pops = {arm.name: _population(arm.ctx) for arm in arms}
+    pops = {arm.name: population(arm.ctx) for arm in arms}
     pops = {k: v for k, v in pops.items() if v}
     if "L" in pops:  # the statistical effect of syncing: A against L
         pops = {k: v for k, v in pops.items() if k != "P"}
@@ -609,13 +634,6 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
     if not pops:
         return []
     out = []
-
-    def level(m: float, v: float, se: float) -> str:
-        if (m > LAG_LIKELY and m > 3 * se) or v > VAR_LAG_LIKELY:
-            return "likely"
-        if (m > LAG_POSSIBLE and m > 2 * se) or v > VAR_LAG_POSSIBLE:
-            return "possible"
-        return "ruled_out"
 
     def decide(values: dict[str, float], material: dict[str, str]) -> tuple[str, str]:
         """(verdict, favours) from per-arm sizes and per-arm verdicts."""
@@ -631,7 +649,7 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
             return "both_arms", "none"
         return worst, "none"
 
-    per_arm = {k: level(x["mean_lag_std"], x["var_lag_rel"], x["population_se_std"] or 0.0) for k, x in pops.items()}
+    per_arm = {k: lag_level(x) for k, x in pops.items()}
     size = {k: max(x["mean_lag_std"], x["var_lag_rel"]) for k, x in pops.items()}
     verdict, favours = decide(size, per_arm)
     worst = max(pops.items(), key=lambda kv: size[kv[0]])
@@ -835,11 +853,10 @@ def cause_findings(result: TriageResult, arm: Arm) -> list[Finding]:
         if existing:
             out.extend(existing)
             continue
-        out.append(Finding(
-            rule=c.rule, severity=c.severity,
+        out.append(new_finding(
+            c.rule, sources=("probe",), severity=c.severity,
             confidence=Confidence.CERTAIN if c.verdict == "confirmed" else Confidence.LIKELY,
-            message=c.message, fix=c.fix, sources=("probe",), file=c.file or arm.ctx.script, line=c.line,
-            ranks=tuple(sorted(arm.ctx.ranks)),
+            message=c.message, file=c.file or arm.ctx.script, line=c.line, ranks=arm.ctx.ranks,
             evidence={"triage_verdict": c.verdict, "triage_favours": c.favours,
                       **{k: v for k, v in c.measured.items() if k != "summary"}},
             magnitude=c.magnitude,
