@@ -825,7 +825,11 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
         acc = accumulation_cause(a)
         if acc is not None:
             causes.append(acc)
-    causes.extend(running_stats_causes([x for x in (a, by_name.get("L"), p) if x is not None], paired))
+    # without arm L, A and P differ by whatever the conversion changed too: once that is confirmed, their running
+    # statistics are not compared (no arm is favoured)
+    confounded = "L" not in by_name and any(c.verdict == "confirmed" for c in causes)
+    causes.extend(running_stats_causes([x for x in (a, by_name.get("L"), p) if x is not None],
+                                       paired and not confounded))
     other = p if written is a else a
     causes.extend(port_causes(written, other))
     fold_consequences(causes)
