@@ -6,16 +6,18 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from ddpdoctor.rules import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
+from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
+from ddpdoctor.rules import select_codes
 
 _SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
 
@@ -118,7 +120,7 @@ def run_check(cfg: CheckConfig) -> Report:
         run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
         try:
             run_probe(cfg, run_dir, static_findings=static)
-            analysis = analyze_run(run_dir, cfg)
+            analysis = analyze_run(run_dir)
         finally:
             if cfg.keep_run is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -146,6 +148,17 @@ def run_check(cfg: CheckConfig) -> Report:
 
 
 
+def run_project(run_dir: Path) -> Path:
+    """Where `report` looks for the project's `[tool.ddpdoctor]`: beside the recorded script when it is on this
+    machine, else from the current directory."""
+    try:
+        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
+        script = Path(meta["script_abs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path.cwd()
+    return script if script.is_file() else Path.cwd()
+
+
 def report_run(
     run_dir: Path,
     *,
@@ -154,6 +167,7 @@ def report_run(
     base_lr: float | None = None,
     base_batch: int | None = None,
     lr_scaling: str | None = None,
+    small_bn_batch: int | None = None,
 ) -> Report:
     """`ddpdoctor report DIR`: redo analysis and reporting of a recorded run without running anything.
 
@@ -168,10 +182,13 @@ def report_run(
         raise UsageError(f"{run_dir}: not a directory")
     overrides = {
         k: v
-        for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))
+        for k, v in (
+            ("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling),
+            ("small_bn_batch", small_bn_batch),
+        )
         if v is not None
     }
-    analysis = analyze_run(run_dir, None, overrides=overrides)
+    analysis = analyze_run(run_dir, overrides=overrides)
     merged, cleared = merge_static_and_probe(
         load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )

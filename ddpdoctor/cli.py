@@ -40,10 +40,9 @@ def _root(
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
-    v = value.strip().lower()
-    if v not in allowed:
-        raise UsageError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
-    return v
+    from ddpdoctor.config import choice
+
+    return choice(value, allowed, option)
 
 
 def _emit(text: str, output: Optional[Path]) -> None:
@@ -91,74 +90,36 @@ def check(
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
     from ddpdoctor.check import run_check
-
-    cfg, fmt, fail = _check_config(
-        script, script_args, static=static, nproc=nproc, epochs=epochs, steps=steps, timeout=timeout, device=device,
-        base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling, output_format=output_format, output=output,
-        fail_on=fail_on, select=select, ignore=ignore, keep_run=keep_run,
-    )
-    report = run_check(cfg)
-    _render_and_exit(report, fmt, output, fail)
-
-
-def _check_config(script: Path, script_args: Optional[List[str]], **o):  # noqa: ANN003, ANN202
-    """check's options (command line over [tool.ddpdoctor]) as (CheckConfig, format, fail-on severity)."""
-    from ddpdoctor.config import (
-        DEVICES,
-        LR_SCALINGS,
-        OUTPUT_FORMATS,
-        CheckConfig,
-        find_pyproject,
-        load_tool_table,
-        split_codes,
-    )
-    from ddpdoctor.findings import Severity
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
-    fmt = _choice(o["output_format"], OUTPUT_FORMATS, "--format")
-    dev = _choice(o["device"], DEVICES, "--device")
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
-    pyproject = find_pyproject(script)
-    table = load_tool_table(pyproject)
-
-    def pick(cli_value, key, default):
-        return cli_value if cli_value is not None else table.get(key, default)
-
-    try:
-        fail = Severity.parse(str(pick(o["fail_on"], "fail_on", "medium")))
-        scaling = _choice(str(pick(o["lr_scaling"], "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
-        n = int(pick(o["nproc"], "nproc", 2))
-        blr = pick(o["base_lr"], "base_lr", None)
-        bbatch = pick(o["base_batch"], "base_batch", None)
-        cfg = CheckConfig(
-            script=script,
-            script_args=tuple(script_args or ()),
-            static_only=o["static"],
-            nproc=n,
-            epochs=o["epochs"],
-            steps=o["steps"],
-            timeout=o["timeout"],
-            device=dev,
-            base_lr=float(blr) if blr is not None else None,
-            base_batch=int(bbatch) if bbatch is not None else None,
-            lr_scaling=scaling,
-            output_format=fmt,
-            output=o["output"],
-            fail_on=fail,
-            select=split_codes(o["select"]) or tuple(table.get("select", ())),
-            ignore=split_codes(o["ignore"]) + tuple(table.get("ignore", ())),
-            keep_run=o["keep_run"],
-            small_bn_batch=int(table.get("small_bn_batch", SMALL_BN_BATCH)),
-            pyproject=pyproject,
-        )
-    except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    if cfg.nproc < 1:
-        raise UsageError("--nproc must be >= 1")
-    if (cfg.base_lr is None) != (cfg.base_batch is None):
-        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
-    return cfg, fmt, fail
+    opts = resolve_options(
+        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(script_args or ()),
+        static_only=static,
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs,
+        steps=steps,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=keep_run,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+    )
+    report = run_check(cfg)
+    _render_and_exit(report, fmt, output, opts.fail_on)
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -167,7 +128,9 @@ def triage(
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script, after `--`.", show_default=False
     ),
-    arms: Optional[str] = typer.Option(None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."),
+    arms: Optional[str] = typer.Option(
+        None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."
+    ),
     group_size: Optional[int] = typer.Option(None, "--group-size", min=1, help="Ranks per SyncBN subgroup (arm G)."),
     seed: int = typer.Option(0, "--seed", help="Seed every arm starts from (seed + rank), for scripts that set none."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
@@ -183,22 +146,42 @@ def triage(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
-    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's event logs in DIR."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
 
-    cfg, fmt, fail = _check_config(
-        script, script_args, static=False, nproc=nproc, epochs=epochs or DEFAULT_EPOCHS,
-        steps=steps or DEFAULT_STEPS, timeout=timeout, device=device, base_lr=base_lr, base_batch=base_batch,
-        lr_scaling=lr_scaling, output_format=output_format, output=output, fail_on=fail_on, select=select,
-        ignore=ignore, keep_run=keep_run,
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    dev = _choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    opts = resolve_options(
+        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(script_args or ()),
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs or DEFAULT_EPOCHS,
+        steps=steps or DEFAULT_STEPS,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=keep_run,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
     )
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
-        raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple of "
-                         "G (SyncBN over subgroups smaller than the world)")
+        raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple "
+                         "of G (SyncBN over subgroups smaller than the world)")
     report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
-    _render_and_exit(report, fmt, output, fail)
+    _render_and_exit(report, fmt, output, opts.fail_on)
 
 
 @app.command()
@@ -206,7 +189,7 @@ def report(
     run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
-    fail_on: str = typer.Option("medium", "--fail-on", help="info|low|medium|high|critical."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
@@ -214,35 +197,32 @@ def report(
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
     """Re-analyse a recorded probe run directory without running anything."""
-    from ddpdoctor.check import report_run
-    from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes
-    from ddpdoctor.findings import Severity
+    from ddpdoctor.check import report_run, run_project
+    from ddpdoctor.config import OUTPUT_FORMATS, resolve_options
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
-    try:
-        fail = Severity.parse(fail_on)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if (base_lr is None) != (base_batch is None):
-        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    opts = resolve_options(
+        run_project(run_dir), fail_on=fail_on, select=select, ignore=ignore, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
     from ddpdoctor.triage.run import is_triage_dir, report_triage
 
     if run_dir.is_dir() and is_triage_dir(run_dir):  # `triage --keep-run DIR`: every arm and the verdicts
         from ddpdoctor.config import CheckConfig
 
-        cfg = CheckConfig(script=Path("-"), select=split_codes(select), ignore=split_codes(ignore), base_lr=base_lr,
-                          base_batch=base_batch,
-                          lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else "auto")
-        _render_and_exit(report_triage(run_dir, cfg), fmt, output, fail)
+        cfg = CheckConfig(script=Path("-"), select=opts.select, ignore=opts.ignore, base_lr=opts.base_lr,
+                          base_batch=opts.base_batch, lr_scaling=opts.lr_scaling or "auto")
+        _render_and_exit(report_triage(run_dir, cfg), fmt, output, opts.fail_on)
     rep = report_run(
         run_dir,
-        select=split_codes(select),
-        ignore=split_codes(ignore),
-        base_lr=base_lr,
-        base_batch=base_batch,
-        lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else None,
+        select=opts.select,
+        ignore=opts.ignore,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling,
+        small_bn_batch=opts.small_bn_batch,
     )
-    _render_and_exit(rep, fmt, output, fail)
+    _render_and_exit(rep, fmt, output, opts.fail_on)
 
 
 @app.command()
@@ -283,7 +263,8 @@ def compare_bn(
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
-    from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.report.compare_bn import render_compare
 
     cfg = CompareConfig(
         model=model,

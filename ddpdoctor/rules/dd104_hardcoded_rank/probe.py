@@ -14,7 +14,6 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd104_hardcoded_rank import CODE
 
 
-
 def analyze(ctx: RunContext) -> list[Finding]:
     begins: list[tuple[Any, dict[str, Any]]] = list(ctx.run.events("pg_init_begin"))
     if not begins:
