@@ -210,9 +210,11 @@ def report(
     if run_dir.is_dir() and is_triage_dir(run_dir):  # `triage --keep-run DIR`: every arm and the verdicts
         from ddpdoctor.config import CheckConfig
 
-        cfg = CheckConfig(script=Path("-"), select=opts.select, ignore=opts.ignore, base_lr=opts.base_lr,
-                          base_batch=opts.base_batch, lr_scaling=opts.lr_scaling or "auto")
-        _render_and_exit(report_triage(run_dir, cfg), fmt, output, opts.fail_on)
+        cfg = CheckConfig(script=Path("-"), select=opts.select, ignore=opts.ignore)
+        overrides = {k: v for k, v in (("base_lr", opts.base_lr), ("base_batch", opts.base_batch),
+                                       ("lr_scaling", opts.lr_scaling), ("small_bn_batch", opts.small_bn_batch))
+                     if v is not None}
+        _render_and_exit(report_triage(run_dir, cfg, overrides), fmt, output, opts.fail_on)
     rep = report_run(
         run_dir,
         select=opts.select,

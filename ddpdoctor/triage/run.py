@@ -134,7 +134,7 @@ def run_triage(cfg: TriageConfig) -> Report:
                 dirs[name] = d
         layout = {"written": written_name, "mirror": mirror, "syncbn_layers": sync, "plain_layers": plain,
                   "group_size": cfg.group_size, "arm_dirs": {k: v.name for k, v in dirs.items()}}
-        report, extra = assemble(base, layout, check, static)
+        report, extra = assemble(base, layout, check, static, overrides=None)
         if check.keep_run is not None:
             (base / TRIAGE_FILE).write_text(json.dumps({"layout": layout, **extra}, indent=1, default=str),
                                             encoding="utf-8")
@@ -148,8 +148,9 @@ def is_triage_dir(path: Path) -> bool:
     return (Path(path) / TRIAGE_FILE).is_file()
 
 
-def report_triage(base: Path, check: CheckConfig) -> Report:
-    """`ddpdoctor report DIR` on a triage directory: redo every arm's analysis and the verdicts."""
+def report_triage(base: Path, check: CheckConfig, overrides: dict[str, Any] | None = None) -> Report:
+    """`ddpdoctor report DIR` on a triage directory: redo every arm's analysis and the verdicts, the settings each
+    arm recorded replaced by `overrides` (base_lr, base_batch, lr_scaling, small_bn_batch)."""
     from ddpdoctor.analyses import load_static_findings
 
     try:
@@ -157,12 +158,13 @@ def report_triage(base: Path, check: CheckConfig) -> Report:
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{base / TRIAGE_FILE}: unreadable: {exc}") from None
     written = base / layout["arm_dirs"][layout["written"]]
-    check = replace(check, script=None)  # type: ignore[arg-type]  # each run directory names its script
-    return assemble(base, layout, check, load_static_findings(written))[0]
+    return assemble(base, layout, check, load_static_findings(written), overrides=overrides)[0]
 
 
-def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: list[Finding]) -> tuple[Report, dict]:
-    """Analyse each arm's run directory, decide the verdicts, and build the report."""
+def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: list[Finding], *,
+             overrides: dict[str, Any] | None) -> tuple[Report, dict]:
+    """Analyse each arm's run directory (its recorded settings, replaced by `overrides`), decide the verdicts, and
+    build the report; `check` gives the arms' settings (base_batch...) and --select/--ignore."""
     from ddpdoctor.analyses import analyze_run, build_context
     from ddpdoctor.check import filter_findings, merge_static_and_probe
     from ddpdoctor.triage.verdicts import TRIAGE_RULES, Arm, cause_findings, triage
@@ -175,13 +177,13 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
         if name not in layout["arm_dirs"]:
             continue
         d = base / layout["arm_dirs"][name]
-        analysis = analyze_run(d, check)
+        analysis = analyze_run(d, overrides=overrides)
         analyses[name] = analysis
         arms.append(Arm(name=name, what=_what(name, mirror, layout.get("group_size"), sync, plain),
-                        ctx=build_context(d, check), findings=list(analysis.findings),
+                        ctx=build_context(d, overrides), findings=list(analysis.findings),
                         as_written=name == written_name, mirror=mirror))
     written = next(arm for arm in arms if arm.as_written)
-    result = triage(arms, check) if (sync or plain) else None
+    result = triage(arms, written.ctx.settings) if (sync or plain) else None
     wa = analyses[written_name]
     probe = [f for f in wa.findings if f.rule not in TRIAGE_RULES or mirror]
     if result is not None and not mirror:
@@ -191,7 +193,7 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
                            sources=wa.sources)
     notes = list(wa.notes) + cleared + (list(result.notes) if result is not None else [])
     triage_json = _triage_json(result, written, arms, mirror)
-    report = Report(script=wa.script or str(check.script), args=tuple(wa.args), environment=dict(wa.environment),
+    report = Report(script=wa.script, args=tuple(wa.args), environment=dict(wa.environment),
                     findings=tuple(kept), notes=tuple(notes), tables=wa.tables, base_dir=wa.base_dir,
                     triage=triage_json, triage_text=_text_extras(result, arms))
     return report, {"triage": triage_json, "pairing": result.pairing if result is not None else None}
