@@ -10,6 +10,9 @@ Two alignments of forwards across ranks are used:
   within optimizer step s, on every rank (steps are the replicates; the model is shared at a step);
 - *updates* for the SyncBN replay: the k-th training-mode forward (with or without grad — both update running
   statistics, and SyncBN would synchronise in both) within step s.
+
+Size: one module (~600 lines) because every BN rule reads the same parsed run and its two alignments, memoised
+once per run; the rule-specific parts (the BN table, each rule's thresholds) live in the rules.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ from ddpdoctor.probe.procs import kill_run, signal_processes
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
+from ddpdoctor.world import WORLD_ENV
 
 STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
 # modes that start the script once (a self-spawning script; a single-process DataParallel script)
@@ -176,8 +177,8 @@ def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("DDPDOCTOR_")]:
         del env[key]
-    # a launcher contract inherited from an outer job must not leak into ours
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
+    # a launcher contract inherited from an outer job (torchrun, an srun allocation, mpirun) must not leak into ours
+    for key in WORLD_ENV:
         env.pop(key, None)
     env.update(settings.to_env())
     env[RUN_TAG_ENV] = settings.run_tag
