@@ -15,6 +15,11 @@ BOTH ARMS: they cannot explain a gap between the arms.
 
 Ranking: confirmed; both-arms causes of medium severity or more; likely; possible; ruled out in favour of one arm
 ("SyncBN is right here"); low both-arms causes; not measurable; ruled out — then by severity and measured size.
+
+Size: one module because the causes are decided against each other from the same arms — a conversion defect
+confirmed in arm A decides whether A's and P's statistics may be compared, the noise verdict decides which
+running-statistics verdicts are its consequences, and the headline reads the ranked whole; the per-run halves of
+the rules live in their packages (ddpdoctor/rules/dd2NN_*/probe.py) and the measurements in analyses/bn_checks.py.
 """
 
 from __future__ import annotations
