@@ -346,7 +346,7 @@ def test_no_collectives_refuses_inside_checks_only(tmp_path):
 
     probe = _probe(tmp_path)
     try:
-        arms.install_late(probe)
+        arms.install_early(probe)
         with arms.no_collectives(), pytest.raises(arms.CollectiveInCheck):
             dist.all_reduce(torch.zeros(1))
         with pytest.raises((RuntimeError, ValueError)) as info:  # outside: torch's own error (no process group)

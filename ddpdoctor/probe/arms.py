@@ -20,9 +20,9 @@ Arms (ProbeSettings.bn_mode / bn_convert, set by the launcher; `check` runs with
   `convert_sync_batchnorm` when DDP wraps it.
 
 Patches are installed in two parts: `install_early` right after the CUDA emulation and before the recorders (so
-the recorders see the script's calls as it made them and the results the arm returned), `install_late` after the
-recorders (outermost: the mirror conversion happens before the DDP recorder describes the model, and the
-collective guard refuses before any recorder counts a call).
+the recorders see the script's calls as it made them and the results the arm returned; the collective guard is
+innermost, so a recorder still sees the user's frame as the caller of a collective), `install_late` after the
+recorders (outermost: the mirror conversion happens before the DDP recorder describes the model).
 
 `local_stats()` and `no_collectives()` are the contexts of the in-process checks (conversion equivalence,
 population statistics): SyncBN layers normalise locally and any collective raises `CollectiveInCheck` instead of
@@ -187,6 +187,7 @@ def install_early(probe: Probe) -> None:
         return forward
 
     probe.patcher.wrap(SyncBatchNorm, "forward", make_forward)
+    _install_guard(probe)
 
     if state.mode == "plain":
         _install_plain(probe, state, torch, SyncBatchNorm, module_mod, _BatchNorm)
@@ -203,18 +204,26 @@ def install_early(probe: Probe) -> None:
 
 
 def install_late(probe: Probe) -> None:
-    """Outermost patches: the collective guard, and the mirror arms' conversion when DDP wraps the model."""
-    import torch.distributed as dist
-
+    """Outermost patches: the mirror arms' conversion when DDP wraps the model (before the DDP recorder describes
+    the model it wraps)."""
     state = getattr(probe, "arm_state", None) or _ArmState(probe)
-    if dist.is_available():
-        c10d = dist.distributed_c10d
-        for name in GUARDED_COLLECTIVES:
-            for owner in (dist, c10d):
-                if getattr(owner, name, None) is not None:
-                    probe.patcher.wrap(owner, name, _guarded)
     if state.convert:
         _install_mirror_conversion(probe, state)
+
+
+def _install_guard(probe: Probe) -> None:
+    """The collective guard, innermost: the recorders' wrappers around it still see the user's frame as their
+    caller (they record a collective only when called from user code), and skip ddpdoctor's own checks
+    (`probe.quiet`)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    for name in GUARDED_COLLECTIVES:
+        for owner in (dist, c10d):
+            if getattr(owner, name, None) is not None:
+                probe.patcher.wrap(owner, name, _guarded)
 
 
 def _guarded(orig):
