@@ -68,11 +68,17 @@ def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on) -> None:
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def check(
-    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script: Path = typer.Argument(..., help="The training script to diagnose (with --static: files or directories)."),
     script_args: Optional[List[str]] = typer.Argument(
-        None, help="Arguments for the script, after `--`.", show_default=False
+        None, help="Arguments for the script, after `--`; with --static, more files or directories before it.",
+        show_default=False,
     ),
-    static: bool = typer.Option(False, "--static", help="AST analysis only: never imports torch or runs the script."),
+    static: bool = typer.Option(
+        False,
+        "--static",
+        help="AST analysis only (the script and the project modules it imports): never imports torch or runs "
+        "anything. Takes several files or directories, as a pre-commit hook passes them.",
+    ),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
     epochs: int = typer.Option(2, "--epochs", min=1, help="Epochs observed."),
     steps: int = typer.Option(4, "--steps", min=1, help="Steps kept per epoch."),
@@ -87,8 +93,13 @@ def check(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
 ) -> None:
-    """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
+    """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report.
+
+    `check --static PATH...` lints files and directories (recursively, .py files, minus `exclude` in
+    [tool.ddpdoctor]): each entry script with the project modules it imports.
+    """
     from ddpdoctor.check import run_check
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
@@ -97,6 +108,10 @@ def check(
     dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
+    extra_paths, script_args = _paths_and_script_args(static, list(script_args or ()))
+    for p in extra_paths:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
     opts = resolve_options(
         script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
         lr_scaling=lr_scaling,
@@ -116,7 +131,11 @@ def check(
         select=opts.select,
         ignore=opts.ignore,
         keep_run=keep_run,
+        quiet=quiet,
         small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        paths=tuple(extra_paths),
+        exclude=opts.exclude,
+        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
     )
     report = run_check(cfg)
     _render_and_exit(report, fmt, output, opts.fail_on)
@@ -330,10 +349,24 @@ def _click_exception(exc: Exception) -> int:
     return _fail(f"internal error: {kind}: {exc}")
 
 
+_RAW_ARGS: list[str] = []
+
+
+def _paths_and_script_args(static: bool, positional: list[str]) -> tuple[list[Path], list[str]]:
+    """Split `check`'s positional arguments after SCRIPT: what follows `--` is for the script; with --static, what
+    comes before it is more paths to lint (click does not say where `--` was, so the raw arguments do)."""
+    after = _RAW_ARGS[_RAW_ARGS.index("--") + 1 :] if "--" in _RAW_ARGS else []
+    before = positional[: len(positional) - len(after)] if after else positional
+    if not static:
+        return [], positional
+    return [Path(p) for p in before], positional[len(before) :]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input."""
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
+    _RAW_ARGS[:] = args
     try:
         rv = command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
         # non-standalone click returns (not raises) the code of Exit, and turns Ctrl-C into 130

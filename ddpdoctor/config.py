@@ -32,6 +32,7 @@ PYPROJECT_KEYS = {
     "lr_scaling",
     "nproc",
     "small_bn_batch",
+    "exclude",
 }
 
 
@@ -51,6 +52,7 @@ class Options:
     lr_scaling: str | None = None
     small_bn_batch: int | None = None
     pyproject: Path | None = None  # where the table came from, for messages
+    exclude: tuple[str, ...] = ()  # globs of files `check --static` skips, relative to the pyproject's directory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +73,13 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
+    quiet: bool = False  # no progress display on stderr while probing
     small_bn_batch: int = SMALL_BN_BATCH
+    # `check --static PATH...`: the paths after the first (files or directories), the globs that drop files, and
+    # the directory the globs are relative to
+    paths: tuple[Path, ...] = ()
+    exclude: tuple[str, ...] = ()
+    exclude_base: Path | None = None
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -103,6 +111,13 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
         raise UsageError(
             f"{pyproject}: unknown key(s) in [tool.ddpdoctor]: {', '.join(sorted(unknown))}"
         )
+    if "exclude" in table:
+        value = table["exclude"]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{pyproject}: [tool.ddpdoctor] exclude must be a list of glob patterns")
+        table["exclude"] = value
     for key in ("select", "ignore"):
         if key in table:
             value = table[key]
@@ -167,6 +182,7 @@ def resolve_options(
             lr_scaling=choice(scaling, LR_SCALINGS, "--lr-scaling") if scaling is not None else None,
             small_bn_batch=int(small) if small is not None else None,
             pyproject=pyproject,
+            exclude=tuple(table.get("exclude", ())),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None

@@ -306,6 +306,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             static_graph="argument",
             mixed_precision="a mixed_precision config was passed",
             world_size="size of its process group",
+            params_device="where the wrapped module's parameters are, as on a GPU machine: 'cuda:N' (real or "
+            "emulated) | 'cpu'",
+            current_device="torch.cuda.current_device() at construction (null without CUDA)",
             ok="constructed",
             error="exception text when it raised",
             wrapper="absent for torch's DDP; the class of another data-parallel wrapper recorded like DDP: "
@@ -336,6 +339,21 @@ EVENT_KINDS: dict[str, EventKind] = {
             batch="size of the first tensor argument along dim",
             replicas="replicas that ran (chunks of the batch; 1 = the module ran on the whole batch)",
             chunk_sizes="samples per replica, replica 0 first",
+            site="call site",
+        ),
+        _k(
+            "ddp_inputs",
+            "the first training forward through a DDP: where its input and its parameters are",
+            ddp="probe id of the DDP object",
+            device="device of the first tensor input, as on a GPU machine ('cuda:N' | 'cpu'; null: no tensor)",
+            params_device="device of the wrapped module's parameters at that forward",
+            site="call site",
+        ),
+        _k(
+            "sharded_init",
+            "a FullyShardedDataParallel was constructed or fully_shard applied: the ranks' model is kept consistent "
+            "without DDP",
+            wrapper="'FullyShardedDataParallel' | 'fully_shard'",
             site="call site",
         ),
         _k(
@@ -526,6 +544,14 @@ EVENT_KINDS: dict[str, EventKind] = {
             site="where add_argument declared it",
             env_local_rank="LOCAL_RANK in this process's environment",
         ),
+        _k(
+            "env_read",
+            "user code read a launcher variable from the environment (first read per variable: LOCAL_RANK)",
+            var="the variable",
+            how="'getitem' (os.environ[...], .get, os.getenv) | 'contains' (`in os.environ`)",
+            value="its value then (null for a membership test)",
+            site="the user line that read it",
+        ),
         # --- BatchNorm (probe/recorders/batchnorm.py; issue 4 "BatchNorm" area: DD201-DD207 and the BN table)
         _k(
             "bn_layer",
@@ -576,6 +602,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             bn_layers_in_train_mode="BatchNorm layers of that module in training mode",
             syncbn_layers_in_train_mode="of which SyncBatchNorm",
             tracks_running_stats="the layer updates running statistics",
+            untrained_module="{cls, path, params, requires_grad}: the outermost module on the call stack whose "
+            "parameters no optimizer trains (a momentum/EMA/teacher encoder), or null",
+            cumulative_average="the layer's momentum is None (a cumulative average: a precise-BN recalibration)",
         ),
         _k(
             "bn_final",
@@ -789,6 +818,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "checkpoint_save",
             "torch.save was called (the file is written where the script says)",
             site="call site",
+            callers="[{file, line, function}]: the user frames further out (the script's call into its own save "
+            "helper), innermost first, at most 3",
             path="path as the script gave it, or the file object's name, or null",
             abspath="absolute path, or null for an anonymous buffer",
             target="type of the save target (str, PosixPath, BufferedWriter, BytesIO...)",

@@ -56,6 +56,7 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^torch\.amp\.autocast$", "torch.autocast"),
         (r"^apex\.parallel\.(?:distributed|optimized_sync_batchnorm|sync_batchnorm)\.", "apex.parallel."),
         (r"^torch\.distributed\.nn\.(?:functional\.)?", "torch.distributed."),
+        (r"^horovod\.torch\.(?:mpi_ops|functions|optimizer|sync_batch_norm|compression)\.", "horovod.torch."),
     )
 )
 

@@ -267,7 +267,9 @@ def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch_once(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> dict[str, Any]:
     mode = settings.mode
     port = free_port()
     if mode in SINGLE_LAUNCH:
@@ -302,6 +304,8 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                     # teardown, ~1 s) tells us nothing more
                     finished_early = True
                     break
+                if progress is not None:
+                    progress.update()
                 time.sleep(0.05)
         except (KeyboardInterrupt, _Stopped):
             interrupted = True
@@ -421,9 +425,11 @@ def run_probe(
     cfg: CheckConfig,
     run_dir: Path,
     static_findings: Sequence[Finding] = (),
+    progress: Any = None,
     arm: dict[str, Any] | None = None,
 ) -> ProbeOutcome:
-    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json).
+    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json). `progress`
+    (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch is over.
 
     `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
     also kept in meta.json `arm`."""
@@ -457,18 +463,20 @@ def run_probe(
     meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
     write_json(run_dir / META_FILE, meta)
     write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
-    record = _launch(cfg, run_dir, settings, deadline)
+    record = _launch(cfg, run_dir, settings, deadline, progress)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record
         _clear_attempt(run_dir)
-        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
+        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
         meta["mode"] = "torchrun"
-        meta["legacy_local_rank_arg"] = plan.local_rank_declared
+        meta["legacy_local_rank_arg"] = plan.local_rank_option
         meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
         write_json(run_dir / META_FILE, meta)
-        record = _launch(cfg, run_dir, settings, deadline)
+        if progress is not None:
+            progress.relaunched()
+        record = _launch(cfg, run_dir, settings, deadline, progress)
         record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
         record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
     if not record["interrupted"]:
@@ -476,6 +484,8 @@ def run_probe(
         meta["sources"] = snapshot_run(run_dir, cwd=meta["cwd"], script=script_as_run, taken=meta["sources"])
         write_json(run_dir / META_FILE, meta)
     write_json(run_dir / LAUNCHER_FILE, record)
+    if progress is not None:
+        progress.close(timed_out=bool(record["timed_out"]), interrupted=bool(record["interrupted"]))
     if record["interrupted"]:
         raise KeyboardInterrupt
     return ProbeOutcome(
@@ -487,9 +497,11 @@ def run_probe(
     )
 
 
-def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> dict[str, Any]:
     for _attempt in range(2):
-        record = _launch_once(cfg, run_dir, settings, deadline)
+        record = _launch_once(cfg, run_dir, settings, deadline, progress)
         if not _port_clash(record, run_dir) or record["interrupted"]:
             break
     return record

@@ -89,6 +89,22 @@ def user_site(depth: int = 2) -> dict[str, Any] | None:
     return None
 
 
+def user_callers(depth: int = 2, limit: int = 4) -> list[dict[str, Any]]:
+    """{file, line, function} of up to `limit` frames in user code, innermost first (the call chain through the
+    script's own helpers: `save_on_master(...)` in train.py, then `torch.save(...)` in utils.py)."""
+    out: list[dict[str, Any]] = []
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return out
+    while f is not None and len(out) < limit:
+        code = f.f_code
+        if is_user_file(code.co_filename):
+            out.append({"file": code.co_filename, "line": f.f_lineno, "function": code.co_name})
+        f = f.f_back
+    return out
+
+
 def user_frame_of(tb_frames: list[traceback.FrameSummary]) -> dict[str, Any] | None:
     for fr in reversed(tb_frames):
         if is_user_file(fr.filename):

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor import __version__
+from ddpdoctor.causes import flatten
 from ddpdoctor.findings import Finding, Severity, summarize
 from ddpdoctor.formatting import fmt_evidence_float
 from ddpdoctor.formatting import fmt_rank_spans as format_ranks
@@ -258,6 +259,38 @@ def _finding(console: Console, number: int, f: Finding) -> None:
     console.print(Padding(fix, (0, 0, 0, INDENT)))
     for block in _evidence(f.evidence):
         console.print(Padding(block, (0, 0, 0, INDENT)))
+    _consequences(console, f, INDENT)
+
+
+def _consequences(console: Console, f: Finding, indent: int) -> None:
+    """What this finding explains (ddpdoctor.causes), folded under it: each with its own place, message and
+    the reason this run's evidence links it to the cause; fixing the cause fixes them."""
+    if not f.consequences:
+        return
+    n = len(f.consequences)
+    console.print(
+        Padding(Text(f"explains {n} more finding{'s' if n != 1 else ''} (fix this first):", style="bold"),
+                (0, 0, 0, indent))
+    )
+    for c in f.consequences:
+        g = c.finding
+        head = Text("- ")
+        head.append(g.rule, style="bold")
+        head.append(f" {_rule_name(g.rule)}  ")
+        head.append(g.severity.label, style=SEVERITY_STYLE[g.severity])
+        head.append(f", {g.confidence.label}, {g.source}", style="dim")
+        where = [g.location] if g.file is not None else []
+        if g.ranks:
+            where.append(f"{'rank' if len(g.ranks) == 1 else 'ranks'} {format_ranks(g.ranks)}")
+        if where:
+            head.append("  " + "  ".join(where), style="cyan")
+        console.print(Padding(head, (0, 0, 0, indent + 2)))
+        console.print(Padding(Text(g.message), (0, 0, 0, indent + 4)))
+        because = Text()
+        because.append("because: ", style="bold")
+        because.append(c.because)
+        console.print(Padding(because, (0, 0, 0, indent + 4)))
+        _consequences(console, g, indent + 4)
 
 
 def _rule_name(code: str) -> str:
@@ -379,5 +412,9 @@ def _summary_line(findings: list[Finding]) -> Text:
         if i:
             line.append(", ")
         line.append(txt, style=style)
-    line.append(f" ({len(findings)} finding{'s' if len(findings) != 1 else ''})")
+    line.append(f" ({len(findings)} finding{'s' if len(findings) != 1 else ''}")
+    folded = sum(len(flatten(c.finding for c in f.consequences)) for f in findings)
+    if folded:
+        line.append(f"; {folded} more explained by them")
+    line.append(")")
     return line

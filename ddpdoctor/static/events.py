@@ -100,6 +100,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
             strict_node="node of strict=, or None",
             result_used="the returned missing/unexpected keys are used",
         ),
+        _k(
+            "bn_stats_reset",
+            "BatchNorm statistics about to be recomputed: reset_running_stats(), or `m.momentum = None` (a cumulative "
+            "average of what follows: precise BN)",
+            target="Value: the modules (or objects that may be modules)",
+            how="'reset_running_stats' or 'momentum = None'",
+        ),
         _k("strip_prefix", "consume_prefix_in_state_dict_if_present: a 'module.' prefix is removed from a state dict"),
         # --- optimisation (apis/optim.py)
         _k(
@@ -159,17 +166,36 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         # --- process groups and processes (apis/distributed.py)
         _k(
             "init_pg",
-            "init_process_group",
+            "init_process_group (or hvd.init(), which sets up the job's process group)",
+            optional=("via",),
             params="parameter name → Value or None: backend, init_method, timeout, world_size, rank, store, "
             "group_name, "
             "pg_options, device_id",
             nodes="parameter name → node or None",
             args="the call's arguments",
+            via="'horovod.torch.init' for hvd.init() (its parameters are all None)",
         ),
         _k(
             "collective",
-            "a collective of torch.distributed (torchnames.COLLECTIVES)",
+            "a collective of torch.distributed (torchnames.COLLECTIVES), or of Horovod (op 'hvd.<name>')",
+            optional=("library", "discarded"),
             op="its name",
+            args="the call's arguments",
+            library="'horovod' for Horovod's collectives",
+            discarded="Horovod: a collective that returns a new tensor (allreduce, allgather, broadcast...) called as "
+            "a statement, so its result is thrown away",
+        ),
+        _k(
+            "grad_averaging",
+            "an optimizer wrapped so that it averages gradients across ranks (hvd.DistributedOptimizer)",
+            optimizer="Value: the wrapped optimizer (the call returns it)",
+            args="the call's arguments",
+            wrapper="'horovod.torch.DistributedOptimizer'",
+        ),
+        _k(
+            "hvd_broadcast",
+            "hvd.broadcast_parameters / hvd.broadcast_optimizer_state: rank 0's weights or state sent to every rank",
+            what="'parameters' | 'optimizer_state'",
             args="the call's arguments",
         ),
         _k(
@@ -211,6 +237,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         ),
         _k("env_write", "os.environ[...] = value", var="the variable (None when not a literal)", value="Value written"),
         _k("env_check", 'a membership test `"RANK" in os.environ`', var="the variable, or None when not a literal"),
+        # --- paths (apis/paths.py)
+        _k(
+            "sys_path",
+            "sys.path.append / insert: a directory put on the import path",
+            dir="the directory as computed, or None when it is not a literal the interpreter can compute",
+            added="it became an import root of the project (an existing directory, not an installed one)",
+        ),
         # --- command line (apis/cli.py)
         _k(
             "add_argument",

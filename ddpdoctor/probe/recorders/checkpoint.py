@@ -124,8 +124,11 @@ def install(probe: Probe) -> None:
 def _before_save(probe: Probe, obj: Any, f: Any) -> dict[str, Any]:
     path, abspath = _path_of(f)
     existed = bool(abspath) and os.path.exists(abspath)
+    from ddpdoctor.probe.session import user_callers
+
     return {
         "site": probe.site(),
+        "callers": user_callers(1)[1:],
         "path": path,
         "abspath": abspath,
         "target": type(f).__name__,

@@ -8,6 +8,7 @@ order `interpreter.API_MODULES` lists them:
     optim        optimizers, schedulers, backward and step, learning-rate assignments
     data         loaders, samplers, datasets, iteration
     distributed  init_process_group, ranks, collectives, spawn / Process
+    horovod      Horovod's PyTorch API (hvd.init, size/rank, DistributedOptimizer, its collectives, broadcasts)
     environ      os.environ reads, writes and membership tests
     cli          argparse options and the parsed namespace
     tensors      checkpoints, CUDA devices, autograd/autocast contexts, tensors, reporting
