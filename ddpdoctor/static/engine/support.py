@@ -82,7 +82,9 @@ class SourceIndex:
     the rules (each used to walk the whole tree again; on a 4,000-line script each walk cost as much as the
     interpretation itself).
 
-    The walk is breadth-first (`ast.walk` order), so `words` keeps the order it always had.
+    The walk is breadth-first (`ast.walk` order), so `words` keeps the order it always had; `nodes` is that walk,
+    kept for the rules that look for a syntactic pattern anywhere in the file (they filter it instead of walking
+    the tree again).
     """
 
     def __init__(self, tree: ast.Module) -> None:
@@ -98,7 +100,8 @@ class SourceIndex:
         parts: list[str] = []
         docstrings: set[int] = set()
         append = parts.append
-        for node in walk(tree):
+        self.nodes = walk(tree)
+        for node in self.nodes:
             t = type(node)
             if t is ast.Name:
                 append(node.id)
