@@ -10,6 +10,8 @@ a third of a large script's analysis before anything was read.
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -512,8 +514,16 @@ def _run(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the command with one-line errors and exit code 2 for every kind of bad input."""
+    """Entry point: run the command with one-line errors and exit code 2 for every kind of bad input.
+
+    As the process's entry point (no `argv`), the cyclic garbage collector stays off and the process ends without
+    tearing down its heap: a command runs once and exits, and what it builds (the trees and the semantic model of
+    a large project) stays alive until then, so the collector would only walk it again and again, and the
+    interpreter's shutdown free it object by object (together a fifth of `check --static` on a 4,000-line
+    script). Everything a command opens is closed by the command itself; no atexit handler is registered."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        gc.disable()
     try:
         code = _run(args)
     except Exit as exc:
@@ -529,8 +539,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - an internal failure still gets one line, never a traceback
         code = _fail(f"internal error: {type(exc).__name__}: {exc}")
     if argv is None:
-        sys.exit(code)
+        _exit(code)
     return code
+
+
+def _exit(code: int) -> None:
+    """End the process now, after what it wrote (see `main`)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach the reader
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
