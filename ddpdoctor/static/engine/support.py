@@ -253,6 +253,20 @@ def dotted(node: ast.AST) -> str:
     return ""
 
 
+def dotted_name(node: ast.AST) -> str | None:
+    """`a.b.c` for a name or a chain of attributes on one (exactly what `ast.unparse` writes for it), else None."""
+    parts: list[str] = []
+    while type(node) is ast.Attribute:
+        parts.append(node.attr)
+        node = node.value
+    if type(node) is not ast.Name:
+        return None
+    if not parts:
+        return node.id
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
 def dotted_last(node: ast.AST) -> str | None:
     d = dotted(node)
     return d.rsplit(".", 1)[-1] if d else None
@@ -273,6 +287,7 @@ __all__ = [
     "SourceIndex",
     "const_key",
     "dotted",
+    "dotted_name",
     "dotted_last",
     "first_const_str",
     "is_main_guard",
