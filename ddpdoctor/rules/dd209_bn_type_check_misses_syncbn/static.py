@@ -97,6 +97,8 @@ def _converters(index: SourceIndex) -> set[int]:
 def exact_class_tests(tree: ast.Module, index: SourceIndex) -> Iterator[tuple[int, str]]:
     """(line, source form) of every BatchNorm test by exact class in the module (`index` is its tree's),
     outside converters."""
+    if not ("isinstance" in index.called_names or "type" in index.called_names or "__class__" in index.words):
+        return  # every test below calls isinstance() or type(), or reads __class__
     constants = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
                  for t in n.targets if isinstance(t, ast.Name)}
     skip = _converters(index)
