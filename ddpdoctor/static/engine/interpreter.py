@@ -207,13 +207,8 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         return self.frames[-1]
 
     def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
-        obj = Obj(
-            kind=kind,
-            line=getattr(node, "lineno", 0) or 0,
-            node=node,
-            file=self.frames[-1].file if self.frames else self.source.path,
-            **kw,
-        )
+        frames = self.frames
+        obj = Obj(kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw)
         if self.ctx:
             if kind in self.PATH_KINDS:
                 path = self._path()
