@@ -115,13 +115,24 @@ def run_check(cfg: CheckConfig) -> Report:
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
 
-        run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+        from ddpdoctor.probe.rundir import claim_for_check
+        from ddpdoctor.probe.supervisor import Supervisor
+
+        guard = None
+        if cfg.keep_run is None:
+            run_dir = Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+            guard = Supervisor.guard([str(run_dir)])  # removes it even if this process is killed
+        else:
+            run_dir = cfg.keep_run
         try:
-            run_probe(cfg, run_dir, static_findings=static)
-            analysis = analyze_run(run_dir, cfg)
+            # locked from the launch to the end of the analysis: a second run cannot clear it meanwhile
+            with claim_for_check(run_dir) as claim:
+                run_probe(cfg, run_dir, static_findings=static, claim=claim)
+                analysis = analyze_run(run_dir, cfg)
         finally:
-            if cfg.keep_run is None:
+            if guard is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
+                guard.stop()
         probe = list(analysis.findings)
         clearances = analysis.clearances
         environment = analysis.environment

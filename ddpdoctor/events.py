@@ -15,6 +15,10 @@ Run directory layout (schema `SCHEMA`):
                                from events by a *blob reference* (see `BlobRef`)
     events/<host>-p<pid>.stack Python stacks of every thread, dumped by faulthandler when the probe timed out
     logs/                      the user's stdout/stderr per rank (launcher mode)
+    writes/<absolute path>     the files the script wrote (launcher modes: ddpdoctor.probe.fsview redirects them
+                               here; the user's tree is untouched); deleted/ and opaque/ record deletions
+    .ddpdoctor-run             ddpdoctor's marker: only a directory holding it is ever cleared or reused
+                               (ddpdoctor.probe.rundir)
     source/<path>              copies of the user's source files the run refers to (the script, and in launcher
                                modes every user file named by a recorded site, traceback or stack), at their path
                                relative to the user's working directory (`_outside/<name>` for files outside it);
@@ -96,7 +100,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "process_start",
             "first event of every process's log",
             role="'rank' (launched by torchrun), 'attached', 'main' (self-spawning script), 'spawned' (child of "
-            "multiprocessing started by spawn/forkserver), 'forked' (child started by fork)",
+            "multiprocessing started by spawn/forkserver), 'forked' (child started by fork), 'child' (another "
+            "Python process the script started: only its file writes are recorded)",
             ppid="parent pid",
             host="host name",
             argv="sys.argv",
@@ -106,7 +111,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             schema="SCHEMA",
             main_thread="ident of the main thread as faulthandler prints it (0x...)",
             stack_file="file that receives faulthandler dumps",
-            stack_signal="signal number that dumps the stacks",
+            stacks_at="when (seconds since the epoch) the process dumps every thread's stack into stack_file, a "
+            "moment before the probe's timeout (no signal: session.StackTimer); null when it does not",
             mode="the probe's launch mode (meta.json `mode`)",
         ),
         _k(
@@ -138,6 +144,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             reason="'script returned' | 'sys.exit(0)' | 'epochs observed' | 'steps observed' | 'spawned function returned'",
             steps="optimizer steps taken",
             epochs="training epochs observed",
+            writes_waited="seconds the process waited for writes in progress (a checkpoint saved by a background "
+            "thread) before leaving",
+            writes_cut="paths still being written when it had to leave anyway (the run's copy is incomplete)",
         ),
         _k(
             "exception",
@@ -596,6 +605,31 @@ EVENT_KINDS: dict[str, EventKind] = {
             seconds="duration",
             error="exception text when the save raised",
             step="optimizer steps completed",
+        ),
+        _k(
+            "checkpoint_load",
+            "torch.load of a file (first 20 per process)",
+            site="call site",
+            path="path as the script gave it",
+            abspath="absolute path",
+            users_file="the file read is the user's own, there before the probe (not one this run wrote): a resume",
+            object="type of the loaded object",
+            top_keys="first keys of a loaded dict",
+            counters="{key: int} of the integer values at its top level (epoch, step, iteration...)",
+            step="optimizer steps completed",
+        ),
+        # --- files (probe/fsview.py)
+        _k(
+            "file_write",
+            "the script wrote, created, modified or deleted a file outside the run directory; the operation went to "
+            "the run's copy (RUN/writes/<absolute path>), the user's file is untouched (first time per path, "
+            "operation and process)",
+            op="'write' (created or truncated) | 'create' (exclusive) | 'modify' (append, r+, chmod, utime...) | "
+            "'mkdir' | 'delete' | 'rename' (the destination of a rename or replace)",
+            path="the path as the script gave it",
+            abspath="absolute path",
+            stored="where the run keeps it, relative to the run directory",
+            existed="the user had a file or folder at that path before the probe",
         ),
         _k(
             "state_dict_load",

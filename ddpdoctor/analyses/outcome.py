@@ -161,8 +161,64 @@ def failures(ctx: RunContext) -> list[Failure]:
                         )
                     )
                     seen_ranks.add(index)
+    launcher = launcher_failure(ctx)
+    if launcher is not None and not any(f.rank == launcher.rank and launcher.rank is not None for f in out):
+        out.append(launcher)
     out.sort(key=lambda f: f.t)
     return out
+
+
+LAUNCHERS = {"torchrun": "torch.distributed.run's agent (the launcher of the ranks)",
+             "spawn": "the script's main process (which starts its ranks)"}
+
+
+def launcher_failure(ctx: RunContext) -> Failure | None:
+    """The process the probe launched (the elastic agent, or the main process of a self-spawning script) died of
+    a signal, or exited with an error of its own, before the ranks finished: the run is cut short whatever the
+    ranks recorded (killed by the OOM killer, by the script, by another user). Not when the probe stopped it
+    itself (timeout, Ctrl-C, ranks already done)."""
+    launcher = ctx.launcher
+    code = launcher.get("returncode")
+    mode = launcher.get("mode") or ctx.run.meta.get("mode")
+    if (
+        code in (None, 0)
+        or mode not in LAUNCHERS
+        or launcher.get("stopped_by_probe")
+        or launcher.get("timed_out")
+        or launcher.get("interrupted")
+    ):
+        return None
+    if ctx.ranks and all(p.done is not None for p in ctx.ranks.values()):
+        return None  # every rank had finished its part: the measurement is complete
+    agent = launcher.get("agent") or {}
+    sig = _signal_name(code)
+    if sig is None and mode == "torchrun" and (agent.get("failures") or not agent.get("error")):
+        return None  # the agent reports its ranks' failure (each one is a failure above)
+    if sig is None and mode == "spawn":
+        main = ctx.run.main_process
+        if main is not None and main.of("exception"):
+            return None  # the main process raised: that exception is the failure
+    last = max((p.events[-1]["t"] for p in ctx.run.processes if p.events), default=0.0)
+    error = str(agent.get("error") or "")
+    return Failure(
+        rank=None,
+        pid=(launcher.get("agent") or {}).get("pid"),
+        t=float(last),
+        kind="launcher",
+        type=mode,
+        message=error or (f"died with {sig}" if sig else f"exited with code {code}"),
+        exitcode=code if code >= 0 else None,
+        signal=sig,
+        stderr_tail=_launcher_tail(ctx, mode),
+    )
+
+
+def _launcher_tail(ctx: RunContext, mode: str) -> list[str]:
+    path = ctx.run.path / "logs" / ("main.stderr" if mode == "spawn" else "agent.stderr")
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+    except OSError:
+        return []
 
 
 def root_causes(fails: list[Failure]) -> list[Failure]:

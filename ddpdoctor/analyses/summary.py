@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num
+from ddpdoctor.analyses.files import add_file_notes
 from ddpdoctor.analyses.outcome import failures, root_causes, timeout_view
 from ddpdoctor.findings import Finding
 
@@ -120,6 +121,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"{epochs} epoch{'s' if epochs != 1 else ''}, {max(steps.values())} optimizer steps per rank"
             + (f", {fmt_num(round(float(wall), 1))} s" if wall else "")
         )
+    add_file_notes(ctx)
     errors = [e for _, e in ctx.run.events("internal_error")]
     if errors:
         where = sorted({str(e.get("where")) for e in errors})

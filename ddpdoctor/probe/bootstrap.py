@@ -17,7 +17,6 @@ import traceback
 
 from ddpdoctor.probe import launch_check
 from ddpdoctor.probe.instrument import instrument_process
-from ddpdoctor.probe.procs import die_with_parent
 from ddpdoctor.probe.session import user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
@@ -45,8 +44,6 @@ def _join_threads(deadline: float) -> None:
 
 def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
-    if settings.mode in ("torchrun", "spawn"):
-        die_with_parent()  # our launcher's processes never outlive it; under the user's launcher, theirs decide
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
     script_abs = os.path.abspath(script)

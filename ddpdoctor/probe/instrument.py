@@ -14,9 +14,20 @@ from ddpdoctor.probe.settings import ProbeSettings
 
 def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
     probe = session.start(settings, role)
+    redirect_writes(probe)
     install_recorders(probe, EARLY_RECORDERS)
     when_imported("torch", lambda: _torch_imported(probe))
     return probe
+
+
+def redirect_writes(probe: session.Probe) -> None:
+    """Launcher modes: the script's writes go under the run directory (ddpdoctor.probe.fsview)."""
+    settings = probe.settings
+    if settings.mode not in ("torchrun", "spawn"):
+        return
+    from ddpdoctor.probe import fsview
+
+    fsview.install(settings.run_dir, settings.scratch or None, lambda event: probe.emit("file_write", **event))
 
 
 def resolve_device(settings: ProbeSettings) -> str:

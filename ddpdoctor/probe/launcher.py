@@ -37,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -52,21 +53,22 @@ from ddpdoctor.events import (
     LOGS_DIR,
     META_FILE,
     SCHEMA,
-    SOURCE_DIR,
     STATIC_FILE,
     default_host,
-    is_run_dir,
 )
 from ddpdoctor.findings import Finding
 from ddpdoctor.probe.agent import AGENT_FILE
 from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
-from ddpdoctor.probe.procs import kill_run, signal_processes
+from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
+from ddpdoctor.probe.supervisor import Command, Supervisor
+from ddpdoctor.probe.usertree import changes as tree_changes
+from ddpdoctor.probe.usertree import fingerprint
 
-STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
-_OURS = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
+STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
+STACK_WAIT = 2.0  # how long, at the timeout, the launcher waits for the dumps to be complete
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,24 +90,6 @@ def free_port(avoid: int | None = None) -> int:
     return port
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """An empty or new directory, or an earlier run directory (its probe files are replaced)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: exists and is not a directory")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        if not is_run_dir(run_dir):
-            raise UsageError(f"{run_dir}: exists and is not a ddpdoctor run directory (use a new or empty one)")
-        for name in _OURS:
-            p = run_dir / name
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            elif p.exists():
-                p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / EVENTS_DIR).mkdir(exist_ok=True)
-    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
-
-
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
@@ -114,6 +98,7 @@ def write_json(path: Path, data: Any) -> None:
 
 def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> dict[str, Any]:
     return {
+        "keep_run": str(cfg.keep_run) if cfg.keep_run is not None else None,
         "schema": SCHEMA,
         "mode": mode,
         "script": str(cfg.script),
@@ -169,7 +154,7 @@ def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]
     ]
 
 
-def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
+def _environment(settings: ProbeSettings, port: int, scratch: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("DDPDOCTOR_")]:
         del env[key]
@@ -180,14 +165,21 @@ def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
     env[RUN_TAG_ENV] = settings.run_tag
     env["MASTER_ADDR"] = "127.0.0.1"
     env["MASTER_PORT"] = str(port)
+    # the run's temporary files (multiprocessing's pymp-* folders and sockets, elastic's error files, the
+    # script's own tempfile use) go to a folder of the run, removed with it whatever happens
+    for key in ("TMPDIR", "TEMP", "TMP"):
+        env[key] = scratch
     entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([site_dir(), *entries])
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfaulting rank leaves its Python stack in its stderr
+    # importing the user's modules must not write __pycache__ folders into their tree (the interpreter's own
+    # writes are beyond the probe's redirection)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
 def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
-    """(pid, stack file) of every instrumented process that can dump its stacks."""
+    """(pid, stack file) of every instrumented process that arranged to dump its stacks before the timeout."""
     out = []
     for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
         try:
@@ -195,27 +187,26 @@ def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
                 first = json.loads(fh.readline() or "{}")
         except (OSError, ValueError):
             continue
-        if first.get("kind") == "process_start" and first.get("stack_signal") and first.get("stack_file"):
+        if first.get("kind") == "process_start" and first.get("stacks_at") and first.get("stack_file"):
             out.append((int(first["pid"]), first["stack_file"]))
     return out
 
 
-def dump_stacks(run_dir: Path, tag: str, wait: float = 2.0) -> list[int]:
-    """Ask every live instrumented process for its Python stacks; wait until the dumps are written."""
-    if STACK_SIGNAL is None:
-        return []
-    procs = _started_processes(run_dir)
-    sent = signal_processes([pid for pid, _ in procs], int(STACK_SIGNAL), tag)
-    files = [run_dir / EVENTS_DIR / f for pid, f in procs if pid in sent]
+def wait_for_stack_dumps(run_dir: Path, wait: float = STACK_WAIT) -> list[int]:
+    """Every live instrumented process dumps its stacks STACK_LEAD seconds before the timeout (session.StackTimer):
+    wait until their dumps are written (or `wait`). Returns the pids whose dump is there."""
+    from ddpdoctor.probe.procs import is_alive
+
+    live = [(pid, run_dir / EVENTS_DIR / f) for pid, f in _started_processes(run_dir) if is_alive(pid)]
     end = time.monotonic() + wait
     sizes: dict[Path, int] = {}
-    while time.monotonic() < end:
-        now = {f: (f.stat().st_size if f.exists() else 0) for f in files}
-        if all(v > 0 for v in now.values()) and now == sizes:
+    while True:
+        now = {f: (f.stat().st_size if f.exists() else 0) for _, f in live}
+        if (all(v > 0 for v in now.values()) and now == sizes) or time.monotonic() >= end:
             break
         sizes = now
         time.sleep(0.1)
-    return sent
+    return [pid for pid, f in live if f.exists() and f.stat().st_size > 0]
 
 
 def _collect_logs(run_dir: Path) -> None:
@@ -271,52 +262,59 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
         settings = replace(settings, rendezvous_port=port)
     else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
         settings = replace(settings, rendezvous_port=free_port(avoid=port))
+    # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
+    timeout_at = time.time() + max(0.0, deadline - time.monotonic())
+    scratch = tempfile.mkdtemp(prefix="ddpdoctor-tmp-")
+    settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
     cmd = _command(mode, cfg, run_dir, port)
-    env = _environment(settings, port)
+    env = _environment(settings, port, scratch)
     logs = run_dir / LOGS_DIR
     who = "main" if mode == "spawn" else "agent"
     started = time.time()
     t0 = time.monotonic()
-    timed_out = interrupted = False
+    timed_out = interrupted = finished_early = False
     dumped: list[int] = []
-    with open(logs / f"{who}.stdout", "wb") as out, open(logs / f"{who}.stderr", "wb") as err:
-        proc = subprocess.Popen(
-            cmd, cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-        )
-        previous = _trap_stop_signals()
-        finished_early = False
+    supervisor = Supervisor(
+        [Command(argv=cmd, stdout=str(logs / f"{who}.stdout"), stderr=str(logs / f"{who}.stderr"))],
+        env=env,
+        cwd=os.getcwd(),
+        tag=settings.run_tag,
+        deadline=timeout_at + STACK_WAIT,
+        scratch=[scratch],
+        log=str(logs / "supervisor.stderr"),
+    )
+    previous = _trap_stop_signals()
+    try:
+        supervisor.start()
+        polls = 0
+        while supervisor.poll()[0] is None and supervisor.running:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                dumped = wait_for_stack_dumps(run_dir)
+                break
+            polls += 1
+            if mode != "spawn" and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+                # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
+                # teardown, ~1 s) tells us nothing more
+                finished_early = True
+                break
+            time.sleep(0.05)
+    except (KeyboardInterrupt, _Stopped):
+        interrupted = True
+    finally:
+        _restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
         try:
-            polls = 0
-            while proc.poll() is None:
-                if time.monotonic() >= deadline:
-                    timed_out = True
-                    dumped = dump_stacks(run_dir, settings.run_tag)
-                    break
-                polls += 1
-                if mode != "spawn" and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
-                    # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
-                    # teardown, ~1 s) tells us nothing more
-                    finished_early = True
-                    break
-                time.sleep(0.05)
-        except (KeyboardInterrupt, _Stopped):
-            interrupted = True
+            stopped = supervisor.stop()
         finally:
-            _restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
-            try:
-                roots = [proc.pid] if proc.returncode is None else []
-                killed = kill_run(settings.run_tag, roots)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-                    proc.kill()
-                    proc.wait()
-            finally:
-                _restore_signals(previous)
+            _restore_signals(previous)
+            shutil.rmtree(scratch, ignore_errors=True)
     _collect_logs(run_dir)
     for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
         if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
             stack.unlink()
+    supervisor_log = logs / "supervisor.stderr"
+    if supervisor_log.is_file() and supervisor_log.stat().st_size == 0:
+        supervisor_log.unlink()
     agent = None
     agent_file = run_dir / AGENT_FILE
     if agent_file.is_file():
@@ -325,12 +323,16 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
         except (OSError, ValueError):
             agent = None
         agent_file.unlink(missing_ok=True)
+    returncode = stopped["returncodes"][0]
     record = {
         "mode": mode,
         "command": cmd,
         "port": port,
         "rendezvous_port": settings.rendezvous_port,
-        "returncode": proc.returncode,
+        "returncode": returncode,
+        # the launched process was still running when the probe stopped the run (timeout, Ctrl-C, finished
+        # ranks): its return code is the probe's SIGKILL, not its own outcome
+        "stopped_by_probe": stopped["pids"][0] in stopped.get("killed", ()),
         "timed_out": timed_out,
         "interrupted": interrupted,
         "timeout": cfg.timeout,
@@ -339,7 +341,8 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
         "wall_seconds": round(time.monotonic() - t0, 3),
         "stack_dumps": dumped,
         "agent_stopped_after_ranks_exited": finished_early,
-        "killed": killed,
+        "killed": stopped.get("killed", []),
+        "supervisor": {k: stopped.get(k) for k in ("reason", "subreaper")},
         "agent": agent,
     }
     return record
@@ -413,11 +416,22 @@ def _clear_attempt(run_dir: Path) -> None:
         (run_dir / name).mkdir(exist_ok=True)
 
 
-def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = ()) -> ProbeOutcome:
-    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json)."""
+def run_probe(
+    cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = (), claim: RunDirClaim | None = None
+) -> ProbeOutcome:
+    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
+    `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
-    run_dir = Path(run_dir).resolve()
-    prepare_run_dir(run_dir)
+    own_claim = claim is None
+    claim = claim or claim_for_check(Path(run_dir))
+    try:
+        return _run_probe(cfg, claim.path.resolve(), static_findings, deadline)
+    finally:
+        if own_claim:
+            claim.release()
+
+
+def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding], deadline: float) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
@@ -440,6 +454,9 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
     meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
     write_json(run_dir / META_FILE, meta)
     write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
+    # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
+    roots = [meta["cwd"], os.path.dirname(script_as_run)]
+    before = fingerprint(roots, skip=[str(run_dir)])
     record = _launch(cfg, run_dir, settings, deadline)
     relaunch = _relaunch_request(run_dir, record) if plan.mode == "spawn" else None
     if relaunch is not None:
@@ -458,6 +475,7 @@ def run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding
         # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
         meta["sources"] = snapshot_run(run_dir, cwd=meta["cwd"], script=script_as_run, taken=meta["sources"])
         write_json(run_dir / META_FILE, meta)
+    record["user_tree"] = tree_changes(before, skip=[str(run_dir)])
     write_json(run_dir / LAUNCHER_FILE, record)
     if record["interrupted"]:
         raise KeyboardInterrupt
