@@ -113,6 +113,7 @@ EVENT_KINDS: dict[str, EventKind] = {
             stack_file="file that receives faulthandler dumps",
             stacks_at="when (seconds since the epoch) the process dumps every thread's stack into stack_file, a "
             "moment before the probe's timeout (no signal: session.StackTimer); null when it does not",
+            stack_signal="runs recorded before stacks_at: the signal number that made the process dump its stacks",
             mode="the probe's launch mode (meta.json `mode`)",
         ),
         _k(
