@@ -74,29 +74,55 @@ class View:
         self.run_dir = os.path.abspath(run_dir)
         self.writes = os.path.join(self.run_dir, WRITES_DIR)
         self.deleted = os.path.join(self.run_dir, DELETED_DIR)
-        self.passthrough = tuple(p for p in (self.run_dir, scratch and os.path.abspath(scratch)) if p)
+        roots = [p for p in (self.run_dir, scratch and os.path.abspath(scratch)) if p] + list(_PASS_PREFIXES)
+        self.passthrough = tuple(roots)
+        self._passthrough_below = tuple(p.rstrip(os.sep) + os.sep for p in roots)
+        # reads of the interpreter's and the installed packages' files (thousands while torch imports) are not
+        # looked up in the run's view; a write there is still redirected
+        self._library_below = _library_dirs()
+        # the folders above them (/, /home, the project holding a .venv...): os.path.realpath lstat()s each one
+        # for every file it resolves; their own metadata is never the run's to change (listing them still merges)
+        self._library_above = frozenset(
+            a for d in self._library_below for a in _ancestors(d.rstrip(os.sep))
+        )
         self.record = record
         self._recorded: set[tuple[str, str]] = set()
+        self._has: dict[str, bool] = {}
 
     # -- paths
-    def virtual(self, path: Any, dir_fd: int | None = None) -> str | None:
-        """The absolute path the run's view applies to, or None for what is passed through unchanged."""
-        if isinstance(path, int) or path is None:
+    def virtual(self, path: Any, dir_fd: int | None = None, *, reading: bool = False,
+                metadata: bool = False) -> str | None:
+        """The absolute path the run's view applies to, or None for what is passed through unchanged. `reading`:
+        library files are read as they are; `metadata` (stat, lstat): so are the folders above them."""
+        if isinstance(path, str):
+            raw = path
+        elif isinstance(path, int) or path is None:
             return None
-        try:
-            raw = os.fsdecode(os.fspath(path))
-        except TypeError:
-            return None
+        else:
+            try:
+                raw = os.fsdecode(os.fspath(path))
+            except TypeError:
+                return None
         if dir_fd is not None and not os.path.isabs(raw):
             try:
                 raw = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), raw)
             except OSError:
                 return None
         p = os.path.abspath(raw)
-        for prefix in self.passthrough + _PASS_PREFIXES:
-            if p == prefix or p.startswith(prefix + os.sep):
-                return None
+        if p in self.passthrough or p.startswith(self._passthrough_below):
+            return None
+        if reading and (p.startswith(self._library_below) or (metadata and p in self._library_above)):
+            return None
         return p
+
+    def _tree(self, root: str) -> bool:
+        """RUN/writes or RUN/deleted exists (once it does, it stays: remembered)."""
+        if self._has.get(root):
+            return True
+        found = self._lexists(root)
+        if found:
+            self._has[root] = True
+        return found
 
     def stored(self, p: str) -> str:
         return os.path.join(self.writes, p.lstrip(os.sep))
@@ -118,7 +144,7 @@ class View:
     def hidden(self, p: str) -> bool:
         """The user's P is not part of the run's view: deleted (itself or an ancestor), or below a directory the
         run deleted and re-created."""
-        if not self._lexists(self.deleted):
+        if not self._tree(self.deleted):
             return False
         parts = p.lstrip(os.sep).split(os.sep)
         for i in range(1, len(parts) + 1):
@@ -136,6 +162,8 @@ class View:
     def read_path(self, p: str) -> str:
         """Where a read of P goes. A path that exists in neither place is returned as the user's, so the error
         the call raises names the path the script asked for."""
+        if not self._tree(self.writes):
+            return self.stored(p) if self.hidden(p) else p
         s = self.stored(p)
         if self._lexists(s):
             return s
@@ -220,6 +248,34 @@ class View:
             for name in _o("listdir")(s):
                 out[name] = None
         return list(out) if found else None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders of the standard library, the installed packages and ddpdoctor, each ending in a separator (not
+    sys.prefix: a system Python's /usr would cover projects in /usr/src)."""
+    import site
+    import sysconfig
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = sysconfig.get_paths()
+    dirs = {ours, *site.getsitepackages(), site.getusersitepackages(),
+            *(paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))}
+    out = set()
+    for d in dirs:
+        if d:
+            out.add(os.path.abspath(d).rstrip(os.sep) + os.sep)
+            out.add(os.path.realpath(d).rstrip(os.sep) + os.sep)
+    return tuple(sorted(out))
+
+
+def _ancestors(d: str) -> list[str]:
+    out = []
+    while True:
+        out.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            return out
+        d = parent
 
 
 def _makedirs(d: str) -> None:
@@ -310,7 +366,7 @@ def _is_write_mode(mode: str) -> bool:
 
 def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
     v = _active()
-    p = v.virtual(file) if v is not None else None
+    p = v.virtual(file, reading=not _is_write_mode(mode)) if v is not None else None
     if p is None:
         return _ORIG_OPEN(file, mode, *args, **kwargs)
     with _Inside():
@@ -331,7 +387,7 @@ def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
 
 def _os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
     v = _active()
-    p = v.virtual(path, dir_fd) if v is not None else None
+    p = v.virtual(path, dir_fd, reading=not flags & _WRITE_FLAGS) if v is not None else None
     if p is None:
         return _ORIG["open"](path, flags, mode, dir_fd=dir_fd)
     with _Inside():
@@ -352,9 +408,11 @@ def _os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = N
 def _reader(name: str) -> Callable[..., Any]:
     orig = _ORIG[name]
 
+    metadata = name in ("stat", "lstat", "access", "readlink")
+
     def call(path: Any = ".", *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
         v = _active()
-        p = v.virtual(path, dir_fd) if v is not None else None
+        p = v.virtual(path, dir_fd, reading=True, metadata=metadata) if v is not None else None
         if p is None:
             return orig(path, *args, dir_fd=dir_fd, **kwargs) if dir_fd is not None else orig(path, *args, **kwargs)
         with _Inside():
@@ -387,7 +445,7 @@ def _modifier(name: str, op: str) -> Callable[..., Any]:
 
 def _listdir(path: Any = ".") -> list[Any]:
     v = _active()
-    p = v.virtual(path) if v is not None else None
+    p = v.virtual(path, reading=True) if v is not None else None
     if p is None:
         return _ORIG["listdir"](path)
     with _Inside():
@@ -437,7 +495,7 @@ class _Scandir:
 
 def _scandir(path: Any = ".") -> Any:
     v = _active()
-    p = v.virtual(path) if v is not None else None
+    p = v.virtual(path, reading=True) if v is not None else None
     if p is None:
         return _ORIG["scandir"](path)
     with _Inside():
@@ -636,11 +694,30 @@ def install(run_dir: str, scratch: str | None, record: Callable[[dict[str, Any]]
     _VIEW = View(run_dir, scratch, recording)
     for (owner, name), fn in _patches().items():
         setattr(owner, name, fn)
+    _keep_bytecode_out_of_the_users_tree()
     # shutil.rmtree's fd-based walk (os.open + scandir(fd) + unlink(dir_fd=...)) would bypass paths: use the path
     # walk, which goes through the patched functions
     if hasattr(shutil, "_use_fd_functions"):
         shutil._use_fd_functions = False
     return _VIEW
+
+
+def _keep_bytecode_out_of_the_users_tree() -> None:
+    """The interpreter caches the bytecode of every module it imports next to the source (__pycache__/): for the
+    user's own modules that is a write into their tree the redirection does not see (the import system's own file
+    calls). Skip those; the bytecode of installed packages and of ddpdoctor is cached as usual."""
+    import importlib.machinery
+
+    library = _library_dirs()
+    loader = importlib.machinery.SourceFileLoader
+    orig = loader.set_data
+
+    def set_data(self: Any, path: str, data: bytes, *, _mode: int = 0o666) -> None:
+        if not os.path.realpath(path).startswith(library):
+            return
+        orig(self, path, data, _mode=_mode)
+
+    loader.set_data = set_data
 
 
 def map_write(path: Any, *, op: str = "write") -> Any:

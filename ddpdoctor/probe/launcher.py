@@ -172,9 +172,6 @@ def _environment(settings: ProbeSettings, port: int, scratch: str) -> dict[str, 
     entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([site_dir(), *entries])
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfaulting rank leaves its Python stack in its stderr
-    # importing the user's modules must not write __pycache__ folders into their tree (the interpreter's own
-    # writes are beyond the probe's redirection)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
