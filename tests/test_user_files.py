@@ -82,7 +82,7 @@ def test_a_checkpoint_saved_in_a_background_thread_is_complete_and_the_users_is_
     (folder / "last.pt").write_bytes(b"the user's 400 MB checkpoint" * 1000)
     before = tree(folder)
     run = tmp_path / "run"
-    code, report = check(folder, "train.py", "--keep-run", str(run), "--", "48")
+    check(folder, "train.py", "--keep-run", str(run), "--", "48")
     assert tree(folder) == before
     kept = run / "writes" / str(folder).lstrip("/")
     import torch

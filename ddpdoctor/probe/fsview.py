@@ -322,7 +322,7 @@ def in_flight() -> list[str]:
     return names
 
 
-class writing:  # noqa: N801 - used as a context manager, like open()
+class writing:  # used as a context manager, like open()
     """A native write under way (torch.save's C++ writer), so that `in_flight` sees it."""
 
     def __init__(self, path: Any) -> None:

@@ -23,7 +23,7 @@ def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
 def redirect_writes(probe: session.Probe) -> None:
     """Launcher modes: the script's writes go under the run directory (ddpdoctor.probe.fsview)."""
     settings = probe.settings
-    if settings.mode not in ("torchrun", "spawn"):
+    if settings.mode == "attach":
         return
     from ddpdoctor.probe import fsview
 

@@ -58,7 +58,7 @@ def _activate() -> None:
         instrument_process(settings, "spawned")
         return
     parent = os.environ.get("DDPDOCTOR_PARENT_PID", "")
-    if parent.isdigit() and int(parent) == os.getppid():
+    if settings.mode == "attach" or (parent.isdigit() and int(parent) == os.getppid()):
         return  # started by the probe's launcher: the launcher itself, or a rank the bootstrap instruments
     # any other Python process of the run (the script runs `python eval.py`): its writes are redirected too
     from ddpdoctor.probe import session
