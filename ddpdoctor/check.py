@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ddpdoctor.catalog import select_codes
+from ddpdoctor.rules import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings

@@ -101,6 +101,7 @@ def check(
         split_codes,
     )
     from ddpdoctor.findings import Severity
+    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
     dev = _choice(device, DEVICES, "--device")
@@ -136,7 +137,7 @@ def check(
             select=split_codes(select) or tuple(table.get("select", ())),
             ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
             keep_run=keep_run,
-            small_bn_batch=int(table.get("small_bn_batch", 16)),
+            small_bn_batch=int(table.get("small_bn_batch", SMALL_BN_BATCH)),
             pyproject=pyproject,
         )
     except (TypeError, ValueError) as exc:
@@ -198,7 +199,7 @@ def rules(
 @app.command()
 def explain(code: str = typer.Argument(..., help="A rule code, e.g. DD101.")) -> None:
     """Print one rule's documentation: what it detects, why it hurts accuracy, an example, the fix."""
-    from ddpdoctor.catalog import get_rule
+    from ddpdoctor.rules import get_rule
 
     try:
         rule = get_rule(code)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import Severity
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,7 +50,7 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
-    small_bn_batch: int = 16
+    small_bn_batch: int = SMALL_BN_BATCH
     pyproject: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 

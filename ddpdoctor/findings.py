@@ -6,52 +6,14 @@ suppression, text/JSON/SARIF) reads them. Nothing here imports torch.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
+from ddpdoctor.levels import Confidence, Severity
+from ddpdoctor.rules import get_rule
 
-class Severity(enum.IntEnum):
-    """How much a cause can cost accuracy. Ordered: info < low < medium < high < critical."""
-
-    INFO = 0
-    LOW = 1
-    MEDIUM = 2
-    HIGH = 3
-    CRITICAL = 4
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, text: str) -> "Severity":
-        try:
-            return cls[text.strip().upper()]
-        except KeyError:
-            raise ValueError(
-                f"unknown severity {text!r} (expected one of: {', '.join(s.label for s in cls)})"
-            ) from None
-
-
-class Confidence(enum.IntEnum):
-    """How sure we are. certain = observed on the ranks or certain from syntax; likely = inferred through
-    names/aliases/data flow; possible = heuristic."""
-
-    POSSIBLE = 0
-    LIKELY = 1
-    CERTAIN = 2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, text: str) -> "Confidence":
-        try:
-            return cls[text.strip().upper()]
-        except KeyError:
-            raise ValueError(f"unknown confidence {text!r}") from None
+__all__ = ["Clearance", "Confidence", "Finding", "SOURCES", "Severity", "merge_findings", "new_finding",
+           "rank_findings", "sort_key", "summarize"]
 
 
 SOURCES = ("static", "probe", "compare-bn")
@@ -87,8 +49,6 @@ class Finding:
 
     @property
     def name(self) -> str:
-        from ddpdoctor.catalog import get_rule
-
         return get_rule(self.rule).name
 
     @property
@@ -134,6 +94,42 @@ class Finding:
             evidence=dict(data.get("evidence") or {}),
             magnitude=float(data.get("magnitude") or 0.0),
         )
+
+
+def new_finding(
+    code: str,
+    *,
+    sources: tuple[str, ...],
+    message: str,
+    confidence: Confidence,
+    severity: Severity | None = None,
+    fix_variant: str | None = None,
+    fix_args: Mapping[str, Any] | None = None,
+    fix_detail: str | None = None,
+    file: str | None = None,
+    line: int | None = None,
+    ranks: Iterable[int] = (),
+    evidence: dict[str, Any] | None = None,
+    magnitude: float = 0.0,
+) -> Finding:
+    """The one way to build a finding: severity (unless the measurement says otherwise) and fix text come from
+    the rule. `fix_variant` picks one of the rule's `fix_variants`, formatted with `fix_args`; `fix_detail` is
+    appended to the fix, never a replacement for it. Rules call it through `ScriptModel.finding` (static) and
+    `RunContext.finding` (probe), which fill in the source and the place."""
+    rule = get_rule(code)
+    return Finding(
+        rule=rule.code,
+        severity=severity if severity is not None else rule.severity,
+        confidence=confidence,
+        message=message,
+        fix=rule.fix_text(fix_variant, fix_args, fix_detail),
+        sources=sources,
+        file=file,
+        line=line,
+        ranks=tuple(sorted(set(ranks))),
+        evidence=evidence or {},
+        magnitude=float(magnitude),
+    )
 
 
 def sort_key(f: Finding) -> tuple:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ddpdoctor.analyses import analyze_run, bn_common as bc
-from ddpdoctor.analyses import dd206_collective_on_subset as dd206
 from ddpdoctor.events import SCHEMA, read_run
 from ddpdoctor.findings import Confidence, Severity
+from ddpdoctor.rules.dd206_collective_on_subset import probe as dd206
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "fixtures" / "runs"
@@ -153,7 +153,7 @@ def test_dd203_silent_on_fixed_iid_shards():
     bn = bc.load_bn(read_run(RUNS / "bn_rank0_eval_hang"))
     test = bc.noniid_test_of(bn)
     assert test.p_value < 1e-3
-    from ddpdoctor.analyses.dd203_non_iid_shards import MATERIAL_EFFECT, _effects
+    from ddpdoctor.rules.dd203_non_iid_shards.probe import MATERIAL_EFFECT, _effects
 
     effects = _effects(bn, test.threshold)
     assert effects and max(e["spread_std"] for e in effects) < MATERIAL_EFFECT / 2

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import RULES, get_rule
+from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.cli import main
 
 

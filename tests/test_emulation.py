@@ -399,13 +399,44 @@ def test_backend_mapping(requested, used):
     assert str(emu._gloo_for(requested)) == used
 
 
-def test_data_parallel_runs_the_module_once(emulated):
-    inner = nn.Linear(3, 2)
+def test_data_parallel_splits_the_batch_over_replicas_like_on_gpus(emulated):
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     wrapped = nn.DataParallel(inner, device_ids=[0, 1])
-    assert wrapped.module is inner and wrapped.device_ids == []
-    x = torch.randn(4, 3, device="cuda")
-    torch.testing.assert_close(wrapped(x), inner(x))
-    assert emulated.detail("data_parallel") == {"device_ids": [0, 1]}
+    assert wrapped.module is inner and wrapped.device_ids == [0, 1] and wrapped.output_device == 0
+    assert emulated.detail("data_parallel") == {"device_ids": [0, 1], "replicas": 2}
+    x = torch.randn(10, 3, device="cuda")
+    out = wrapped(x)
+    # each replica normalises its own chunk (5 samples), then the outputs are concatenated
+    expected = torch.cat([nn.functional.batch_norm(inner[0](c), None, None, inner[1].weight, inner[1].bias,
+                                                   training=True) for c in x.chunk(2)])
+    torch.testing.assert_close(out, expected)
+    # only replica 0's chunk updates the module's running statistics (on GPUs replica 0 shares its buffers)
+    chunk0 = inner[0](x[:5]).detach()
+    torch.testing.assert_close(inner[1].running_mean, 0.1 * chunk0.mean(0))
+    assert int(inner[1].num_batches_tracked) == 1
+    # gradients of every replica reach the shared parameters
+    inner.zero_grad()
+    wrapped(x).sum().backward()
+    reference = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    reference.load_state_dict(inner.state_dict())
+    sum(reference(c).sum() for c in x.chunk(2)).backward()
+    torch.testing.assert_close(inner[0].weight.grad, reference[0].weight.grad)
+
+
+def test_data_parallel_scatters_and_gathers_structures(emulated):
+    class Pair(nn.Module):
+        def forward(self, x, scale=1.0, extra=None):
+            return {"y": x * scale, "n": x.sum() * 0 + x.shape[0]}
+
+    wrapped = nn.DataParallel(Pair())
+    x = torch.arange(6.0).view(3, 2)
+    with pytest.warns(UserWarning, match="all input tensors were scalars"):
+        out = wrapped(x, scale=2.0)
+    torch.testing.assert_close(out["y"], x * 2)
+    assert out["n"].tolist() == [2.0, 1.0]  # chunk() of 3 rows over 2 devices: 2 + 1
+    single = nn.DataParallel(nn.Linear(2, 2), device_ids=[0])
+    assert single(x).shape == (3, 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

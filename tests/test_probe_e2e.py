@@ -123,7 +123,9 @@ def test_forward_through_unwrapped_model_and_diverged_replicas(probe) -> None:
         assert bypass["evidence"]["per_rank"][r]["ddp_forwards"] == 0
         assert bypass["evidence"]["per_rank"][r]["steps"] == 8
     diverged = found["DD103"]
-    assert diverged["evidence"]["first_step"] == 1 and diverged["evidence"]["steps_compared"] == 8
+    # the initial weights (step 0) agree, DDP's constructor broadcast them; the unreduced first step splits them
+    assert diverged["evidence"]["first_step"] == 1 and diverged["evidence"]["steps_compared"] == 9
+    assert diverged["evidence"]["trace"][0] == {"step": 0, "ranks_differing": [], "max_abs_diff_sampled": 0.0}
     assert diverged["evidence"]["max_abs_diff_final"] > 1e-3
     # the evaluation pass over the same loader repeats the order within an epoch: not a DD301
     assert "DD301" not in found

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import get_rule
+from ddpdoctor.rules import get_rule
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report

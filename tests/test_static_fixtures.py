@@ -43,8 +43,9 @@ def _id(p: Path) -> str:
 
 def test_fixture_tree_is_populated() -> None:
     rule_dirs = {p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name.startswith("DD")}
-    from ddpdoctor.static.rules import RULES
+    from ddpdoctor.rules import hooks
 
+    RULES = hooks("static")
     assert rule_dirs == {r.CODE for r in RULES}, "every static rule has a fixture folder, and only those"
     for d in rule_dirs:
         files = [p.name for p in (FIXTURES / d).glob("*.py")]
@@ -96,7 +97,7 @@ def test_findings_point_at_the_file_as_given_and_carry_catalog_fix(tmp_path: Pat
     src = FIXTURES / "scripts" / "bad_torchrun.py"
     findings = analyze_file(src)
     assert findings and all(f.file == str(src) and f.sources == ("static",) for f in findings)
-    from ddpdoctor.catalog import get_rule
+    from ddpdoctor.rules import get_rule
 
     for f in findings:
         assert f.fix == get_rule(f.rule).fix

@@ -1,11 +1,11 @@
 """Analyses: pure functions from a recorded probe run (ddpdoctor.events) to findings. No torch here.
 
-One module per rule, named after it, each with `RULE` and `analyze(ctx) -> list[Finding]`; `ANALYSES` is the
-explicit list, run in order. Analyses are replay-tested from run directories recorded by the probe
-(fixtures/runs/<name>/).
-
-Extension point: the next rules (BN statistics DD201–DD204, data DD303–DD306, optimisation DD402–DD406,
-checkpoints DD501–DD503) add a module here and a line to `ANALYSES`; shared helpers belong in `context.py`.
+Each rule's probe half is the `probe.py` of its package (`ddpdoctor/rules/ddNNN_name/probe.py`) with
+`analyze(ctx: RunContext) -> list[Finding]`; `analyses()` runs them in code order, those that say how the run
+ended (`RUN_FIRST = True`: a hang, a failed rank) first, so their notes lead the report. Analyses are replay-tested
+from run directories recorded by the probe (fixtures/runs/<name>/). What several analyses share lives here:
+`context.py` (the run, settings, places, building findings), `bn_common.py`, `orders.py`, `outcome.py`, and
+`summary.py` (the notes and tables that are no rule's).
 """
 
 from __future__ import annotations
@@ -14,78 +14,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from ddpdoctor.analyses import (
-    dd101_sync_bn_after_ddp,
-    dd102_forward_bypasses_ddp,
-    dd103_replicas_diverged,
-    dd104_hardcoded_rank,
-    dd108_legacy_local_rank_arg,
-    dd201_bn_stats_diverge,
-    dd202_small_bn_batch,
-    dd203_non_iid_shards,
-    dd204_syncbn_large_batch,
-    dd205_syncbn_needs_cuda,
-    dd206_collective_on_subset,
-    dd207_eval_in_train_mode,
-    dd301_sampler_not_reshuffled,
-    dd302_missing_distributed_sampler,
-    dd303_eval_sampler_padding,
-    dd304_identical_rng_streams,
-    dd305_dataset_differs_across_ranks,
-    dd306_uneven_batches,
-    dd401_lr_not_scaled,
-    dd402_no_warmup,
-    dd403_accumulation_without_no_sync,
-    dd404_grads_reduced_twice,
-    dd405_no_learning_signal,
-    dd406_non_finite,
-    dd501_module_prefix_checkpoint,
-    dd502_save_on_every_rank,
-    dd503_non_strict_load,
-    dd901_probe_hang,
-    dd902_rank_failed,
-    dd903_not_distributed,
-    summary,
-)
+from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE, read_run
 from ddpdoctor.findings import Clearance, Finding
+from ddpdoctor.rules import hooks
 
-ANALYSES = (
-    dd901_probe_hang,
-    dd902_rank_failed,
-    dd104_hardcoded_rank,
-    dd108_legacy_local_rank_arg,
-    dd101_sync_bn_after_ddp,
-    dd102_forward_bypasses_ddp,
-    dd103_replicas_diverged,
-    dd201_bn_stats_diverge,
-    dd202_small_bn_batch,
-    dd203_non_iid_shards,
-    dd204_syncbn_large_batch,
-    dd205_syncbn_needs_cuda,
-    dd206_collective_on_subset,
-    dd207_eval_in_train_mode,
-    dd301_sampler_not_reshuffled,
-    dd302_missing_distributed_sampler,
-    dd303_eval_sampler_padding,
-    dd304_identical_rng_streams,
-    dd305_dataset_differs_across_ranks,
-    dd306_uneven_batches,
-    dd401_lr_not_scaled,
-    dd402_no_warmup,
-    dd403_accumulation_without_no_sync,
-    dd404_grads_reduced_twice,
-    dd405_no_learning_signal,
-    dd406_non_finite,
-    dd501_module_prefix_checkpoint,
-    dd502_save_on_every_rank,
-    dd503_non_strict_load,
-    dd903_not_distributed,
-)
+
+def analyses() -> list[ModuleType]:
+    """The probe hooks in the order they run: `RUN_FIRST` ones, then the others, each in code order."""
+    return sorted(hooks("probe"), key=lambda m: not getattr(m, "RUN_FIRST", False))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,11 +87,11 @@ def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | N
     """Findings, environment, notes and tables for a recorded run. A bad or non-run directory → UsageError."""
     ctx = build_context(run_dir, cfg, overrides)
     findings: list[Finding] = []
-    for module in ANALYSES:
+    for module in analyses():
         try:
             findings.extend(module.analyze(ctx))
         except Exception as exc:  # one broken analysis must not hide the others' findings
-            ctx.notes.append(f"analysis {module.RULE} failed: {type(exc).__name__}: {exc}")
+            ctx.notes.append(f"analysis {module.CODE} failed: {type(exc).__name__}: {exc}")
     summary.add_notes_and_tables(ctx, findings)
     return AnalysisResult(
         findings=tuple(findings),

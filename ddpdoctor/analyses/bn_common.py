@@ -23,8 +23,6 @@ import numpy as np
 from ddpdoctor.bn.stats import RunningStats, combine_moments, relative_error, replay_running_stats
 from ddpdoctor.events import RunData
 
-SYNCBN_LARGE_BATCH = 32  # DD204: a per-rank batch at which local statistics are already good
-
 
 @dataclass
 class Forward:

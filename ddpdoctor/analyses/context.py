@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ddpdoctor.catalog import get_rule
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
-from ddpdoctor.findings import Clearance, Confidence, Finding, Severity
+from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 # Errors a rank sees because a *peer* went away: consequences, never the root cause.
 PEER_ERROR_MARKERS = (
@@ -37,7 +37,7 @@ class Settings:
     base_lr: float | None = None
     base_batch: int | None = None
     lr_scaling: str = "auto"
-    small_bn_batch: int = 16
+    small_bn_batch: int = SMALL_BN_BATCH
 
 
 @dataclass
@@ -173,7 +173,6 @@ class RunContext:
         rule: str,
         *,
         message: str,
-        fix: str | None = None,
         severity: Severity | None = None,
         confidence: Confidence = Confidence.CERTAIN,
         site: dict[str, Any] | None = None,
@@ -182,23 +181,29 @@ class RunContext:
         ranks: Iterable[int] = (),
         evidence: dict[str, Any] | None = None,
         magnitude: float = 0.0,
+        fix_variant: str | None = None,
+        fix_args: dict[str, Any] | None = None,
+        fix_detail: str | None = None,
     ) -> Finding:
+        """A probe finding of `rule` at `site` (a recorded call site) or `file`/`line`, by default the script
+        (`ddpdoctor.findings.new_finding`)."""
         if site is not None:
             file, line = self.where(site)
-        return Finding(
-            rule=rule,
-            severity=severity if severity is not None else get_rule(rule).severity,
-            confidence=confidence,
-            message=message,
-            fix=fix if fix is not None else get_rule(rule).fix,
+        return new_finding(
+            rule,
             sources=("probe",),
+            message=message,
+            confidence=confidence,
+            severity=severity,
+            fix_variant=fix_variant,
+            fix_args=fix_args,
+            fix_detail=fix_detail,
             file=file if file is not None else self.script,
             line=line,
-            ranks=tuple(sorted(set(ranks))),
-            evidence=evidence or {},
-            magnitude=float(magnitude),
+            ranks=ranks,
+            evidence=evidence,
+            magnitude=magnitude,
         )
-
 
     def clear(
         self,

@@ -169,7 +169,8 @@ def failures(ctx: RunContext) -> list[Failure]:
 
 
 LAUNCHERS = {"torchrun": "torch.distributed.run's agent (the launcher of the ranks)",
-             "spawn": "the script's main process (which starts its ranks)"}
+             "spawn": "the script's main process (which starts its ranks)",
+             "single": "the script's process"}
 
 
 def launcher_failure(ctx: RunContext) -> Failure | None:
@@ -194,12 +195,17 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
     sig = _signal_name(code)
     if sig is None and mode == "torchrun" and (agent.get("failures") or not agent.get("error")):
         return None  # the agent reports its ranks' failure (each one is a failure above)
-    if sig is None and mode == "spawn":
-        main = ctx.run.main_process
+    if mode in ("spawn", "single"):
+        main = ctx.run.main_process if mode == "spawn" else ctx.ranks.get(0)
         if main is not None and main.of("exception"):
-            return None  # the main process raised: that exception is the failure
+            return None  # the process raised: that exception is the failure
     last = max((p.events[-1]["t"] for p in ctx.run.processes if p.events), default=0.0)
     error = str(agent.get("error") or "")
+    if mode == "single":  # the one process is rank 0: it died as a rank does
+        return Failure(rank=0, pid=ctx.ranks[0].pid if 0 in ctx.ranks else None, t=float(last),
+                       kind="signal" if sig else "exit", message=crash_text(_launcher_tail(ctx, mode)),
+                       exitcode=code, signal=sig, user_frame=crash_frame(ctx, None),
+                       stderr_tail=_launcher_tail(ctx, mode))
     return Failure(
         rank=None,
         pid=(launcher.get("agent") or {}).get("pid"),
@@ -214,7 +220,7 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
 
 
 def _launcher_tail(ctx: RunContext, mode: str) -> list[str]:
-    path = ctx.run.path / "logs" / ("main.stderr" if mode == "spawn" else "agent.stderr")
+    path = ctx.run.path / "logs" / ("agent.stderr" if mode == "torchrun" else "main.stderr")
     try:
         return path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
     except OSError:

@@ -18,18 +18,32 @@ EMULATION_WORDS = {
     "autocast_cuda": "autocast(cuda) → CPU autocast",
     "grad_scaler": "GradScaler on CPU",
     "map_location": "torch.load onto CPU",
-    "data_parallel": "DataParallel runs the module once",
+    "data_parallel": "DataParallel replicas run one after another",
 }
+
+
+STANDIN_WORDS = {"horovod": "Horovod (horovod.torch)", "apex": "NVIDIA apex"}
+
+
+def _standins(ctx: RunContext) -> dict[str, dict[str, Any]]:
+    """package → the first `standin` event: which packages ddpdoctor stood in for in this run."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, e in ctx.run.events("standin"):
+        out.setdefault(str(e.get("package")), e)
+    return out
 
 
 def environment(ctx: RunContext) -> dict[str, Any]:
     ready = next((e for _, e in ctx.run.events("torch_ready")), {})
     start = next((p.start for p in ctx.run.processes if p.start), {})
     backend = next((e.get("backend") for _, e in ctx.run.events("pg_init") if e.get("ok")), None)
+    nproc = ctx.run.meta.get("nproc") or len(ctx.ranks) or ctx.settings.nproc
+    if ctx.run.meta.get("mode") == "single":
+        nproc = 1  # one process drove every (emulated) GPU; the emulation note says how many
     return {
         "torch": ready.get("torch"),
         "python": start.get("python") or ctx.run.meta.get("python"),
-        "nproc": ctx.run.meta.get("nproc") or len(ctx.ranks) or ctx.settings.nproc,
+        "nproc": nproc,
         "backend": backend,
         "device": ready.get("device") or ctx.run.meta.get("device"),
         "cuda_emulated": any(e.get("cuda_emulated") for _, e in ctx.run.events("torch_ready")),
@@ -84,6 +98,20 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         ctx.notes.append(
             f"the script starts its own ranks ({why}): the probe started it once and instrumented its "
             f"{len(children)} child process{'es' if len(children) != 1 else ''}"
+        )
+    if mode == "single":
+        ctx.notes.append(f"{plan.get('reason') or 'the script runs in one process'} (one process, "
+                         f"{meta.get('nproc')} GPUs)")
+    if plan.get("launcher") == "horovodrun" and any(True for _ in ctx.run.events("launch_env")):
+        ctx.notes.append(
+            f"the script imports Horovod, so it was launched as `horovodrun -np {meta.get('nproc')}` launches it: one "
+            "process per slot, with HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK... and no torchrun variables"
+        )
+    for package, event in _standins(ctx).items():
+        ctx.notes.append(
+            f"{STANDIN_WORDS.get(package, package)} is {event.get('reason') or 'not installed'}: ddpdoctor's stand-in "
+            "ran the script on torch.distributed (what it does not reproduce: "
+            + "; ".join(event.get("differences") or []) + ")"
         )
     runtime = plan.get("runtime_decision") or {}
     if runtime.get("mode") == "torchrun":

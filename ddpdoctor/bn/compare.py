@@ -30,7 +30,9 @@ from typing import Any, Iterable
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import InternalError, UsageError
-from ddpdoctor.findings import Confidence, Finding, Severity, rank_findings
+from ddpdoctor.findings import Confidence, Finding, Severity, new_finding, rank_findings
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
 
 COMPARE_SCHEMA = "ddpdoctor.compare-bn/1"
 MODES = ("local", "local_no_broadcast", "sync")
@@ -39,8 +41,6 @@ MODE_LABELS = {
     "local_no_broadcast": "local BN, no broadcast",
     "sync": "SyncBN",
 }
-SMALL_BN_BATCH = 16  # DD202: the catalog's threshold
-LARGE_SYNC_BATCH = 32  # DD204
 # Local running stats this far from the global-batch value are a finding (DD201). Below it, the gap is the
 # sampling noise of a per-rank batch, which compare-bn reports in the table without alarm.
 LOCAL_ERROR_ALARM = 0.10
@@ -607,8 +607,8 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
             else ""
         )
         out.append(
-            Finding(
-                rule="DD201",
+            new_finding(
+                "DD201",
                 severity=Severity.MEDIUM if big or noniid.non_iid else Severity.LOW,
                 confidence=Confidence.CERTAIN,
                 sources=sources,
@@ -627,18 +627,14 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
                     "local_batch": local_batch,
                     "global_batch": global_batch,
                 },
-                fix=(
-                    "use SyncBatchNorm (convert_sync_batchnorm before wrapping in DDP) or larger i.i.d. per-rank "
-                    "batches; re-estimate BN statistics over training data before evaluating a checkpoint"
-                ),
+                fix_variant="compare_bn",
                 magnitude=min(1e9, max(s.local_worst, s.shift_local)),
             )
         )
     if local_batch < SMALL_BN_BATCH:
         out.append(
-            Finding(
-                rule="DD202",
-                severity=Severity.MEDIUM,
+            new_finding(
+                "DD202",
                 confidence=Confidence.CERTAIN,
                 sources=sources,
                 message=(
@@ -646,15 +642,14 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
                     f"statistics of so few samples are noisy; SyncBN would normalise over {global_batch}"
                 ),
                 evidence={"local_batch": local_batch, "global_batch": global_batch, "threshold": SMALL_BN_BATCH},
-                fix=f"use SyncBatchNorm, or raise the per-rank batch to at least {SMALL_BN_BATCH} samples",
+                fix_variant="compare_bn",
                 magnitude=float(SMALL_BN_BATCH - local_batch),
             )
         )
     if noniid.non_iid:
         out.append(
-            Finding(
-                rule="DD203",
-                severity=Severity.HIGH,
+            new_finding(
+                "DD203",
                 confidence=Confidence.CERTAIN if noniid.p_value < 1e-6 else Confidence.LIKELY,
                 sources=sources,
                 message=(
@@ -663,18 +658,14 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
                     f"{plan['shard']} shards)"
                 ),
                 evidence=_finite(noniid.to_json()),
-                fix=(
-                    "shuffle globally before sharding (DistributedSampler(shuffle=True) and set_epoch every "
-                    "epoch), or use SyncBatchNorm so every rank normalises with global-batch statistics"
-                ),
+                fix_variant="compare_bn",
                 magnitude=min(300.0, -math.log10(max(noniid.p_value, 1e-300))),
             )
         )
     if local_batch >= LARGE_SYNC_BATCH and noniid.p_value is not None and not noniid.non_iid:
         out.append(
-            Finding(
-                rule="DD204",
-                severity=Severity.LOW,
+            new_finding(
+                "DD204",
                 confidence=Confidence.LIKELY,
                 sources=sources,
                 message=(
@@ -685,7 +676,7 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
                 ),
                 evidence={"local_batch": local_batch, "global_batch": global_batch,
                           "noniid_p": noniid.p_value, "local_running_var_rel_err": s.local_worst},
-                fix="keep plain BN (or ghost batch norm) unless per-rank batches are small or shards are not i.i.d.",
+                fix_variant="compare_bn",
                 magnitude=float(local_batch),
             )
         )

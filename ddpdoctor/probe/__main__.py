@@ -23,6 +23,7 @@ from ddpdoctor.events import EVENTS_DIR, META_FILE, SCHEMA, STATIC_FILE, default
 from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             "base_lr": None,
             "base_batch": None,
             "lr_scaling": "auto",
-            "small_bn_batch": 16,
+            "small_bn_batch": SMALL_BN_BATCH,
             "legacy_local_rank_arg": None,
             "plan": plan.to_json(),
             "sources": sources,

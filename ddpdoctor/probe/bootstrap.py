@@ -15,13 +15,13 @@ import threading
 import time
 import traceback
 
-from ddpdoctor.probe import launch_check
+from ddpdoctor.probe import launch_check, launch_env
 from ddpdoctor.probe.instrument import instrument_process
 from ddpdoctor.probe.session import user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
 
-ROLES = {"torchrun": "rank", "spawn": "main", "attach": "attached"}
+ROLES = {"torchrun": "rank", "spawn": "main", "single": "rank", "attach": "attached"}
 
 
 def _export_for_children(settings: ProbeSettings) -> None:
@@ -46,6 +46,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
+    contract = launch_env.apply(settings)
+    if contract is not None:
+        probe.emit("launch_env", **contract)
     script_abs = os.path.abspath(script)
     injected: list[str] = []
     if settings.local_rank_arg:

@@ -47,8 +47,12 @@ Decisions worth knowing:
   CPU generator: a CPU tensor cannot say it was meant for CUDA. A real CUDA generator state (from a GPU
   checkpoint) cannot be restored on an emulated one; `set_rng_state` then keeps the current state and notifies.
 - `torch.cuda.set_device` tracks one current device per process (not per thread as CUDA does).
-- `nn.DataParallel` runs the module once on the whole batch (what it does on a machine without GPUs): it cannot
-  replicate onto CPU "devices", so the per-replica BN statistics of real DataParallel are not reproduced.
+- `nn.DataParallel` does what it does on N GPUs, one replica after the other on the CPU: the batch is split into
+  chunks along `dim` (Tensor.chunk, as the CUDA scatter), each chunk runs through a replica, the outputs are
+  concatenated. Replica 0 is the module itself, so its BatchNorm layers normalise over its chunk and only its
+  running-statistic updates survive; the other replicas share the parameters (gradients add up as on GPUs) and
+  run with copies of the buffers that are then dropped. Python attributes a forward sets on the module persist
+  from replica 0 (on GPUs, replicas are shallow copies and lose them).
 - Not emulated: `torch.device(int)` (raises on a CPU build before any hook can see it), `torch.Generator("cuda")`,
   `torch.cuda.FloatTensor(...)` constructors, CUDA graphs, NVML queries (`utilization`, `temperature`),
   profiling CUDA activities, device meshes and DDP's private mixed precision. `torch.compile` works but
@@ -1000,18 +1004,118 @@ def _install_distributed(state: _Emulation, patches: _Patches) -> None:
     def data_parallel_init(
         self: Any, module: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0
     ) -> None:
-        # What DataParallel.__init__ does on a machine without GPUs: run the module as is.
+        # What DataParallel.__init__ does on a machine with these GPUs: every visible device unless told otherwise.
         torch.nn.Module.__init__(self)
         self.module = module
-        self.device_ids = []
         self.dim = dim
-        state.notify(
-            "data_parallel",
-            {"device_ids": None if device_ids is None else [_jsonable_device(d) for d in device_ids]},
-        )
+        ids = list(range(state.num_devices)) if device_ids is None else [_device_index(state, d) for d in device_ids]
+        self.device_ids = ids
+        self.output_device = ids[0] if output_device is None else _device_index(state, output_device)
+        self.src_device_obj = torch.device("cuda", ids[0])
+        state.notify("data_parallel", {"device_ids": ids, "replicas": len(ids)})
+
+    def data_parallel_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        # Scatter, one replica per chunk, gather — as DataParallel.forward on GPUs. The replicas run one after the
+        # other on the CPU; replica 0 shares parameters and buffers with the module (its BatchNorm updates are
+        # kept), the others share parameters (gradients flow back to them) and use copies of the buffers that are
+        # thrown away, exactly what survives on GPUs.
+        if not self.device_ids:
+            return self.module(*inputs, **kwargs)
+        scattered, scattered_kwargs = _dp_scatter_kwargs(inputs, kwargs, len(self.device_ids), self.dim)
+        if not scattered and not scattered_kwargs:
+            scattered, scattered_kwargs = [()], [{}]
+        if len(self.device_ids) == 1:
+            return self.module(*scattered[0], **scattered_kwargs[0])
+        outputs = []
+        for i, (chunk, chunk_kwargs) in enumerate(zip(scattered, scattered_kwargs)):
+            if i == 0:
+                outputs.append(self.module(*chunk, **chunk_kwargs))
+            else:
+                with _replica_buffers(self.module):
+                    outputs.append(self.module(*chunk, **chunk_kwargs))
+        return _dp_gather(outputs, self.dim)
 
     _copy_identity(data_parallel_init, torch.nn.DataParallel.__init__)
     patches.setattr(torch.nn.DataParallel, "__init__", data_parallel_init)
+    _copy_identity(data_parallel_forward, torch.nn.DataParallel.forward)
+    patches.setattr(torch.nn.DataParallel, "forward", data_parallel_forward)
+
+
+def _dp_scatter(obj: Any, n: int, dim: int) -> list[Any]:
+    """torch.nn.parallel.scatter_gather.scatter with `Tensor.chunk` for the CUDA scatter (what comm.scatter does
+    without chunk sizes): fewer chunks than devices when the batch is smaller."""
+
+    def scatter_map(o: Any) -> list[Any]:
+        if isinstance(o, torch.Tensor):
+            if o.numel() == 0:
+                raise RuntimeError("Expected non-empty tensor")
+            return list(o.chunk(n, dim))
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return [type(o)(*args) for args in zip(*map(scatter_map, o))]
+        if isinstance(o, tuple) and len(o) > 0:
+            return list(zip(*map(scatter_map, o)))
+        if isinstance(o, list) and len(o) > 0:
+            return [list(i) for i in zip(*map(scatter_map, o))]
+        if isinstance(o, dict) and len(o) > 0:
+            return [type(o)(i) for i in zip(*map(scatter_map, o.items()))]
+        return [o for _ in range(n)]
+
+    return scatter_map(obj)
+
+
+def _dp_scatter_kwargs(inputs: tuple, kwargs: dict, n: int, dim: int) -> tuple[list[Any], list[Any]]:
+    scattered = _dp_scatter(inputs, n, dim) if inputs else []
+    scattered_kwargs = _dp_scatter(kwargs, n, dim) if kwargs else []
+    if len(scattered) < len(scattered_kwargs):
+        scattered.extend(() for _ in range(len(scattered_kwargs) - len(scattered)))
+    elif len(scattered_kwargs) < len(scattered):
+        scattered_kwargs.extend({} for _ in range(len(scattered) - len(scattered_kwargs)))
+    return scattered, scattered_kwargs
+
+
+def _dp_gather(outputs: list[Any], dim: int) -> Any:
+    """torch.nn.parallel.scatter_gather.gather onto the output device: concatenation along `dim` (scalars become
+    a vector, with DataParallel's warning)."""
+    import warnings
+
+    def gather_map(outs: list[Any]) -> Any:
+        out = outs[0]
+        if isinstance(out, torch.Tensor):
+            if dim == 0 and all(t.dim() == 0 for t in outs):
+                warnings.warn(
+                    "Was asked to gather along dimension 0, but all input tensors were scalars; will instead "
+                    "unsqueeze and return a vector.",
+                    stacklevel=2,
+                )
+                outs = [t.view(1) for t in outs]
+            return torch.cat(outs, dim)
+        if out is None:
+            return None
+        if isinstance(out, dict):
+            if not all(len(out) == len(d) for d in outs):
+                raise ValueError("All dicts must have the same number of keys")
+            return type(out)((k, gather_map([d[k] for d in outs])) for k in out)
+        if isinstance(out, tuple) and hasattr(out, "_fields"):
+            return type(out)._make(map(gather_map, zip(*outs)))
+        return type(out)(map(gather_map, zip(*outs)))
+
+    return gather_map(outputs)
+
+
+@contextlib.contextmanager
+def _replica_buffers(module: torch.nn.Module):  # noqa: ANN202
+    """Run a forward with throw-away copies of every buffer (a DataParallel replica other than the first)."""
+    saved = []
+    for m in module.modules():
+        for name, buf in list(m._buffers.items()):
+            if buf is not None:
+                saved.append((m, name, buf))
+                m._buffers[name] = buf.clone()
+    try:
+        yield
+    finally:
+        for m, name, buf in saved:
+            m._buffers[name] = buf
 
 
 def _copy_identity(wrapper: Any, wrapped: Any) -> None:

@@ -10,12 +10,15 @@ from ddpdoctor.probe import session
 from ddpdoctor.probe.importhook import when_imported
 from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.probe.standins import install_finder
 
 
 def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
     probe = session.start(settings, role)
     redirect_writes(probe)
     install_recorders(probe, EARLY_RECORDERS)
+    # `import horovod` / `import apex` find ddpdoctor's stand-ins when the real packages are not importable
+    probe.safely("stand-in finder", install_finder)
     when_imported("torch", lambda: _torch_imported(probe))
     return probe
 

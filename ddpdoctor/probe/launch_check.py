@@ -28,7 +28,8 @@ LAUNCHER_VARIABLES = frozenset(
 
 def deciding(probe: Probe) -> bool:
     """This process still has to tell what kind of script it runs."""
-    return bool(probe.settings.launch_check) and probe.role == "main" and probe.launch_decided is None
+    first = probe.role == "main" or (probe.role == "rank" and probe.settings.mode == "single")
+    return bool(probe.settings.launch_check) and first and probe.launch_decided is None
 
 
 def ranks_started(probe: Probe, how: str, site: dict[str, Any] | None) -> None:

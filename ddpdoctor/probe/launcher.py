@@ -5,6 +5,7 @@ that spawns its own ranks), instrumented, into a run directory — within a time
                               └─► N × python -m ddpdoctor.probe.bootstrap SCRIPT ARGS   (RANK, LOCAL_RANK, ...)
     or, for a self-spawning script:
     ddpdoctor process ──► python -m ddpdoctor.probe.bootstrap SCRIPT ARGS ──► its mp.spawn children
+    or, for a single-process script (nn.DataParallel, mode "single"): the bootstrap once, as `python train.py`
                                                                               (instrumented by sitecustomize)
 
 Decisions:
@@ -69,6 +70,8 @@ from ddpdoctor.probe.usertree import fingerprint
 
 STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
 STACK_WAIT = 2.0  # how long, at the timeout, the launcher waits for the dumps to be complete
+# modes that start the script once (a self-spawning script; a single-process DataParallel script)
+SINGLE_LAUNCH = ("spawn", "single")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +139,7 @@ def _require_cuda(timeout: float = 120.0) -> None:
 
 def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
     script_args = [str(cfg.script), *cfg.script_args]
-    if mode == "spawn":
+    if mode in SINGLE_LAUNCH:
         return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
     return [
         sys.executable, "-m", "ddpdoctor.probe.agent",
@@ -254,7 +257,7 @@ def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
 def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
     mode = settings.mode
     port = free_port()
-    if mode == "spawn":
+    if mode in SINGLE_LAUNCH:
         # nothing of ours listens on MASTER_PORT in spawn mode: the script's own rendezvous may use it
         settings = replace(settings, rendezvous_port=port)
     else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
@@ -266,7 +269,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port, scratch)
     logs = run_dir / LOGS_DIR
-    who = "main" if mode == "spawn" else "agent"
+    who = "main" if mode in SINGLE_LAUNCH else "agent"
     started = time.time()
     t0 = time.monotonic()
     timed_out = interrupted = finished_early = False
@@ -290,7 +293,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                 dumped = wait_for_stack_dumps(run_dir)
                 break
             polls += 1
-            if mode != "spawn" and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+            if mode not in SINGLE_LAUNCH and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
                 # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
                 # teardown, ~1 s) tells us nothing more
                 finished_early = True
@@ -443,7 +446,8 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
         timeout=cfg.timeout,
         script=str(cfg.script),
         local_rank_arg=plan.local_rank_option or "",
-        launch_check=1 if plan.mode == "spawn" else 0,
+        launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
+        launcher=plan.launcher,
     )
     meta = meta_for(cfg, plan, plan.mode)
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
@@ -455,7 +459,7 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
     roots = [meta["cwd"], os.path.dirname(script_as_run)]
     before = fingerprint(roots, skip=[str(run_dir)])
     record = _launch(cfg, run_dir, settings, deadline)
-    relaunch = _relaunch_request(run_dir, record) if plan.mode == "spawn" else None
+    relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record

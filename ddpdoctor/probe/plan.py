@@ -15,6 +15,13 @@ or runs it).
   launcher's variables (`if "RANK" in os.environ`) means the script supports torchrun: it gets torchrun.
 - A script whose argparse parser declares --local_rank / --local-rank gets `--local_rank=N`, as
   torch.distributed.launch passed it (torchrun does not).
+- A script that trains with nn.DataParallel and never initialises a process group (no spawn, no launcher variable
+  read) is one process driving every GPU: it is started once (mode "single"), as `python train.py`, and that
+  process is rank 0 of a world of one; under CUDA emulation it sees N GPUs. If it turns out to need a launcher
+  after all (launch_check), it is relaunched under torchrun.
+- A script that imports Horovod is launched the way `horovodrun -np N` launches it: one process per slot whose
+  environment has Horovod's contract (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ...) and not torchrun's
+  (no RANK, WORLD_SIZE, MASTER_ADDR...): `launcher` is "horovodrun" (ddpdoctor.probe.launch_env applies it).
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ SPAWN_CALLS = {
     "multiprocessing.context.Process",
 }
 LAUNCHER_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE"}
+DATA_PARALLEL_CALLS = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
+}
 LOCAL_RANK_OPTIONS = ("--local_rank", "--local-rank")
 
 
@@ -51,10 +65,16 @@ class LaunchPlan:
     reason: str = ""
     # the guard of the spawn call could not be settled from the source: the single launch checks it at run time
     decided_at_runtime: bool = False
+    # whose environment contract each process gets: "torchrun" (RANK, WORLD_SIZE, ...) or "horovodrun" (HOROVOD_*)
+    launcher: str = "torchrun"
+    # one process drives every GPU (nn.DataParallel without a process group): started once, as `python train.py`
+    single_process: bool = False
 
     @property
     def mode(self) -> str:
-        return "spawn" if self.spawns_own_ranks else "torchrun"
+        if self.spawns_own_ranks:
+            return "spawn"
+        return "single" if self.single_process else "torchrun"
 
     def to_json(self) -> dict:
         return {
@@ -66,6 +86,8 @@ class LaunchPlan:
             "local_rank_line": self.local_rank_line,
             "reason": self.reason,
             "decided_at_runtime": self.decided_at_runtime,
+            "launcher": self.launcher,
+            "single_process": self.single_process,
         }
 
 
@@ -76,6 +98,8 @@ class _Scanner(ast.NodeVisitor):
         self.reads_env = False
         self.init_pg = False
         self.local_rank: tuple[str, int] | None = None
+        self.horovod = False
+        self.data_parallel_line: int | None = None
 
     @property
     def spawn_line(self) -> int | None:
@@ -83,6 +107,7 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
+            self.horovod |= a.name.split(".")[0] == "horovod"
             if a.asname:
                 self.aliases[a.asname] = a.name
             else:
@@ -91,6 +116,7 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module and not node.level:
+            self.horovod |= node.module.split(".")[0] == "horovod"
             for a in node.names:
                 self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
 
@@ -122,6 +148,8 @@ class _Scanner(ast.NodeVisitor):
             self.spawn_calls.append(node)
         if name.endswith("init_process_group"):
             self.init_pg = True
+        if name in DATA_PARALLEL_CALLS and self.data_parallel_line is None:
+            self.data_parallel_line = node.lineno
         if name.endswith(("environ.get", "getenv")) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and first.value in LAUNCHER_ENV:
@@ -607,6 +635,20 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2) -> Launch
     s = _Scanner()
     s.visit(tree)
     local_rank = s.local_rank
+    if s.horovod and not s.spawn_calls:
+        return LaunchPlan(
+            reads_launcher_env=s.reads_env, inits_process_group=s.init_pg, launcher="horovodrun",
+            reason="it imports Horovod: one process per slot with Horovod's environment, as `horovodrun -np N` "
+            "starts it",
+        )
+    if s.data_parallel_line and not s.spawn_calls and not s.init_pg and not s.reads_env:
+        return LaunchPlan(
+            local_rank_line=local_rank[1] if local_rank else None,
+            local_rank_declared=local_rank[0] if local_rank else None,
+            single_process=True,
+            reason=f"it trains with nn.DataParallel (line {s.data_parallel_line}) and never initialises a process "
+            "group: one process drives every GPU, so it was started once, as `python train.py`",
+        )
     common = dict(
         spawn_line=s.spawn_line,
         reads_launcher_env=s.reads_env,

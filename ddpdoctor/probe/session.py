@@ -40,6 +40,10 @@ _LAUNCH_ENV = (
     "TORCHELASTIC_RESTART_COUNT",
     "SLURM_PROCID",
     "OMPI_COMM_WORLD_RANK",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
 )
 
 
@@ -355,6 +359,8 @@ class Probe:
         self.world_size: int | None = (
             int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None
         )
+        if settings.mode == "single" and self.rank is None:
+            self.rank, self.world_size = 0, 1  # the one process that trains (DataParallel drives every GPU)
         self.patcher = Patcher()
         self.registry = Registry()
         self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions
@@ -369,6 +375,7 @@ class Probe:
         self.steps = 0
         self.epoch = 0
         self.ddp_forward_depth = 0
+        self.quiet_steps = 0  # > 0 while a library takes optimizer steps of its own (not the script's training)
         self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0

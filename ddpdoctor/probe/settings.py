@@ -18,7 +18,7 @@ RUN_TAG_ENV = "DDPDOCTOR_RUN_TAG"
 class ProbeSettings:
     run_dir: str
     run_tag: str = ""
-    mode: str = "torchrun"  # torchrun | spawn | attach
+    mode: str = "torchrun"  # torchrun | spawn | single | attach
     epochs: int = 2  # 0 = no limit
     steps: int = 4  # 0 = no limit
     device: str = "auto"  # auto | cpu | cuda
@@ -39,6 +39,8 @@ class ProbeSettings:
     # a free port on 127.0.0.1 the launcher chose for the script's own rendezvous (tcp://host:port init methods,
     # MASTER_PORT set by a self-spawning script): a fixed port could collide with another job; 0 = leave it alone
     rendezvous_port: int = 0
+    # the launcher whose environment contract the ranks get: torchrun | horovodrun (ddpdoctor.probe.launch_env)
+    launcher: str = "torchrun"
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdoctor.catalog import RULES
+from ddpdoctor.rules import RULES
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import Rule, get_rule
+from ddpdoctor.rules import Rule, get_rule
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps, json_safe

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import RULES, get_rule
+from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.findings import Finding, Severity, summarize
 from ddpdoctor.report import Report
 

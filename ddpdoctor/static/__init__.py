@@ -2,7 +2,7 @@
 
 Never imports torch and never runs the script. `analyze_file` reads and parses the script, builds one semantic
 model of it (`ScriptModel`: what the script does to models, data and process groups, in execution order) and runs
-every rule of `ddpdoctor.static.rules.RULES` over that model.
+the static hook of every rule that has one (`ddpdoctor.rules.hooks("static")`) over that model.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Finding, rank_findings
+from ddpdoctor.rules import hooks
 from ddpdoctor.static.model import ScriptModel
-from ddpdoctor.static.rules import RULES
 
-__all__ = ["analyze_file", "analyze_source", "build_model", "ScriptModel", "RULES"]
+__all__ = ["analyze_file", "analyze_source", "build_model", "ScriptModel"]
 
 
 def analyze_file(path: Path) -> list[Finding]:
@@ -52,7 +52,7 @@ def analyze_source(source: str, filename: str) -> list[Finding]:
     """Findings for a script given as text; `filename` is what findings report as their file."""
     model = build_model(source, filename)
     findings: list[Finding] = []
-    for rule in RULES:
+    for rule in hooks("static"):
         try:
             findings.extend(rule.check(model))
         except Exception as exc:  # a bug in one rule: say which, in one line, instead of a traceback

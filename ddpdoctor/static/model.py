@@ -1,8 +1,8 @@
 """`ScriptModel`: the semantic model of one script, built once and shared by every rule.
 
 Rules ask questions in the user's vocabulary — which objects are DDP wrappers, which loop trains, was the model
-wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the
-catalog at run time (the catalog is the one place where rules are documented).
+wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the rule
+(`ddpdoctor.findings.new_finding`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable
 
-from ddpdoctor.catalog import get_rule
-from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.semantic import Event, Family, Obj, Value, union
 from ddpdoctor.static.walker import CliArg, Walker, scaled_up_by_world
 
@@ -253,24 +252,30 @@ class ScriptModel:
     def finding(
         self,
         code: str,
+        *,
         line: int,
         message: str,
         confidence: Confidence,
         evidence: dict[str, Any] | None = None,
         severity: Severity | None = None,
         magnitude: float = 0.0,
+        fix_variant: str | None = None,
+        fix_args: dict[str, Any] | None = None,
+        fix_detail: str | None = None,
     ) -> Finding:
-        rule = get_rule(code)
-        return Finding(
-            rule=rule.code,
-            severity=severity if severity is not None else rule.severity,
-            confidence=confidence,
-            message=message,
-            fix=rule.fix,
+        """A static finding of rule `code` at `line` of this file (`ddpdoctor.findings.new_finding`)."""
+        return new_finding(
+            code,
             sources=("static",),
+            message=message,
+            confidence=confidence,
+            severity=severity,
+            fix_variant=fix_variant,
+            fix_args=fix_args,
+            fix_detail=fix_detail,
             file=self.filename,
             line=line,
-            evidence=evidence or {},
+            evidence=evidence,
             magnitude=magnitude,
         )
 

@@ -24,6 +24,7 @@ from ddpdoctor.probe.recorders import (
     checkpoint,
     cli_args,
     data,
+    data_parallel,
     dataset,
     ddp,
     forward,
@@ -48,6 +49,7 @@ TORCH_RECORDERS: tuple[tuple[str, Callable[[Probe], None]], ...] = (
     (optim_health.NAME, optim_health.install),  # before process_group: its collective wrappers sit inside theirs
     (process_group.NAME, process_group.install),
     (ddp.NAME, ddp.install),
+    (data_parallel.NAME, data_parallel.install),
     (sync_bn.NAME, sync_bn.install),
     (optimizer.NAME, optimizer.install),
     (data.NAME, data.install),

@@ -24,6 +24,7 @@ import sys
 import weakref
 from typing import Any
 
+from ddpdoctor.probe.recorders.sync_bn import is_sync_batchnorm
 from ddpdoctor.probe.session import Probe, is_user_file
 
 NAME = "batchnorm"
@@ -172,7 +173,7 @@ def _forward(
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     samples = int(x.shape[0])
-    synced = _syncs(layer, module) if isinstance(module, SyncBatchNorm) else False
+    synced = _syncs(layer, module) if is_sync_batchnorm(module) else False
     if layer.recorded >= FORWARDS_PER_STEP or count == 0:
         layer.dropped += 1
         return
@@ -224,7 +225,7 @@ def _new_layer(
             rv.detach().double().clone(),
             None if nbt is None else nbt.detach().clone(),
         )
-    if isinstance(module, SyncBatchNorm):
+    if is_sync_batchnorm(module):
         emulated = False
         if x.device.type == "cpu":
             try:
@@ -262,7 +263,7 @@ def _syncs(layer: _Layer, module: Any) -> bool:
     if not (dist.is_available() and dist.is_initialized()):
         return False
     if layer.group_size is None:
-        group = module.process_group or dist.group.WORLD
+        group = getattr(module, "process_group", None) or dist.group.WORLD
         layer.group_size = int(dist.get_world_size(group))
         try:
             layer.group_ranks = [int(r) for r in dist.get_process_group_ranks(group)]
@@ -270,7 +271,9 @@ def _syncs(layer: _Layer, module: Any) -> bool:
             layer.group_ranks = None
         # PyTorch's own SyncBatchNorm raises on a non-GPU input once a process group exists (whatever its size):
         # it would here if the script itself kept the layer on the CPU.
-        layer.would_raise = layer.placed == "cpu"
+        from torch.nn import SyncBatchNorm as TorchSyncBatchNorm
+
+        layer.would_raise = layer.placed == "cpu" and isinstance(module, TorchSyncBatchNorm)
     return layer.group_size > 1
 
 
@@ -318,7 +321,7 @@ def _note_no_grad(probe: Probe, state: _State, module: Any, torch: Any, call_cod
         for m in root.modules():
             if isinstance(m, _BatchNorm) and m.training:
                 bn_layers += 1
-                syncbn += isinstance(m, SyncBatchNorm)
+                syncbn += is_sync_batchnorm(m)
     probe.emit(
         "bn_train_no_grad",
         site=site,

@@ -3,8 +3,9 @@ tells the forward recorder when a forward runs inside DDP's own forward."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 from ddpdoctor.probe.session import Probe
 
@@ -92,14 +93,17 @@ def _options(signature: inspect.Signature | None, self: Any, args: tuple, kwargs
     return out
 
 
-def _constructed(probe: Probe, ddp: Any, site: Any, options: dict[str, Any]) -> None:
+def _constructed(
+    probe: Probe, ddp: Any, site: Any, options: dict[str, Any], registered: set[int] | None = None
+) -> None:
     params = list(ddp.module.parameters())
-    registered = {id(p) for p in getattr(ddp, "_module_parameters", params)}
+    if registered is None:
+        registered = {id(p) for p in getattr(ddp, "_module_parameters", params)}
     rec = probe.registry.add_ddp(ddp, registered, bool(options.get("mixed_precision")))
     try:
         world = ddp.process_group.size()
     except Exception:
-        world = None
+        world = _world_size()
     probe.emit(
         "ddp_init",
         ok=True,
@@ -110,3 +114,33 @@ def _constructed(probe: Probe, ddp: Any, site: Any, options: dict[str, Any]) -> 
         world_size=world,
         **options,
     )
+
+
+def _world_size() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+
+
+def record_wrapper(probe: Probe, wrapper: Any, site: Any, options: dict[str, Any]) -> None:
+    """A data-parallel wrapper other than torch's DDP (apex's DistributedDataParallel, real or stand-in): recorded
+    and registered like DDP — a `ddp_init` event whose `wrapper` field names it, the modules it owns, the
+    parameters whose gradients it averages — so the analyses of DDP models apply to it."""
+    opts = dict(options)
+    opts.setdefault("norm_layers", norm_layer_kinds(wrapper.module))
+    registered = {id(p) for p in wrapper.module.parameters() if p.requires_grad}
+    _constructed(probe, wrapper, site, opts, registered)
+
+
+@contextlib.contextmanager
+def wrapper_forward(probe: Probe, wrapper: Any) -> Iterator[None]:
+    """The forward of such a wrapper: what runs inside is not a bypass, and a training forward counts."""
+    import torch
+
+    probe.ddp_forward_depth += 1
+    try:
+        yield
+    finally:
+        probe.ddp_forward_depth -= 1
+    if wrapper.training and torch.is_grad_enabled():
+        probe.counters["ddp_forwards"] += 1

@@ -138,7 +138,7 @@ def install(probe: Probe) -> None:
     # -- gradients before each step, parameters and norm buffers after it
     def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         st.opt_depth += 1
-        if st.opt_depth == 1 and not probe.ending:
+        if st.opt_depth == 1 and not probe.ending and not probe.quiet_steps:
             probe.safely("train_step", _before_step, probe, st, optimizer)
         return None
 

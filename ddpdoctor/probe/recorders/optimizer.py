@@ -62,6 +62,8 @@ def install(probe: Probe) -> None:
         state["depth"] = max(0, state["depth"] - 1)
         if state["depth"]:  # an optimizer stepping an inner one (ZeroRedundancyOptimizer): count the outer step
             return None
+        if probe.quiet_steps:  # a library's own step (Horovod initialising optimizer state), not training
+            return None
         probe.steps += 1
         probe.safely("optimizer_step", _stepped, probe, state, optimizer)
         probe.after_step(optimizer)

@@ -1,6 +1,7 @@
-"""Parameter recorder: after every optimizer step, a digest of the model's parameters (bit-exact, comparable
-across ranks) and a small fixed sample of values; at the end, the parameter vector itself (capped) and digests of
-the normalisation buffers. DD103 compares them across ranks: the first step where replicas differ and by how much.
+"""Parameter recorder: before the first optimizer step (step 0: the initial weights) and after every step, a digest
+of the model's parameters (bit-exact, comparable across ranks) and a small fixed sample of values; at the end, the
+parameter vector itself (capped) and digests of the normalisation buffers. DD103 compares them across ranks: the
+first step where replicas differ (0: they never started equal) and by how much.
 """
 
 from __future__ import annotations
@@ -89,6 +90,24 @@ def install(probe: Probe) -> None:
         ref = probe.blob(vec.numpy().tobytes(), dtype="float32", count=int(vec.numel()), compress=False)
         probe.emit("params_final", vector=ref, **snap)
 
+    def before_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if state["initial"] or probe.quiet_steps or probe.ending:
+            return None
+        state["initial"] = True
+        params, source = _model_params(probe, optimizer)
+        if params:
+            d, covered, sampled = digest(params)
+            probe.emit("params", step=0, digest=d, numel=covered, sampled=sampled,
+                       values=sample_values(params), source=source, tensors=len(params))
+        return None
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    state["initial"] = False
+    handle = register_optimizer_step_pre_hook(
+        lambda o, a, k: probe.safely("params before step", before_first_step, o, a, k)
+    )
+    probe.patcher.add_undo(handle.remove)
     probe.step_hooks.append(on_step)
     probe.end_hooks.append(on_end)
 

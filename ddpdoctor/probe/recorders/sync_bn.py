@@ -3,12 +3,35 @@ and SyncBatchNorm layers registered under a module already wrapped by DDP (conve
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ddpdoctor.probe.session import Probe
 
 NAME = "sync_bn"
 _REGISTERED: dict[int, int] = {}
+
+# SyncBatchNorm classes that are not torch.nn.SyncBatchNorm subclasses: Horovod's and apex's (the real packages
+# and ddpdoctor's stand-ins load under these names)
+OTHER_SYNC_BN = {
+    "horovod.torch.sync_batch_norm.SyncBatchNorm",
+    "apex.parallel.sync_batchnorm.SyncBatchNorm",
+    "apex.parallel.optimized_sync_batchnorm.SyncBatchNorm",
+}
+
+
+def is_sync_batchnorm(module: Any) -> bool:
+    """A BatchNorm layer that synchronises its statistics across ranks: torch's SyncBatchNorm, Horovod's, apex's."""
+    return _is_sync_type(type(module))
+
+
+@functools.lru_cache(maxsize=256)
+def _is_sync_type(cls: type) -> bool:
+    from torch.nn import SyncBatchNorm
+
+    if issubclass(cls, SyncBatchNorm):
+        return True
+    return any(f"{c.__module__}.{c.__qualname__}" in OTHER_SYNC_BN for c in cls.__mro__)
 
 
 def install(probe: Probe) -> None:
@@ -69,7 +92,7 @@ def _model_check(probe: Probe, SyncBatchNorm: type) -> None:
         rec.checked = True
         module = rec.module
         params = {id(p) for p in module.parameters()}
-        syncbn = [m for m in module.modules() if isinstance(m, SyncBatchNorm)]
+        syncbn = [m for m in module.modules() if is_sync_batchnorm(m)]
         sb_params = {id(p) for m in syncbn for p in m.parameters(recurse=False)}
         in_optimizers: set[int] = set()
         for ref, _pid in list(probe.registry.optimizers.values()):
@@ -123,7 +146,7 @@ def _registered(probe: Probe, owner: tuple[int, str], parent: Any, name: str, su
     ddp_pid, parent_path = owner
     path = f"{parent_path}.{name}" if parent_path else name
     probe.registry.own(submodule, ddp_pid, path)
-    if isinstance(submodule, SyncBatchNorm):
+    if is_sync_batchnorm(submodule):
         _REGISTERED[ddp_pid] = _REGISTERED.get(ddp_pid, 0) + 1
         if _REGISTERED[ddp_pid] > 3:  # one per layer would be noise: the first ones say it
             return
@@ -134,3 +157,41 @@ def _registered(probe: Probe, owner: tuple[int, str], parent: Any, name: str, su
             parent_class=type(parent).__name__,
             site=probe.site(),
         )
+
+
+def _optimizer_params(probe: Probe) -> set[int]:
+    held: set[int] = set()
+    for ref, _pid in list(probe.registry.optimizers.values()):
+        opt = ref()
+        if opt is not None:
+            held |= {id(p) for g in opt.param_groups for p in g.get("params", ())}
+    return held
+
+
+def record_conversion(probe: Probe, before: Any, result: Any, pairs: list[tuple[Any, Any]], site: Any,
+                      converter: str) -> None:
+    """A converter other than torch's (apex's convert_syncbn_model) replaced `pairs` (old, new) BatchNorm layers:
+    the same `sync_bn_convert` event as torch's converter (what DD101 reads), plus whether it cloned weight and
+    bias and whether an optimizer built before it holds the replaced ones. (The bn_conversion recorder follows
+    every converted layer to the first optimizer step.)"""
+    is_wrapper = any(rec.ddp is before for rec in probe.registry.live_ddps())
+    target = getattr(before, "module", before) if is_wrapper else before
+    owner = probe.registry.owner_of(target)
+    owned_by = owner[0] if owner is not None else probe.registry.ddp_owning_params(
+        list(target.parameters()) if hasattr(target, "parameters") else [])
+    cloned = sum(1 for old, new in pairs if getattr(old, "weight", None) is not None and new.weight is not old.weight)
+    old_params = {id(p) for old, _ in pairs for p in old.parameters(recurse=False)}
+    syncbn = sum(1 for m in result.modules() if is_sync_batchnorm(m)) if hasattr(result, "modules") else 0
+    probe.emit(
+        "sync_bn_convert",
+        site=site,
+        converter=converter,
+        arg_class=type(before).__name__,
+        arg_is_ddp=is_wrapper,
+        owned_by_ddp=owned_by,
+        converted=len(pairs),
+        syncbn_layers=syncbn,
+        cloned_params=cloned,
+        replaced_params_in_optimizer=_fraction(old_params, _optimizer_params(probe)),
+        optimizers=len(probe.registry.optimizers),
+    )

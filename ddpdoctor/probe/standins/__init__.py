@@ -1,0 +1,111 @@
+"""Stand-ins for the distributed packages old recipes import and a laptop cannot install: Horovod (`horovod.torch`)
+and NVIDIA apex (`apex.parallel`, `apex.amp`).
+
+Horovod builds against the installed framework and MPI/NCCL; apex's distributed parts were deprecated and then
+removed, and the PyPI package named `apex` is an unrelated web toolkit. A script that imports either would end the
+probe with one ModuleNotFoundError. Inside a probe run, when the real package cannot be imported, `import horovod`
+/ `import apex` find ddpdoctor's stand-ins instead: the same public API, built on `torch.distributed` (gloo on
+CPU, NCCL with the CUDA tensors of a GPU run), with the semantics of the originals where they matter for accuracy
+(what is averaged, what is broadcast, what is copied, which misuse raises). Each stand-in says so in the run (a
+`standin` event; the report adds a note), and the README lists where they differ from the originals.
+
+The real package always wins: asked for `horovod` or `apex`, the finder first asks every other finder, and stands in
+only when none finds the package, or (apex) when the one found is not NVIDIA apex (an installed `apex` without
+`apex.parallel` / `apex.amp` is the unrelated PyPI package).
+
+Layout: `horovod/` and `apex/` here mirror the originals' module paths (`horovod.torch.mpi_ops`,
+`apex.parallel.LARC`, ...), so `from horovod.torch.mpi_ops import Sum` works. They are loaded under the
+original names, never as `ddpdoctor.probe.standins.horovod`; their frames are ddpdoctor's, so recorded call sites
+and tracebacks point at the user's lines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# top-level import name → what the stand-in provides, in the user's words
+STANDINS = {
+    "horovod": "Horovod's PyTorch API (horovod.torch)",
+    "apex": "NVIDIA apex (apex.parallel, apex.amp)",
+}
+
+_WHY: dict[str, str] = {}  # top-level name → why the stand-in is used (read by the stand-in's announcement)
+
+
+def _real_spec(name: str) -> Any:
+    """The spec the remaining finders would give `name` (None when it is not installed)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, StandinFinder):
+            continue
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec(name, None)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def _is_nvidia_apex(spec: Any) -> bool:
+    for location in spec.submodule_search_locations or ():
+        if os.path.isdir(os.path.join(location, "parallel")) or os.path.isdir(os.path.join(location, "amp")):
+            return True
+    return False
+
+
+def why_standing_in(name: str) -> str:
+    return _WHY.get(name, "not installed")
+
+
+class StandinFinder:
+    """Finds the stand-in packages when the real ones are not importable (see the module docstring)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in STANDINS:
+            return None
+        real = _real_spec(fullname)
+        if real is not None:
+            if fullname != "apex" or _is_nvidia_apex(real):
+                return None
+            _WHY[fullname] = (
+                f"the installed `apex` ({real.origin}) is not NVIDIA apex: it has no apex.parallel / apex.amp"
+            )
+        else:
+            _WHY.setdefault(fullname, "not installed")
+        package_dir = os.path.join(HERE, fullname)
+        return importlib.util.spec_from_file_location(
+            fullname, os.path.join(package_dir, "__init__.py"), submodule_search_locations=[package_dir]
+        )
+
+
+def install_finder() -> StandinFinder:
+    """Put the stand-in finder on sys.meta_path (once). It defers to the other finders for every name it serves,
+    so its position only decides who answers first."""
+    for finder in sys.meta_path:
+        if isinstance(finder, StandinFinder):
+            return finder
+    finder = StandinFinder()
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def remove_finder() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, StandinFinder)]
+
+
+def is_standin(module: Any) -> bool:
+    """Is this module (or class/function) one of ddpdoctor's stand-ins?"""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        mod = sys.modules.get(getattr(module, "__module__", "") or "")
+        path = getattr(mod, "__file__", None)
+    return bool(path) and os.path.abspath(path).startswith(HERE + os.sep)
+

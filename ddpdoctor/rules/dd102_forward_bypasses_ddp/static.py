@@ -1,0 +1,82 @@
+"""DD102 forward-bypasses-ddp: the training forward calls the module that DDP wraps instead of the wrapper.
+
+What it flags: a forward call (`net(x)`, `net.forward(x)`, `model.module(x)`) of a module whose model DDP
+wrapped earlier, outside no_grad/inference_mode, not in eval mode, whose output is not detached — the wrapper's
+forward is what arms the gradient all-reduce, so steps taken on this forward train each rank on its own.
+
+What stays silent: the wrapper's own forward; `model = DDP(model)` under `if args.distributed:` (the variable
+holds the wrapper or, on the other path, the unwrapped model — never the wrapped module behind the wrapper's
+back); evaluation through `model.module` under no_grad; forwards of other models (EMA, teacher copies).
+
+Confidence: certain when a backward pass follows in the same function and the wrap is in the same function;
+likely when the relation goes through calls/attributes; possible when no backward pass is seen near it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.dd102_forward_bypasses_ddp import CODE
+from ddpdoctor.static.model import ScriptModel, cap_unreached
+
+
+def check(script: ScriptModel) -> Iterator[Finding]:
+    for fw in script.of("forward"):
+        if fw.data["inside_forward"] or fw.data["detached"] or fw.grad_off is not False:
+            continue
+        targets = fw.data["target"]
+        raw = [o for o in targets if o.kind != "wrapper"]
+        hit = None
+        for o in raw:
+            wrap = script.wrap_event_before(o, fw)
+            if wrap is None:
+                continue
+            # a variable that holds the wrapper on one path and the plain module on the other is the usual
+            # `if args.distributed: model = DDP(model)`: the wrapper is what runs when DDP is on
+            if any(t.kind == "wrapper" and t.family is o.family for t in targets):
+                continue
+            hit = (o, wrap)
+            break
+        if hit is None or all(m == "eval" for m in fw.data["modes"]):
+            continue
+        obj, wrap = hit
+        backward_after = [
+            b
+            for b in script.backward_events
+            if b.seq > fw.seq and (b.frame == fw.frame or set(c.node for c in b.loops) & set(c.node for c in fw.loops))
+        ]
+        ddp_forward_same_loop = [
+            f
+            for f in script.of("forward")
+            if f is not fw
+            and any(t.kind == "wrapper" and t.family is obj.family for t in f.data["target"])
+            and fw.loops
+            and any(c.node is fw.loops[-1].node for c in f.loops)
+        ]
+        if backward_after and wrap.frame == fw.frame:
+            confidence = Confidence.CERTAIN
+        elif backward_after:
+            confidence = Confidence.LIKELY
+        else:
+            confidence = Confidence.POSSIBLE
+        if ddp_forward_same_loop:
+            confidence = Confidence.POSSIBLE
+        confidence = cap_unreached(confidence, fw, wrap)
+        callee = script.text(fw.node.func if hasattr(fw.node, "func") else fw.node)
+        wrapped_text = script.text(wrap.data["args"].node(0, "module"))
+        yield script.finding(
+            CODE,
+            line=fw.line,
+            message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at line {wrap.line} — "
+            f"instead of the DDP wrapper, so its gradients are never averaged across ranks",
+            confidence=confidence,
+            evidence={
+                "forward_line": fw.line,
+                "wrap_line": wrap.line,
+                "callee": callee,
+                "wrapped": wrapped_text,
+                "backward_lines": sorted({b.line for b in backward_after})[:5],
+                "wrapper_forward_in_same_loop": bool(ddp_forward_same_loop),
+            },
+        )

@@ -1,0 +1,91 @@
+"""DD103 replicas-diverged: model parameters differ across ranks after optimizer steps.
+
+What it does: compares, step by step, the bit-exact digest of every rank's parameters recorded after each
+optimizer step, reports the first step where the replicas disagree, and measures how far apart they are: the
+largest absolute difference at each step (on a fixed sample of positions) and at the end (on the whole parameter
+vector, or a strided sample of it for large models).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd103_replicas_diverged import CODE
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    n = min(len(a), len(b))
+    return max((abs(a[i] - b[i]) for i in range(n)), default=0.0)
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    import numpy as np
+
+    if not any(e.get("ok") for _, e in ctx.run.events("pg_init")):
+        return []  # no process group: DD903 says the processes never synchronised
+    by_rank: dict[int, dict[int, dict[str, Any]]] = {}
+    for r, p in ctx.ranks.items():
+        # only a DDP model is a replica: without DDP (FSDP, ZeRO, a hand-rolled scheme) ranks may hold different
+        # shards or states by design
+        by_rank[r] = {int(e["step"]): e for e in p.of("params") if e.get("source") == "ddp"}
+    ranks = sorted(r for r, v in by_rank.items() if v)
+    if len(ranks) < 2:
+        return []
+    ref = ranks[0]
+    common = sorted(set.intersection(*(set(by_rank[r]) for r in ranks)))
+    first_step = None
+    differing: set[int] = set()
+    trace = []
+    for step in common:
+        digests = {r: by_rank[r][step]["digest"] for r in ranks}
+        bad = [r for r in ranks if digests[r] != digests[ref]]
+        diff = max((_max_diff(by_rank[ref][step].get("values") or [], by_rank[r][step].get("values") or []) for r in ranks[1:]), default=0.0)
+        trace.append({"step": step, "ranks_differing": bad, "max_abs_diff_sampled": diff})
+        if bad:
+            differing.update(bad)
+            if first_step is None:
+                first_step = step
+    if first_step is None:
+        return []
+    final_diff = None
+    final_numel = None
+    finals = {r: ctx.ranks[r].last("params_final") for r in ranks}
+    if all(finals.values()):
+        try:
+            vecs = {r: ctx.run.load_array(finals[r]["vector"]) for r in ranks if finals[r].get("vector")}
+            if len(vecs) == len(ranks) and len({v.shape for v in vecs.values()}) == 1:
+                stack = np.stack(list(vecs.values())).astype(np.float64)
+                final_diff = float(np.max(np.abs(stack - stack[0])))
+                final_numel = int(stack.shape[1])
+        except (OSError, ValueError, KeyError):
+            final_diff = None
+    size = final_diff if final_diff is not None else max(t["max_abs_diff_sampled"] for t in trace)
+    diverged = sorted({ref, *differing})
+    message = (
+        f"model parameters differ across {fmt_ranks(diverged)} from optimizer step {first_step} on "
+        f"({sum(1 for t in trace if t['ranks_differing'])} of {len(common)} steps compared); "
+        f"max parameter difference {fmt_num(size)}"
+        + (" at the end" if final_diff is not None else "")
+        + ": the replicas are training different models"
+    )
+    evidence = {
+        "first_step": first_step,
+        "steps_compared": len(common),
+        "max_abs_diff_final": final_diff,
+        "final_values_compared": final_numel,
+        "trace": trace[:50],
+        "digest_source": by_rank[ref][common[0]].get("source"),
+        "digest_sampled": any(by_rank[ref][s].get("sampled") for s in common),
+    }
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            fix_variant="probe",
+            ranks=diverged,
+            evidence=evidence,
+            magnitude=size,
+        )
+    ]

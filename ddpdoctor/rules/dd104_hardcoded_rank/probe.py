@@ -1,0 +1,70 @@
+"""DD104 hardcoded-rank: init_process_group with a literal rank or world size that cannot differ per process.
+
+What it does: compares what each process passed to init_process_group with what the launcher assigned. When the
+probe overrode the values (to keep measuring past this fatal bug) the finding says so; when processes claimed the
+same rank without an override (a self-spawning script) or the rendezvous failed, it reports the collision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd104_hardcoded_rank import CODE
+
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    begins: list[tuple[Any, dict[str, Any]]] = list(ctx.run.events("pg_init_begin"))
+    if not begins:
+        return []
+    overridden = [(p, e) for p, e in begins if e.get("overridden")]
+    if overridden:
+        given_rank = sorted({e["overridden"]["rank"][0] for _, e in overridden if "rank" in e["overridden"]})
+        given_world = sorted({e["overridden"]["world_size"][0] for _, e in overridden if "world_size" in e["overridden"]})
+        used = sorted({int(e.get("env_rank")) for _, e in begins if str(e.get("env_rank", "")).isdigit()})
+        world = ctx.world_size
+        parts = []
+        if given_rank:
+            ranks_with_literal = sorted(
+                int(e["env_rank"]) for _, e in begins if e.get("rank_arg") in given_rank and str(e.get("env_rank", "")).isdigit()
+            )
+            parts.append(
+                f"passes rank={', '.join(map(str, given_rank))} on {fmt_ranks(ranks_with_literal)}"
+                f" while the launcher assigned ranks {min(used)}–{max(used)}" if used else f"passes rank={given_rank[0]}"
+            )
+        if given_world:
+            parts.append(f"passes world_size={', '.join(map(str, given_world))} while {world} processes were launched")
+        site = begins[0][1].get("site")
+        message = (
+            f"init_process_group at {ctx.at(site)} " + " and ".join(parts)
+            + ": every process would claim the same rank and the rendezvous would never complete; the probe used "
+            "the launcher's RANK/WORLD_SIZE to keep measuring"
+        )
+        evidence = {
+            "calls": [
+                {"rank": e.get("env_rank"), "rank_arg": e.get("rank_arg"), "world_size_arg": e.get("world_size_arg"),
+                 "overridden": e.get("overridden")}
+                for _, e in begins
+            ]
+        }
+        return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, ranks=[r for r in used], evidence=evidence,
+                            magnitude=float(len(overridden)))]
+    # no override possible (no launcher contract): did processes claim the same rank?
+    claims: dict[Any, list[Any]] = {}
+    for p, e in begins:
+        if isinstance(e.get("rank_arg"), int) and e["rank_arg"] >= 0:
+            claims.setdefault(e["rank_arg"], []).append(p.pid)
+    clashes = {r: pids for r, pids in claims.items() if len(pids) > 1}
+    if not clashes:
+        return []
+    site = begins[0][1].get("site")
+    failed = [e for _, e in ctx.run.events("pg_init") if not e.get("ok")]
+    outcome = "the rendezvous failed" if failed else ("the rendezvous never completed" if ctx.timed_out else "they collided")
+    r, pids = next(iter(sorted(clashes.items())))
+    message = (
+        f"init_process_group at {ctx.at(site)}: {len(pids)} processes all passed rank={r}; {outcome}"
+    )
+    evidence = {"claims": {str(k): v for k, v in claims.items()}, "errors": [e.get("error") for e in failed][:4]}
+    return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, evidence=evidence, magnitude=float(len(pids)))]

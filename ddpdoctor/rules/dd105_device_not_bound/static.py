@@ -1,0 +1,120 @@
+"""DD105 device-not-bound: CUDA DDP where nothing gives each process its own GPU.
+
+What it flags: a DDP wrap in a script that trains on CUDA (nccl backend, `.cuda()`, `"cuda"` devices) when no
+statement binds the device to the process: no `torch.cuda.set_device(<per-process value>)`, no
+`device_ids=[<per-process value>]`, no move of the model to a per-process device (`.to(local_rank)`,
+`.cuda(args.gpu)`, `torch.device("cuda", local_rank)`), no `CUDA_VISIBLE_DEVICES` set per process. A literal
+`device_ids=[0]` or `set_device(0)` is flagged even when something else looks per-process.
+
+What stays silent: any per-process binding (values from LOCAL_RANK, the spawn index, `args.gpu`, or anything the
+walk cannot prove constant); CPU/gloo scripts.
+
+Confidence: certain for a literal device 0 handed to every process; likely when CUDA is used and nothing binds;
+possible when CUDA use is only inferred from strings.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.dd105_device_not_bound import CODE
+from ddpdoctor.static.model import ScriptModel, cap_unreached
+from ddpdoctor.static.semantic import Obj, Value, constant_values, is_constant
+
+
+def _cuda_text(value: Value) -> bool:
+    for o in value:
+        text = o.value if o.kind in ("const", "device") else o.props.get("text")
+        if isinstance(text, str) and text.startswith("cuda"):
+            return True
+    return False
+
+
+def _flatten(value: Value) -> list[Obj]:
+    """The items of a list/tuple literal (`device_ids=[local_rank]`), or the objects themselves."""
+    out: list[Obj] = []
+    for o in value:
+        if o.kind == "tuple":
+            for v in o.items if o.items is not None else (o.props.get("elem", ()),):
+                out.extend(v)
+        else:
+            out.append(o)
+    return out
+
+
+def check(script: ScriptModel) -> Iterator[Finding]:
+    wraps = script.ddp_wraps
+    if not wraps:
+        return
+    backends = [v for ev in script.of("init_pg") for v in constant_values(ev.data["params"].get("backend") or ())]
+    moves = script.of("move")
+    cuda_evidence: list[str] = []
+    if "nccl" in backends:
+        cuda_evidence.append("nccl backend")
+    if any(m.data["method"] == "cuda" for m in moves):
+        cuda_evidence.append(".cuda()")
+    if any(_cuda_text(v) for m in moves for v in m.data["args"].pos + list(m.data["args"].kw.values())):
+        cuda_evidence.append("a cuda device")
+    if not cuda_evidence and backends and all(b == "gloo" for b in backends):
+        return
+    inferred_only = False
+    if not cuda_evidence:
+        if not any(s == "cuda" or s.startswith("cuda:") for s in script.string_constants):
+            return
+        cuda_evidence.append("'cuda' strings")
+        inferred_only = True
+
+    literal_zero: list[tuple[int, str]] = []
+    bound: list[int] = []
+    for ev in script.of("set_device"):
+        arg = ev.data["arg"]
+        if arg and is_constant(arg):
+            literal_zero.append((ev.line, f"torch.cuda.set_device({script.text(ev.data['arg_node'])})"))
+        else:
+            bound.append(ev.line)
+    for ev in wraps:
+        ids = ev.data["args"].get(1, "device_ids")
+        if not ids:
+            continue
+        items = [o for o in _flatten(ids) if not (o.kind == "const" and o.value is None)]
+        if items and all(o.const for o in items):
+            literal_zero.append((ev.line, f"device_ids={script.text(ev.data['args'].node(1, 'device_ids'))}"))
+        elif items:
+            bound.append(ev.line)
+    for ev in moves:
+        if not any(o.family is not None for o in ev.data["target"]):
+            continue
+        values = ev.data["args"].pos + [v for k, v in ev.data["args"].kw.items() if k == "device"]
+        for v in values:
+            if v and not is_constant(v):
+                bound.append(ev.line)
+    for ev in script.of("init_pg"):
+        dev = ev.data["params"].get("device_id")
+        if dev and not is_constant(dev):
+            bound.append(ev.line)
+    if any(ev.data.get("var") == "CUDA_VISIBLE_DEVICES" for ev in script.of("env_write")):
+        bound.append(0)
+
+    wrap = wraps[0]
+    if literal_zero:
+        line, what = literal_zero[0]
+        yield script.finding(
+            CODE,
+            line=line,
+            message=f"{what} at line {line} names the same GPU in every process, so all ranks of a node share one device",
+            confidence=cap_unreached(Confidence.CERTAIN if not bound else Confidence.LIKELY, wrap),
+            evidence={"literal_device": what, "line": line, "cuda": cuda_evidence},
+        )
+        return
+    if bound:
+        return
+    confidence = Confidence.POSSIBLE if inferred_only else Confidence.LIKELY
+    yield script.finding(
+        CODE,
+        line=wrap.line,
+        message=f"DDP at line {wrap.line} runs on CUDA ({', '.join(cuda_evidence)}) but nothing binds each process to its "
+        f"own GPU (no torch.cuda.set_device(local_rank), no device_ids=[local_rank]), so every rank uses cuda:0",
+        confidence=cap_unreached(confidence, wrap),
+        evidence={"wrap_line": wrap.line, "cuda": cuda_evidence},
+    )

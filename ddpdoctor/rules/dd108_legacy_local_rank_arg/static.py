@@ -1,0 +1,44 @@
+"""DD108 legacy-local-rank-arg: `--local_rank` taken from the command line only.
+
+What it flags: an argparse `--local_rank`/`--local-rank` option when nothing in the file reads the LOCAL_RANK
+environment variable. torchrun (and `torch.distributed.launch --use-env`, the default since 2.0) passes the local
+rank only through LOCAL_RANK, so the option keeps its default on every process and they all pick the same GPU.
+
+What stays silent: `int(os.environ.get("LOCAL_RANK", args.local_rank))`, `default=int(os.environ["LOCAL_RANK"])`,
+any read of LOCAL_RANK anywhere in the file.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
+from ddpdoctor.static.model import ScriptModel
+
+
+def check(script: ScriptModel) -> Iterator[Finding]:
+    options = [a for a in script.cli_args.values() if any(f in ("--local_rank", "--local-rank") for f in a.flags)]
+    if not options:
+        return
+    if any((ev.data.get("var") or "").upper().endswith("LOCAL_RANK") for ev in script.of("env_read")):
+        return
+    if any("LOCAL_RANK" in s for s in script.string_constants):
+        return  # read through a helper or a variable key: the fallback exists
+    opt = options[0]
+    yield script.finding(
+        CODE,
+        line=opt.line,
+        message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local rank in "
+        f"the LOCAL_RANK environment variable, so every process keeps the default",
+        confidence=Confidence.CERTAIN,
+        evidence={"line": opt.line, "flags": list(opt.flags), "default": script.text(_default_node(opt.node))},
+    )
+
+
+def _default_node(call: ast.AST) -> ast.AST | None:
+    for kw in getattr(call, "keywords", []):
+        if kw.arg == "default":
+            return kw.value
+    return None

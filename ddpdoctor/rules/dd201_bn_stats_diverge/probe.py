@@ -1,0 +1,149 @@
+"""DD201 bn-stats-diverge: BatchNorm running statistics differ across ranks at the end of the run.
+
+What it does: compares the running_mean / running_var every rank holds at the end (bn_final) and reports the
+largest difference and its layer: for running_mean in units of the channel's standard deviation (means often sit
+near zero, where a relative error says nothing), for running_var relative. What counts depends on DDP's
+`broadcast_buffers`:
+
+- `False` (or BN layers outside any DDP model): nothing reconciles the ranks' statistics; any difference above
+  1e-3 is reported — it grows over the whole run.
+- `True` (the default): DDP broadcasts rank 0's buffers at the start of every forward and each rank then applies
+  its own batch's update, so ranks always end one local update apart (FACTS.md: 0.13 on a plain DDP run; 0.33
+  std of the first layer's running_mean in the bn_iid_default fixture).
+  That difference is expected and not reported. The analysis reconstructs the statistics each rank held *before*
+  its last update, S = (final - f * batch statistic) / (1 - f) from the recorded batch moments and the layer's
+  momentum f; when they agree across ranks (to 1e-4) the broadcast works. When they do not, the broadcast never
+  reached those layers (training forwards that bypass the DDP wrapper, BN in a module DDP does not own) and the
+  finding is reported with that explanation.
+
+This module also builds the report's BatchNorm table (local running statistics against the SyncBN replay, per
+layer; see `bn_common.bn_table`), since that comparison is the measurement behind this rule.
+
+Why it matters, example, fix: see `ddpdoctor explain DD201`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.context import RunContext, fmt_num, pct
+from ddpdoctor.bn.stats import relative_error
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.rules.dd201_bn_stats_diverge import CODE
+
+MATERIAL = 1e-3  # difference (std for means, relative for variances) below which diverging statistics are harmless
+ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off amplified by 1 / (1 - f)
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    bn = bc.bn_for(ctx)
+    if bn is None:
+        return []
+    table = bc.bn_table(ctx)
+    if table is not None:
+        ctx.tables["batchnorm"] = table
+    if len(bn.ranks) < 2 or not bc.distributed(ctx.run):
+        return []  # processes that never formed a group each train their own model
+    ddps = bc.ddp_inits(ctx.run)
+    broadcast = bool(ddps[0].get("broadcast_buffers", True)) if ddps else None
+    rows: list[dict[str, Any]] = []
+    explained_rows: list[dict[str, Any]] = []
+    for layer in bn.layers:
+        if not layer.info.get("track_running_stats", True):
+            continue
+        spread = bc.cross_rank_spread(layer, bn.ranks)
+        if spread is None or spread["max"] <= MATERIAL:
+            continue
+        gap = _gap_before_last_update(layer, bn.ranks)
+        row = {
+            "layer": layer.name,
+            "kind": layer.kind,
+            "max": bc.finite(spread["max"]),
+            "stat": spread["stat"],
+            "rank": spread["rank"],
+            "running_mean_diff_std": {str(r): bc.finite(v) for r, v in spread["mean"].items()},
+            "running_var_rel_diff": {str(r): bc.finite(v) for r, v in spread["var"].items()},
+            "diff_before_last_update": bc.finite(gap),
+        }
+        if broadcast and gap is not None and gap <= ALIGNED:
+            explained_rows.append(row)
+        elif broadcast and gap is None:
+            explained_rows.append(row)  # cannot tell; the default broadcast gets the benefit of the doubt
+        else:
+            rows.append(row)
+    if explained_rows and table is not None:
+        worst = max(explained_rows, key=lambda r: r["max"])
+        table["caption"] += (
+            f" Ranks end up to {_amount(worst)} apart ({worst['stat']} of {worst['layer']}) only through their own "
+            "last update: DDP broadcasts rank 0's buffers before every forward (broadcast_buffers=True)."
+        )
+    if not rows:
+        return []
+    worst = max(rows, key=lambda r: r["max"])
+    bypass = sum(1 for _, _e in ctx.run.events("forward_bypass"))
+    if broadcast is None:
+        why = "these layers are not inside a DDP model, so nothing reconciles the ranks' statistics"
+    elif not broadcast:
+        why = (
+            "with broadcast_buffers=False nothing reconciles them: every rank evaluates with statistics of its own "
+            "batches, and rank 0's checkpoint carries rank 0's"
+        )
+    else:
+        reason = (
+            "training forwards bypass the DDP wrapper" if bypass
+            else "the layers run outside the DDP-wrapped module's forward"
+        )
+        why = (
+            "although DDP broadcasts rank 0's buffers (broadcast_buffers=True), the statistics had diverged before "
+            f"each rank's last update ({fmt_num(round(worst['diff_before_last_update'] or 0.0, 4))} apart), so "
+            f"the broadcast does not reach them ({reason})"
+        )
+    tracked = sum(1 for layer in bn.layers if layer.info.get("track_running_stats", True))
+    message = (
+        f"BatchNorm running statistics differ across ranks at the end by up to {_amount(worst)} "
+        f"({worst['stat']} of {worst['layer']}, rank {worst['rank']} vs rank {bn.ranks[0]}; "
+        f"{len(rows)} of {tracked} layers differ by more than {MATERIAL:g}): {why}"
+    )
+    site = ddps[0].get("site") if ddps else None
+    if site is None:
+        first = bn.by_name(worst["layer"])
+        site = first.info.get("site") if first is not None else None
+    evidence = {
+        "broadcast_buffers": broadcast,
+        "reference_rank": bn.ranks[0],
+        "max_diff": worst["max"],
+        "max_diff_unit": "std" if worst["stat"] == "running_mean" else "relative",
+        "max_layer": worst["layer"],
+        "max_stat": worst["stat"],
+        "layers": rows,
+        "aligned_before_last_update": [r["layer"] for r in explained_rows],
+        "forward_bypasses": bypass,
+        "syncbn_replay_rel_error": bc.replay_errors(ctx),
+    }
+    severity = Severity.MEDIUM if worst["max"] >= 0.01 else Severity.LOW
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            severity=severity,
+            site=site,
+            ranks=bn.ranks,
+            evidence=evidence,
+            magnitude=worst["max"],
+        )
+    ]
+
+
+def _amount(row: dict[str, Any]) -> str:
+    """0.42 std (running_mean) or 12% (running_var)."""
+    value = float(row["max"])
+    return f"{value:.2g} std" if row["stat"] == "running_mean" else pct(value)
+
+
+def _gap_before_last_update(layer: bc.LayerRun, ranks: list[int]) -> float | None:
+    before = bc.before_last_update(layer, ranks)
+    if before is None or len(before) < 2:
+        return None
+    ref_mean, ref_var = before[min(before)]
+    return max(max(bc.mean_gap(m, ref_mean, ref_var), relative_error(v, ref_var)) for m, v in before.values())

@@ -1,0 +1,50 @@
+"""DD205 syncbn-needs-cuda: SyncBatchNorm used where plain PyTorch refuses it (CPU tensors, gloo).
+
+What it does: the batchnorm recorder marks a SyncBatchNorm layer `would_raise` when it ran a training-mode
+forward with a process group initialised while the script itself kept the layer on the CPU (under ddpdoctor's
+CUDA emulation a layer the script put on `cuda:N` runs on the CPU too, and is not reported: on the GPU machine
+it is fine). PyTorch raises in that situation — DDP's constructor ("SyncBatchNorm layers only work with GPU
+modules") and SyncBatchNorm.forward ("expected input tensor to be on GPU ...") — so the finding says whether the
+emulation stood in (exact global statistics over gloo, the run went on) or the rank really raised (DD902).
+Severity info: not an accuracy problem by itself.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd205_syncbn_needs_cuda import CODE
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    bn = bc.bn_for(ctx)
+    if bn is None:
+        return []
+    layers = [layer for layer in bn.layers if any(rl.info.get("would_raise") for rl in layer.ranks.values())]
+    if not layers:
+        return []
+    ranks = sorted({r for layer in layers for r, rl in layer.ranks.items() if rl.info.get("would_raise")})
+    emulated = all(layer.kind == "emulated_sync" for layer in layers)
+    backends = sorted({str(e.get("backend_requested") or e.get("backend")) for _, e in ctx.run.events("pg_init")
+                       if e.get("ok")})
+    setup = f"a {'/'.join(backends)} process group and the model on the CPU" if backends else "the model on the CPU"
+    if emulated:
+        outcome = (
+            "ddpdoctor's CPU emulation computed exact global-batch statistics over gloo so the run could be "
+            "measured, but plain PyTorch raises here (DDP: \"SyncBatchNorm layers only work with GPU modules\")"
+        )
+    else:
+        outcome = "PyTorch raised (\"SyncBatchNorm expected input tensor to be on GPU\"; see DD902)"
+    message = f"{len(layers)} SyncBatchNorm layers ran training forwards with {setup}: {outcome}"
+    site = bc.convert_site(ctx.run) or layers[0].info.get("site")
+    evidence = {
+        "layers": [layer.name for layer in layers],
+        "placed": sorted({str(rl.info.get("placed")) for layer in layers for rl in layer.ranks.values()}),
+        "backend": backends,
+        "emulated": emulated,
+    }
+    return [
+        ctx.finding(CODE, message=message, site=site, ranks=ranks, evidence=evidence,
+                    magnitude=float(len(layers)))
+    ]

@@ -1,0 +1,103 @@
+"""DD207 eval-in-train-mode: an evaluation forward (gradients disabled) ran BatchNorm layers in training mode.
+
+What it does: the batchnorm recorder notes every model forward whose BN layers are in training mode while
+gradients are disabled (`torch.no_grad()` / `torch.inference_mode()`), with the user line that called the model.
+The analysis reports the number of such forwards per site and rank, the BN layers involved, whether SyncBN
+synchronised in them, and — from the recorded update sequence and the layer's momentum — how much of the final
+running statistics those batches make up (each update's weight in the exponential moving average). Calls made
+through a library helper that recalibrates BN on purpose (torch.optim.swa_utils.update_bn) are not reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd207_eval_in_train_mode import CODE
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    sites: dict[tuple[str, int], dict[str, Any]] = {}
+    for rank, p in ctx.ranks.items():
+        counts = {}
+        for e in p.of("bn_final"):
+            for s in e.get("no_grad_sites") or ():
+                counts[(str(s.get("file")), int(s.get("line") or 0))] = int(s.get("forwards") or 0)
+        for e in p.of("bn_train_no_grad"):
+            if not e.get("direct", True):
+                continue
+            site = e.get("site") or {}
+            key = (str(site.get("file")), int(site.get("line") or 0))
+            entry = sites.setdefault(key, {"site": site, "ranks": {}, "event": e})
+            entry["ranks"][rank] = counts.get(key, 1)
+    if not sites:
+        return []
+    bn = bc.bn_for(ctx)
+    share, share_layer = _eval_share(bn)
+    synced = 0
+    if bn is not None:
+        synced = sum(
+            1 for layer in bn.layers for rl in layer.ranks.values() for f in rl.forwards if not f.grad and f.synced
+        )
+    first_key = min(sites, key=lambda k: sites[k]["event"].get("t", 0.0))
+    first = sites[first_key]
+    ev = first["event"]
+    forwards = sum(sum(s["ranks"].values()) for s in sites.values())
+    ranks = sorted({r for s in sites.values() for r in s["ranks"]})
+    context = "torch.inference_mode()" if ev.get("inference_mode") else "torch.no_grad()"
+    layers = int(ev.get("bn_layers_in_train_mode") or 0)
+    per_rank = max(first["ranks"].values())
+    message = (
+        f"{per_rank} model forward{'s' if per_rank != 1 else ''} per rank under {context} at {ctx.at(first['site'])} "
+        f"ran {layers} BatchNorm layer{'s' if layers != 1 else ''} in training mode ({fmt_ranks(first['ranks'])}): "
+        "each evaluation batch was normalised with its own statistics"
+    )
+    if ev.get("tracks_running_stats", True):
+        if share is not None and share > 0:
+            message += (
+                f" and updated the running statistics — {pct(share)} of the final running statistics of "
+                f"{share_layer} come from those batches"
+            )
+        else:
+            message += " and updated the running statistics with evaluation data"
+    if synced or int(ev.get("syncbn_layers_in_train_mode") or 0):
+        message += "; SyncBatchNorm synchronised in them (a hang if only some ranks evaluate, DD206)"
+    evidence = {
+        "sites": [
+            {"file": ctx.path(s["site"].get("file")), "line": s["site"].get("line"),
+             "forwards_per_rank": {str(r): n for r, n in s["ranks"].items()}}
+            for s in sites.values()
+        ],
+        "inference_mode": bool(ev.get("inference_mode")),
+        "bn_layers_in_train_mode": layers,
+        "syncbn_layers_in_train_mode": int(ev.get("syncbn_layers_in_train_mode") or 0),
+        "syncbn_synchronised_forwards": synced,
+        "eval_share_of_running_stats": bc.finite(share),
+        "eval_share_layer": share_layer,
+        "syncbn_replay_rel_error": bc.replay_errors(ctx),
+    }
+    return [
+        ctx.finding(CODE, message=message, site=first["site"], ranks=ranks,
+                    evidence=evidence, magnitude=float(share or forwards))
+    ]
+
+
+def _eval_share(bn: bc.BNRun | None) -> tuple[float | None, str | None]:
+    """The largest weight, over layers and ranks, that the no-grad training-mode updates have in the final
+    running statistics (exponential moving average weights of the recorded update sequence)."""
+    if bn is None:
+        return None, None
+    best: tuple[float | None, str | None] = (None, None)
+    for layer in bn.layers:
+        if not layer.info.get("track_running_stats", True):
+            continue
+        for rl in layer.ranks.values():
+            if not any(not f.grad for f in rl.forwards):
+                continue
+            weights = bc.ema_weights(rl, layer.momentum)
+            share = sum(w for w, f in zip(weights, rl.forwards) if not f.grad)
+            if best[0] is None or share > best[0]:
+                best = (share, layer.name)
+    return best

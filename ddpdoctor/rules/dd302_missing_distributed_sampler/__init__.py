@@ -1,0 +1,64 @@
+"""DD302 missing-distributed-sampler: the rule's catalog entry, its documentation and its parameters.
+
+How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
+where the rule has that half.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.rule import Rule, prose, snippet
+
+CODE = "DD302"
+
+RULE = Rule(
+    package=__name__,
+    code=CODE,
+    name="missing-distributed-sampler",
+    severity=Severity.HIGH,
+    summary="ranks iterate overlapping samples (no DistributedSampler or equivalent sharding)",
+    what=prose(
+        """
+        Static analysis looks for a training DataLoader in a distributed script built without a
+        DistributedSampler (or another sampler given the rank and world size) and without manual sharding of
+        the dataset by rank.
+
+        The probe records the dataset indices each rank loads per epoch and fires when ranks overlap, with
+        the overlap fraction (1.0: every rank reads the whole dataset) in evidence.
+        """
+    ),
+    why=prose(
+        """
+        Without sharding every rank iterates the whole dataset. If the ranks draw the same order (same seed),
+        they compute the same gradient: the all-reduce averages N copies of one batch, the effective batch is
+        the per-rank batch, and a learning rate scaled for N times that batch is N times too large. If the
+        orders differ, each epoch processes every sample N times, so the epoch count, warmup and decay
+        milestones of the recipe all stretch N-fold in samples seen, and an epoch takes as long as on one
+        GPU. Either way the run is not the recipe it was ported from.
+        """
+    ),
+    example=snippet(
+        """
+        # Bad: every rank iterates the whole dataset
+        loader = DataLoader(train_set, batch_size=32, shuffle=True)
+
+        # Good: each rank reads its own 1/N of every epoch
+        sampler = DistributedSampler(train_set, shuffle=True)
+        loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+        """
+    ),
+    fix=(
+        "Shard the data: DataLoader(dataset, sampler=DistributedSampler(dataset), ...) instead of "
+        "shuffle=True, and call sampler.set_epoch(epoch) every epoch."
+    ),
+    fix_variants={
+        "probe": (
+            "Give the training DataLoader sampler=DistributedSampler(dataset) (shuffle in the sampler, not the "
+            "loader) and call sampler.set_epoch(epoch) every epoch."
+        ),
+        "split": (
+            "Split with a seeded generator (random_split(..., generator=torch.Generator().manual_seed(s)), the "
+            "same s on every rank) so every rank holds the same split and the DistributedSampler partitions it."
+        ),
+    },
+)

@@ -1,0 +1,175 @@
+"""DD302 missing-distributed-sampler: ranks iterate overlapping samples.
+
+What it does: for each training DataLoader (one during whose iteration optimizer steps ran), builds the set of
+dataset indices each rank visits in an epoch — the DistributedSampler's recorded order, the whole dataset for a
+RandomSampler/SequentialSampler (that is what they visit), otherwise the indices the loader drew — and measures
+the fraction of each rank's samples that another rank also visits. Indices are those of the dataset under any
+`Subset` wrappers (the probe maps them), so shards made by hand (`Subset(ds, range(rank, N, world))`) compare as
+the samples they hold. It also compares the batches the ranks drew:
+identical batches mean the ranks shuffle with the same seed and the global batch repeats every sample.
+
+A DistributedSampler over Subsets that differ from rank to rank (a `random_split` without a seeded generator) shards
+positions of different splits: its shards overlap by chance in the samples underneath. The sampler is not what is
+missing there, so the finding names the differing splits and its fix is a seeded split (DD305 reports the same
+cause from the dataset's items; DD302 is kept because it measures what it costs: the overlap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
+from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE
+
+THRESHOLD = 0.25
+
+
+def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001
+    starts = {e["it"]: e for e in p.of("loader_iter")}
+    out = []
+    for end in p.of("loader_iter_end"):
+        if end.get("training") and end.get("it") in starts:
+            out.append((starts[end["it"]], end))
+    return out
+
+
+def _key(start: dict[str, Any]) -> tuple:
+    site = start.get("created_site") or start.get("site") or {}
+    return site.get("file"), site.get("line")
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    if len(ctx.ranks) < 2:
+        return []
+    # (loader creation site, its dataset class) -> rank -> (first training iteration start, end): a helper that
+    # builds every loader at one line gives loaders of different datasets at one line; a loader re-created every
+    # epoch keeps its dataset (not its length: shards made by hand differ in length from rank to rank)
+    groups: dict[tuple, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r, p in ctx.ranks.items():
+        for start, end in _training_iterations(p):
+            key = (*_key(start), start.get("dataset_cls"))
+            groups.setdefault(key, {}).setdefault(r, (start, end))
+    findings = []
+    for key, per_rank in groups.items():
+        if len(per_rank) < 2:
+            continue
+        sets: dict[int, np.ndarray] = {}
+        how: dict[int, str] = {}
+        padding_share: dict[str, float] = {}
+        k = None
+        for r, (start, end) in per_rank.items():
+            p = ctx.ranks[r]
+            kind = start.get("sampler_kind")
+            created = next((e for e in p.of("sampler_created") if e.get("sampler") == start.get("sampler")), {})
+            if kind == "distributed":
+                it = next((e for e in p.of("sampler_iter") if e.get("sampler") == start.get("sampler")
+                           and e["t"] >= start["t"]), None)
+                arr = order(ctx, it.get("order")) if it else None
+                if arr is not None:
+                    sets[r], how[r] = arr, f"DistributedSampler(num_replicas={it.get('num_replicas')}, rank={it.get('sampler_rank')})"
+                    k = k or it.get("sample_mod")
+                    count, n, replicas = it.get("count") or 0, it.get("dataset_len") or 0, it.get("num_replicas") or 1
+                    if count and n:
+                        padded = max(0, count * replicas - n)
+                        padding_share["max"] = max(padding_share.get("max", 0.0), padded / count)
+                    continue
+            n = start.get("dataset_len")
+            full_pass = kind == "sequential" or (
+                kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
+            )
+            if full_pass and isinstance(n, int):
+                loader = next((e for e in p.of("loader_created") if e.get("loader") == start.get("loader")), {})
+                subset = loader.get("subset") or {}
+                arr = order(ctx, subset.get("indices"))
+                if arr is not None:  # a Subset (a shard made by hand): the samples under it, not its positions
+                    sets[r] = arr
+                    how[r] = (f"{start.get('sampler_cls')} over all {n} samples of a Subset of a "
+                              f"{subset.get('base_len')}-sample dataset")
+                    k = k or subset.get("sample_mod")
+                    continue
+                sets[r], how[r] = np.arange(n, dtype=np.int64), f"{start.get('sampler_cls')} over all {n} samples"
+                continue
+            arr = order(ctx, end.get("indices"))
+            if arr is not None:
+                sets[r], how[r] = arr, f"{start.get('sampler_cls')} (indices drawn by the loader)"
+        if len(sets) < 2:
+            continue
+        sets = {r: consistent(a, k) for r, a in sets.items()}
+        shared = {r: shared_fraction(a, [b for s, b in sets.items() if s != r]) for r, a in sets.items()}
+        overlap = float(np.mean(list(shared.values())))
+        start0 = next(iter(per_rank.values()))[0]
+        site = start0.get("created_site") or start0.get("site")
+        sizes = {r: int(len(np.unique(a))) for r, a in sets.items()}
+        padding = padding_share.get("max", 0.0)
+        if overlap < max(THRESHOLD, padding + 0.01):
+            if overlap <= padding + 0.01:  # measured disjoint (a DistributedSampler's padding repeats a few by design)
+                ctx.clear(
+                    CODE,
+                    site=site,
+                    reason=(
+                        f"the training DataLoader's shards on {fmt_ranks(sets)} measured disjoint: "
+                        f"{pct(overlap)} of a rank's samples also seen by another rank ("
+                        + ", ".join(f"rank {r}: {n}" for r, n in sizes.items()) + " distinct samples)"
+                    ),
+                    evidence={"overlap_fraction": overlap, "distinct_samples": {str(r): v for r, v in sizes.items()},
+                              "index_source": {str(r): v for r, v in how.items()}},
+                )
+            continue
+        drawn = {r: order(ctx, end.get("indices")) for r, (_, end) in per_rank.items()}
+        drawn = {r: a for r, a in drawn.items() if a is not None and len(a)}
+        identical = None
+        if len(drawn) >= 2:
+            ref = next(iter(drawn.values()))
+            identical = min(position_identity(ref, a) for a in drawn.values())
+        kinds = sorted({start.get("sampler_cls") for start, _ in per_rank.values()})
+        nranks = len(sets)
+        distributed = all(start.get("sampler_kind") == "distributed" for start, _ in per_rank.values())
+        split_differs = distributed and subsets_differ(
+            ctx, {r: start.get("loader") for r, (start, _) in per_rank.items() if start.get("loader") is not None}
+        ) is True
+        if split_differs:
+            lead = (
+                f"the training DataLoader at {ctx.at(site)} has a DistributedSampler, but {fmt_ranks(sets)} hold "
+                f"different splits of the dataset (their Subset index lists differ: a random_split without a seeded "
+                f"generator), so the sampler shards positions of different subsets: {pct(overlap)} of the samples "
+                f"a rank sees are also seen by another rank "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples)"
+            )
+        elif distributed:
+            lead = (
+                f"the DistributedSampler of the training DataLoader at {ctx.at(site)} gives {fmt_ranks(sets)} "
+                f"overlapping shards: {pct(overlap)} of the samples a rank sees are also seen by another rank"
+            )
+        else:
+            lead = (
+                f"the training DataLoader at {ctx.at(site)} has no DistributedSampler ({', '.join(k_ for k_ in kinds if k_)}): "
+                f"{pct(overlap)} of the samples each rank sees per epoch are also seen by another rank "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples), so the {nranks} ranks "
+                f"repeat each other's work"
+            )
+        if identical is not None and identical >= 0.99:
+            lead += f"; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds every sample {nranks}×"
+        findings.append(
+            ctx.finding(
+                CODE,
+                message=lead,
+                fix_variant="split" if split_differs else "probe",
+                site=site,
+                ranks=list(sets),
+                evidence={
+                    "overlap_fraction": overlap,
+                    "per_rank_shared_fraction": {str(r): v for r, v in shared.items()},
+                    "distinct_samples": {str(r): v for r, v in sizes.items()},
+                    "index_source": {str(r): v for r, v in how.items()},
+                    "identical_batches_fraction": identical,
+                    "consistent_sample_mod": k,
+                    "splits_differ_across_ranks": split_differs,
+                },
+                magnitude=overlap,
+            )
+        )
+    return findings

@@ -1,0 +1,157 @@
+"""DD401 lr-not-scaled: the learning rate does not follow the global batch relative to the reference recipe.
+
+What it does: measures the global batch the ranks trained on — per-rank batch (the most common batch size of the
+training loader) × world size × micro-batches per optimizer step (gradient accumulation: batches from
+grad-enabled loaders, capped by the step's backward passes) — and compares the
+optimizer's lr with the reference recipe (--base-lr / --base-batch) scaled by the rule for its family: linear
+for SGD-like optimizers, square root for Adam-family / LAMB / Adagrad / RMSprop (--lr-scaling auto). Without a
+reference recipe it only notes the global batch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_num, pct
+from ddpdoctor.events import rle_expand
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd401_lr_not_scaled import CODE
+
+SQRT_FAMILY = ("adam", "lamb", "adagrad", "rmsprop", "adafactor", "adadelta")
+TOLERANCE = 1.25
+CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static finding (a measured match)
+
+
+def scaling_rule(optimizer_cls: str, lr_scaling: str) -> str:
+    if lr_scaling in ("linear", "sqrt", "none"):
+        return lr_scaling
+    return "sqrt" if any(k in optimizer_cls.lower() for k in SQRT_FAMILY) else "linear"
+
+
+def micro_batches_per_step(train_steps: list[dict[str, Any]], opt_steps: list[dict[str, Any]]) -> list[int]:
+    """Micro-batches each optimizer step accumulated: the batches drawn from grad-enabled loaders since the previous
+    step, but never more than the backward passes of that step. Either count alone over-counts: a batch fetched with
+    grad enabled but never trained on (an evaluation loop that disables grad only inside its step function, a
+    `next(iter(loader))` peek) is not a micro-batch, and two losses backpropagated for one batch are not two.
+    Steps are matched on (optimizer, step)."""
+    backwards = {(e.get("opt"), e.get("step")): int(e.get("backwards") or 0) for e in train_steps}
+    out: list[int] = []
+    for e in opt_steps:
+        batches = int(e.get("train_batches") or 0)
+        b = backwards.get((e.get("opt"), e.get("step")))
+        if b:
+            batches = min(batches, b) if batches else b
+        if batches:
+            out.append(batches)
+    return out
+
+
+def measured_batch(ctx: RunContext) -> dict[str, Any] | None:
+    """Per-rank batch, accumulation, world size and global batch, from the training loaders and steps."""
+    sizes: list[int] = []
+    micro: list[int] = []
+    steps = 0
+    for p in ctx.ranks.values():
+        for e in p.of("loader_iter_end"):
+            if e.get("training"):
+                s = [x for x in rle_expand(e.get("sizes")) if x > 0]
+                if e.get("reason") == "exhausted" and len(s) > 1:
+                    s = s[:-1]  # the last batch of an epoch may be partial
+                sizes.extend(s)
+        st = p.of("optimizer_step")
+        steps += len(st)
+        micro.extend(micro_batches_per_step(p.of("train_step"), st))
+    if not sizes or not steps:
+        return None
+    per_rank = Counter(sizes).most_common(1)[0][0]
+    accumulation = max(1, round(statistics.median(micro))) if micro else 1
+    world = ctx.world_size
+    return {"per_rank_batch": per_rank, "world_size": world, "accumulation": accumulation,
+            "global_batch": per_rank * world * accumulation}
+
+
+def main_optimizer(ctx: RunContext) -> dict[str, Any] | None:
+    """The optimizer that stepped most on the lowest rank, with the lr of its largest param group."""
+    for p in ctx.ranks.values():
+        inits = {e["opt"]: e for e in p.of("optimizer_init")}
+        counts = Counter(e.get("opt") for e in p.of("optimizer_step"))
+        if not counts:
+            continue
+        opt = inits.get(counts.most_common(1)[0][0])
+        if not opt or not opt.get("groups"):
+            continue
+        group = max(opt["groups"], key=lambda g: g.get("numel") or 0)
+        lr = group.get("initial_lr", group.get("lr"))
+        if isinstance(lr, (int, float)):
+            return {"cls": opt.get("cls"), "lr": float(lr), "site": opt.get("site"), "groups": len(opt["groups"])}
+    return None
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    batch = measured_batch(ctx)
+    opt = main_optimizer(ctx)
+    if batch is None or opt is None:
+        return []
+    breakdown = (
+        f"{batch['per_rank_batch']} per rank × {batch['world_size']} rank{'s' if batch['world_size'] != 1 else ''}"
+        f" × {batch['accumulation']} accumulation step{'s' if batch['accumulation'] != 1 else ''}"
+    )
+    s = ctx.settings
+    if s.base_lr is None or s.base_batch is None:
+        ctx.notes.append(
+            f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} lr {fmt_num(opt['lr'])} — pass "
+            "--base-lr/--base-batch (the single-process recipe) to check lr scaling"
+        )
+        return []
+    rule = scaling_rule(opt["cls"] or "", s.lr_scaling)
+    factor = batch["global_batch"] / float(s.base_batch)
+    expected = s.base_lr * (factor if rule == "linear" else math.sqrt(factor) if rule == "sqrt" else 1.0)
+    ratio = opt["lr"] / expected if expected else float("inf")
+    if 1 / CLEAR_WITHIN <= ratio <= CLEAR_WITHIN:
+        how = {"linear": "linearly scaled", "sqrt": "square-root scaled", "none": "unscaled"}[rule]
+        ctx.clear(
+            CODE,
+            site=opt["site"],
+            reason=(
+                f"{opt['cls']} lr {fmt_num(opt['lr'])} "
+                + ("matches" if abs(ratio - 1) < 0.005 else f"is within {pct(abs(ratio - 1))} of")
+                + f" the {how} reference lr {fmt_num(expected)} ({fmt_num(s.base_lr)} at batch {s.base_batch}; "
+                f"measured global batch "
+                f"{batch['global_batch']} = {breakdown})"
+            ),
+            evidence={**batch, "lr": opt["lr"], "expected_lr": expected, "ratio": ratio, "rule": rule},
+        )
+        return []
+    if 1 / TOLERANCE <= ratio <= TOLERANCE:
+        return []
+    rule_text = {"linear": "the linear scaling rule", "sqrt": "the square-root scaling rule (Adam family)",
+                 "none": "no scaling (--lr-scaling none)"}[rule]
+    if abs(opt["lr"] - s.base_lr) <= 1e-12 * max(1.0, abs(s.base_lr)):
+        what = "is the single-process value"
+    else:
+        what = f"is {fmt_num(ratio)}× the expected value"
+    message = (
+        f"{opt['cls']} lr {fmt_num(opt['lr'])} at {ctx.at(opt['site'])} {what}, but the global batch is "
+        f"{batch['global_batch']} ({breakdown}) vs the reference {s.base_batch} at lr {fmt_num(s.base_lr)}: "
+        f"{rule_text} expects lr {fmt_num(expected)}"
+    )
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            fix_variant="probe",
+            fix_args={
+                "base_lr": fmt_num(s.base_lr),
+                "ratio": f"(global_batch / {s.base_batch})^0.5" if rule == "sqrt" else f"global_batch / {s.base_batch}",
+                "expected": fmt_num(expected),
+            },
+            site=opt["site"],
+            ranks=sorted(ctx.ranks),
+            evidence={**batch, "optimizer": opt["cls"], "lr": opt["lr"], "base_lr": s.base_lr,
+                      "base_batch": s.base_batch, "rule": rule, "expected_lr": expected, "ratio": ratio},
+            magnitude=abs(math.log2(ratio)) if ratio > 0 else 0.0,
+        )
+    ]

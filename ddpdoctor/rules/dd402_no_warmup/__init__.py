@@ -1,0 +1,55 @@
+"""DD402 no-warmup: the rule's catalog entry, its documentation and its parameters.
+
+How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
+where the rule has that half.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.rule import Rule, prose, snippet
+
+CODE = "DD402"
+
+RULE = Rule(
+    package=__name__,
+    code=CODE,
+    name="no-warmup",
+    severity=Severity.LOW,
+    summary="lr scaled up by >= 4x with no warmup schedule",
+    what=prose(
+        """
+        Static analysis looks for a learning rate scaled to 4 or more times the recipe's (from `--base-lr` or
+        an expression such as `lr * world_size`) with no warmup: no LinearLR, OneCycleLR, LambdaLR or
+        SequentialLR ramp and no per-step assignment to `param_group["lr"]`.
+
+        The probe reads the learning rate at each observed step and fires when it starts at 4x or more the
+        recipe's and does not ramp up.
+        """
+    ),
+    why=prose(
+        """
+        The linear scaling rule breaks down at the start of training, when the network changes fast: a large
+        learning rate from the first step can diverge or settle in a worse region that later epochs do not
+        recover from. Goyal et al. (2017) matched batch 256 (23.6% ResNet-50 top-1 error) at batch 8192 only
+        with a gradual warmup from the base rate to the scaled rate over the first 5 epochs (23.7%); without
+        warmup the same run reached 24.8%.
+        """
+    ),
+    example=snippet(
+        """
+        from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+        # Bad: 8x the recipe's lr from the first step
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.8, momentum=0.9)
+        scheduler = CosineAnnealingLR(optimizer, T_max=total_steps)
+
+        # Good: 5 epochs of linear warmup from the recipe's lr (0.1), then the schedule
+        warmup_steps = 5 * steps_per_epoch
+        warmup = LinearLR(optimizer, start_factor=0.125, total_iters=warmup_steps)
+        cosine = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
+        scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
+        """
+    ),
+    fix="Warm up: ramp the lr linearly from the recipe's value to the scaled value over the first ~5 epochs.",
+)

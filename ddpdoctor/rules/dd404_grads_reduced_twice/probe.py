@@ -1,0 +1,84 @@
+"""DD404 grads-reduced-twice: gradients of DDP parameters passed to a collective by user code after DDP reduced them.
+
+What it does: the probe records every collective whose tensor is (shares storage with) the `.grad` of a parameter
+that DDP reduces, whether DDP had already all-reduced in that step (a backward after a synchronising DDP forward),
+and the gradient norm before the first such call and when the optimizer stepped. Their ratio is what the hand
+reduction did to the update: the world size for a SUM of DDP's already-averaged gradients (an lr silently N×
+larger), 1 when the script divides again (only the communication is doubled). Hand reduction of gradients that
+DDP did not reduce (every micro-step under no_sync) is what DDP would have done, and is not reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.rules.dd404_grads_reduced_twice import CODE
+
+UNCHANGED = 0.05  # |ratio - 1| below this: the script divided again, only the communication is doubled
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    events: dict[int, list[dict[str, Any]]] = {}
+    for r, p in ctx.ranks.items():
+        steps = [e for e in p.of("train_step") if (e.get("hand_reduced") or {}).get("after_ddp")]
+        if steps:
+            per_rank[r] = steps
+            events[r] = [e for e in p.of("grad_collective") if e.get("after_ddp")]
+    if not per_rank:
+        return []
+    r0, steps = next(iter(per_rank.items()))
+    hands = [e["hand_reduced"] for e in steps]
+    ratios = [h["ratio_median"] for h in hands if isinstance(h.get("ratio_median"), (int, float))]
+    ratio = statistics.median(ratios) if ratios else None
+    first = (events.get(r0) or [{}])[0]
+    site = first.get("site") or (hands[0].get("sites") or [None])[0]
+    ops = sorted({op for h in hands for op in h.get("ops") or []})
+    params = max(int(h.get("params") or 0) for h in hands)
+    numel = max(int(h.get("numel") or 0) for h in hands)
+    world = ctx.world_size
+    lead = (
+        f"{'/'.join(ops)} at {ctx.at(site)} reduces the gradients of {params} DDP parameter{'s' if params != 1 else ''} "
+        f"({numel:,} elements) again after DDP already averaged them in backward, on {fmt_ranks(per_rank)} at "
+        f"{len(steps)} of {len(ctx.ranks[r0].of('train_step'))} steps"
+    )
+    severity = None
+    if ratio is not None and abs(ratio - 1.0) <= UNCHANGED:
+        message = (
+            f"{lead}; the optimizer stepped with gradients {fmt_num(round(ratio, 3))}× DDP's (divided again): the "
+            "update is unchanged but every step pays a second gradient all-reduce"
+        )
+        severity = Severity.LOW
+    elif ratio is not None:
+        message = (
+            f"{lead}: the optimizer stepped with gradients {fmt_num(round(ratio, 3))}× what DDP produced (world size "
+            f"{world}), as if the learning rate were {fmt_num(round(ratio, 3))}× larger"
+        )
+    else:
+        message = f"{lead}; with the default SUM the gradients become {world}× DDP's average"
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            severity=severity,
+            site=site,
+            ranks=list(per_rank),
+            evidence={
+                "rank": r0,
+                "ops": ops,
+                "parameters_reduced": params,
+                "elements_reduced": numel,
+                "gradient_ratio_optimizer_vs_ddp": ratio,
+                "per_step_ratio": ratios,
+                "world_size": world,
+                "first_calls": [
+                    {k: e.get(k) for k in ("op", "param", "numel", "step", "norm_before", "norm_after")}
+                    for e in (events.get(r0) or [])[:4]
+                ],
+            },
+            magnitude=float(ratio) if ratio else float(world),
+        )
+    ]

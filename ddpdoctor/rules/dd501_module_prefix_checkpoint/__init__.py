@@ -1,0 +1,51 @@
+"""DD501 module-prefix-checkpoint: the rule's catalog entry, its documentation and its parameters.
+
+How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
+where the rule has that half.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.rule import Rule, prose, snippet
+
+CODE = "DD501"
+
+RULE = Rule(
+    package=__name__,
+    code=CODE,
+    name="module-prefix-checkpoint",
+    severity=Severity.MEDIUM,
+    summary="checkpoint saved from the DDP wrapper (keys start with \"module.\")",
+    what=prose(
+        """
+        Static analysis looks for `torch.save(...)` of `ddp.state_dict()` where `ddp` is the DDP wrapper
+        rather than `ddp.module`.
+
+        The probe inspects state dicts passed to `torch.save` and fires when their keys start with
+        "module.".
+        """
+    ),
+    why=prose(
+        """
+        DDP holds the network as its child named `module`, so the wrapper's state dict keys read
+        "module.conv1.weight" instead of "conv1.weight". Loading such a checkpoint into the plain network
+        fails with missing and unexpected keys, and the common workaround, `strict=False`, loads nothing at
+        all without complaint (DD503): evaluation, fine-tuning or a resumed run starts from random weights.
+        """
+    ),
+    example=snippet(
+        """
+        # Bad: keys are "module.conv1.weight", ...
+        torch.save(ddp.state_dict(), "ckpt.pt")
+
+        # Good: save the network itself
+        if dist.get_rank() == 0:
+            torch.save(ddp.module.state_dict(), "ckpt.pt")
+        """
+    ),
+    fix=(
+        "Save ddp.module.state_dict(); strip the prefix from existing checkpoints with "
+        "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, \"module.\")."
+    ),
+)

@@ -1,0 +1,88 @@
+"""DD501 module-prefix-checkpoint: a checkpoint saved from the DDP wrapper (state-dict keys start with "module.").
+
+What it does: looks at what every `torch.save` of the run wrote — the saved object itself when it is a state
+dict, or its values one level down (`{"model": ..., "optimizer": ...}`) — and fires per save site when a state
+dict's keys all start with "module.". If the same run loaded such a checkpoint, the load's outcome is quoted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
+
+
+def prefixed_state_dicts(e: dict[str, Any]) -> list[dict[str, Any]]:
+    return [sd for sd in e.get("state_dicts") or [] if sd.get("keys") and sd.get("module_prefixed") == sd.get("keys")]
+
+
+def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:
+    return (site or {}).get("file", "?"), (site or {}).get("line", 0)
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    groups: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
+    for r, p in ctx.ranks.items():
+        for e in p.of("checkpoint_save"):
+            if prefixed_state_dicts(e):
+                groups.setdefault(_site_key(e.get("site")), []).append((r, e))
+    loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
+    findings = []
+    for saves in groups.values():
+        r0, e = saves[0]
+        sd = prefixed_state_dicts(e)[0]
+        where = f"under key '{sd['key']}' " if sd.get("key") else ""
+        target = e.get("path") or f"a {e.get('target')}"
+        consequence = (
+            "loading it into the plain model raises on missing/unexpected keys, and with strict=False loads nothing"
+        )
+        load = next((le for _, le in loads if not le.get("is_ddp")), None)
+        into_ddp = next((le for _, le in loads if le.get("is_ddp") and not le.get("error")), None)
+        if load is None and into_ddp is not None:
+            consequence = (
+                f"this run loads it back into the DDP wrapper at {ctx.at(into_ddp.get('site'))}, where the keys "
+                f"match ({_loaded(into_ddp)} of {into_ddp.get('model_keys')}), but the plain model (evaluation, "
+                "fine-tuning, export) cannot load it without stripping the prefix"
+            )
+        if load is not None:
+            consequence = (
+                f"this run's load_state_dict at {ctx.at(load.get('site'))} "
+                + (f"raised ({str(load.get('error'))[:80]})" if load.get("error")
+                   else f"loaded {_loaded(load)} of the model's {load.get('model_keys')} keys")
+            )
+        message = (
+            f"torch.save at {ctx.at(e.get('site'))} wrote {target} with a state dict {where}whose {sd['keys']} keys all "
+            f"start with \"module.\" (saved from the DDP wrapper, e.g. '{(sd.get('first_keys') or ['?'])[0]}'): "
+            f"{consequence}"
+        )
+        findings.append(
+            ctx.finding(
+                CODE,
+                message=message,
+                site=e.get("site"),
+                ranks=sorted({r for r, _ in saves}),
+                evidence={
+                    "paths": sorted({str(s.get("abspath") or s.get("path") or s.get("target")) for _, s in saves}),
+                    "saves": len(saves),
+                    "state_dict_key": sd.get("key"),
+                    "keys": sd.get("keys"),
+                    "module_prefixed": sd.get("module_prefixed"),
+                    "first_keys": sd.get("first_keys"),
+                    "saved_by": fmt_ranks({r for r, _ in saves}),
+                    "loads_in_run": [
+                        {k: le.get(k) for k in ("module_class", "strict", "given_keys", "model_keys", "matched",
+                                                "missing", "unexpected", "match_without_prefix", "error")}
+                        for _, le in loads[:3]
+                    ],
+                },
+                magnitude=float(sd.get("keys") or 0),
+            )
+        )
+    return findings
+
+
+def _loaded(load: dict[str, Any]) -> int:
+    matched = load.get("matched")
+    return int(matched) if isinstance(matched, int) else int(load.get("model_keys") or 0) - int(load.get("missing") or 0)

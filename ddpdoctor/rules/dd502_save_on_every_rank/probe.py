@@ -1,0 +1,100 @@
+"""DD502 save-on-every-rank: the same checkpoint file written by several ranks.
+
+What it does: groups every `torch.save` of the run by the file it wrote (absolute path; the same path on one
+host is the same file, and on several hosts it is the same file on a shared filesystem) and fires when more than
+one rank wrote it: every rank, or local rank 0 of every node (a `local_rank == 0` guard on a multi-node run).
+Saves into per-rank paths are left alone (per-rank state such as RNG states is saved that way on purpose). Writes
+whose time intervals overlap are counted: those are the ones that can interleave.
+
+Saves during the probe go where the script says, as in a real run; a note lists the files the run wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd502_save_on_every_rank import CODE
+
+
+def _overlaps(saves: list[tuple[int, dict[str, Any]]]) -> int:
+    """Pairs of saves by different ranks whose [start, end] intervals overlap."""
+    spans = [(r, float(e.get("t_start") or e["t"]), float(e.get("t_start") or e["t"]) + float(e.get("seconds") or 0))
+             for r, e in saves]
+    n = 0
+    for i, (ra, sa, ea) in enumerate(spans):
+        for rb, sb, eb in spans[i + 1:]:
+            if ra != rb and sa <= eb and sb <= ea:
+                n += 1
+    return n
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    files: dict[str, list[tuple[int, dict[str, Any], str]]] = {}
+    for r, p in ctx.ranks.items():
+        for e in p.of("checkpoint_save"):
+            path = e.get("abspath")
+            if path and not e.get("error"):
+                files.setdefault(path, []).append((r, e, p.host))
+    _note_written(ctx, files)
+    findings = []
+    for path, saves in files.items():
+        writers = sorted({r for r, _, _ in saves})
+        if len(writers) < 2:
+            continue
+        hosts = {h for _, _, h in saves}
+        local = {e.get("local_rank") for _, e, _ in saves}
+        every_rank = set(writers) >= set(ctx.ranks)
+        if every_rank:
+            who = f"every rank ({fmt_ranks(writers)})"
+        elif local == {0} and len(hosts) > 1:
+            who = f"local rank 0 of each of {len(hosts)} nodes ({fmt_ranks(writers)})"
+        else:
+            who = fmt_ranks(writers)
+        per_rank = {r: sum(1 for s, _, _ in saves if s == r) for r in writers}
+        overlapping = _overlaps([(r, e) for r, e, _ in saves])
+        first = saves[0][1]
+        times = f"{min(per_rank.values())}–{max(per_rank.values())}" if len(set(per_rank.values())) > 1 else str(
+            next(iter(per_rank.values())))
+        message = (
+            f"torch.save at {ctx.at(first.get('site'))} is reached by {who}, which all wrote "
+            f"{ctx.path(path)} ({times} time{'s' if times != '1' else ''} each"
+            + (f", {overlapping} pair{'s' if overlapping != 1 else ''} of writes overlapping in time"
+               if overlapping else "")
+            + "): concurrent writers to one file can leave a truncated or mixed checkpoint, and readers can load it "
+            "half-written"
+        )
+        findings.append(
+            ctx.finding(
+                CODE,
+                message=message,
+                site=first.get("site"),
+                ranks=writers,
+                evidence={
+                    "path": path,
+                    "writers": writers,
+                    "saves_per_rank": {str(r): n for r, n in per_rank.items()},
+                    "local_ranks": sorted(x for x in local if x is not None),
+                    "hosts": sorted(hosts),
+                    "overlapping_writes": overlapping,
+                    "bytes": first.get("bytes"),
+                },
+                magnitude=float(len(writers)),
+            )
+        )
+    return findings
+
+
+def _note_written(ctx: RunContext, files: dict[str, list[tuple[int, dict[str, Any], str]]]) -> None:
+    """Say where the probe run's saves went: they are real files written where the script says."""
+    if not files:
+        return
+    parts = []
+    for path, saves in list(files.items())[:4]:
+        writers = sorted({r for r, _, _ in saves})
+        earliest = min((e for _, e, _ in saves), key=lambda e: e.get("t_start") or e.get("t") or 0.0)
+        existed = bool(earliest.get("existed"))
+        parts.append(f"{ctx.path(path)} ({fmt_ranks(writers)}{', overwrote an existing file' if existed else ''})")
+    more = f" and {len(files) - 4} more" if len(files) > 4 else ""
+    ctx.notes.append("the script saved checkpoints during the probe, where it says: " + ", ".join(parts) + more)

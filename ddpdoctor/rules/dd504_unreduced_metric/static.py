@@ -1,0 +1,62 @@
+"""DD504 unreduced-metric: an evaluation metric computed on one rank's shard and reported as if global.
+
+What it flags (low): an evaluation loop (no backward/step inside) over a loader whose DistributedSampler gives
+each rank a different shard, when neither the evaluation function nor its caller reduces anything across ranks
+(`dist.all_reduce`, `all_gather`, `gather_object`, a `reduce`/`gather`/`sync`-named helper such as
+`meter.all_reduce()` or `metric_logger.synchronize_between_processes()`) before the metric is printed/logged.
+
+What stays silent: evaluation over the full set (no DistributedSampler), any reduction in the evaluation function
+or its caller, torchmetrics (its metrics sync on `compute()`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.dd504_unreduced_metric import CODE
+from ddpdoctor.static import names as N
+from ddpdoctor.static.model import ScriptModel, cap_unreached
+
+_REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
+
+
+def check(script: ScriptModel) -> Iterator[Finding]:
+    if any(m.startswith("torchmetrics") for m in script.imported):
+        return
+    reductions = [ev for ev in script.of("collective") if ev.data["op"] in N.REDUCING_COLLECTIVES]
+    reductions += [ev for ev in script.of("call") if _REDUCING_NAME.search(ev.data.get("name") or "")]
+    reports = script.of("report")
+    seen: set[int] = set()
+    for it in script.of("iterate"):
+        loop = it.data.get("loop")
+        if not script.loop_evaluates(loop):
+            continue
+        sharded = [
+            ld
+            for ld in it.data["loaders"]
+            if any(s.kind == "sampler" and s.props.get("distributed") for s in ld.fields.get("sampler", ()))
+        ]
+        if not sharded or id(loop) in seen:
+            continue
+        seen.add(id(loop))
+        eval_frame = it.frame
+        caller = it.frames[-2] if len(it.frames) > 1 else None
+        scope = {eval_frame} | ({caller} if caller is not None else set())
+        if any(r.seq > it.seq and (eval_frame in r.frames or r.frame == caller) for r in reductions):
+            continue
+        reported = [r for r in reports if r.seq > it.seq and r.frame in scope]
+        if not reported:
+            continue
+        report = reported[0]
+        name = script.name(sharded[0])
+        yield script.finding(
+            CODE,
+            line=report.line,
+            message=f"the evaluation loop over `{name}` (line {it.line}) sees only this rank's DistributedSampler shard, and "
+            f"the metric reported at line {report.line} is never reduced across ranks, so it describes "
+            f"1/world_size of the data",
+            confidence=cap_unreached(Confidence.LIKELY, it, report),
+            evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
+        )

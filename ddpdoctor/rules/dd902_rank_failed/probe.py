@@ -1,0 +1,105 @@
+"""DD902 rank-failed: a rank raised or died.
+
+What it does: reports the first failure of the run (elastic's "root cause"): the exception with its traceback,
+or the signal / exit code with the telling line of the rank's stderr. Ranks that failed only because a peer went
+away (closed connection, terminated by the launcher) are listed in the evidence, not blamed.
+A rank that recorded `done` and died in interpreter teardown is not a failure.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.context import RunContext, fmt_ranks
+from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd902_rank_failed import CODE
+
+RUN_FIRST = True  # how the run ended: analysed first, so its notes lead the report
+
+
+def _describe(f: Failure) -> str:
+    if f.kind == "launcher":
+        if f.signal:
+            why = " (the kernel's OOM killer, the script or another process sent it)" if f.signal == "SIGKILL" else ""
+            return f"{LAUNCHERS.get(f.type or '', 'the launcher')} died with {f.signal}{why}"
+        return f"{LAUNCHERS.get(f.type or '', 'the launcher')} failed: {f.message[:300]}"
+    if f.kind == "exception":
+        first = f.message.splitlines()[0] if f.message else ""
+        if f.type == "SystemExit":
+            said = crash_text(f.stderr_tail)
+            return f"exited with sys.exit({f.exitcode})" + (f" ({said})" if said else "")
+        return f"raised {f.type}: {first[:300]}" if first else f"raised {f.type}"
+    if f.signal:
+        return f"died with {f.signal}" + (f" ({f.message})" if f.message else "")
+    return f"exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    if ctx.timed_out:
+        return []
+    fails = failures(ctx)
+    roots = root_causes(fails)
+    if not roots:
+        return []
+    first = roots[0]
+    ranks = [f.rank for f in roots if f.rank is not None]
+    who = fmt_ranks(ranks) if ranks else ("" if first.kind == "launcher" else "the script")
+    where = f" at {ctx.at(first.user_frame)}" if first.user_frame else ""
+    steps = ctx.steps_of(first.rank) if first.rank is not None else 0
+    when = f" after {steps} optimizer step{'s' if steps != 1 else ''}" if first.rank is not None else ""
+    others = [f for f in fails if f not in roots and not f.derived]
+    tail = ""
+    if others:
+        tail = f"; {fmt_ranks([f.rank for f in others if f.rank is not None])} then failed as a consequence"
+    elif len(ctx.ranks) > len(ranks):
+        tail = "; the other ranks were stopped"
+    if first.kind == "launcher":
+        unfinished = [r for r, p in ctx.ranks.items() if p.done is None]
+        steps_seen = sorted({ctx.steps_of(r) for r in ctx.ranks}) or [0]
+        tail = (
+            f"; {fmt_ranks(unfinished)} had not finished ({'/'.join(map(str, steps_seen))} optimizer steps "
+            "recorded) and were stopped with it" if unfinished else ""
+        )
+    message = f"{who} {_describe(first)}{where}{when}{tail}".strip()
+    if "collective mismatch" in (first.message + "\n".join(first.stderr_tail)).lower():
+        message += " — the ranks called different collectives (a collective inside a rank-dependent branch?)"
+    p = ctx.ranks.get(first.rank) if first.rank is not None else None
+    last = p.events[-1] if p is not None and p.events else None
+    evidence = {
+        "root_cause": {
+            "rank": first.rank,
+            "pid": first.pid,
+            "kind": first.kind,
+            "type": first.type,
+            "message": first.message[:4000],
+            "traceback": first.traceback.splitlines()[-40:],
+            "user_frame": first.user_frame,
+            "exitcode": first.exitcode,
+            "signal": first.signal,
+            "steps": steps,
+        },
+        "failures": [
+            {
+                "rank": f.rank,
+                "kind": f.kind,
+                "what": _describe(f)[:300],
+                "peer_caused": f.peer_caused,
+                "root_cause": f in roots,
+                "t": round(f.t, 3),
+            }
+            for f in fails
+        ],
+        "stderr_tail": first.stderr_tail[-20:],
+        "last_event": {"kind": last.get("kind"), "t": last.get("t")} if last else None,
+    }
+    variant = {"exception": "exception", "launcher": "launcher"}.get(first.kind, "native_crash")
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            fix_variant=variant,
+            site=first.user_frame,
+            ranks=ranks,
+            evidence=evidence,
+            magnitude=float(len(ranks)),
+        )
+    ]

@@ -1,0 +1,44 @@
+"""DD903 not-distributed: the script ran to its end (or the probe's limit) without ever initialising a process
+group, or initialised one but never wrapped a model in DDP: each process trained alone."""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.analyses.outcome import failures
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd903_not_distributed import CODE
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    procs = [p for p in ctx.run.processes if p.role in ("rank", "attached", "spawned", "main", "forked")]
+    if ctx.timed_out or failures(ctx) or not procs or any(p.done is None for p in procs if p.role != "forked"):
+        return []
+    inits = list(ctx.run.events("pg_init"))
+    ddps = [e for _, e in ctx.run.events("ddp_init") if e.get("ok")]
+    steps = {p.pid: len(p.of("optimizer_step")) for p in procs}
+    trained = sum(1 for n in steps.values() if n)
+    if not any(e.get("ok") for _, e in inits):
+        message = (
+            "the script never initialised a process group: "
+            + (f"{trained} process{'es' if trained != 1 else ''} trained independently" if trained else "no process trained")
+            + f" ({max(steps.values(), default=0)} optimizer steps each) and nothing was synchronised"
+        )
+        variant = "no_process_group"
+    elif not ddps:
+        message = (
+            "the script initialised a process group but never built DistributedDataParallel: gradients were not "
+            "averaged by DDP"
+            + (f" during {max(steps.values(), default=0)} optimizer steps" if trained else "")
+        )
+        variant = "no_ddp"
+    else:
+        return []
+    return [
+        ctx.finding(
+            CODE,
+            message=message,
+            fix_variant=variant,
+            evidence={"processes": len(procs), "optimizer_steps": list(steps.values()), "process_group": bool(inits),
+                      "ddp": len(ddps)},
+        )
+    ]

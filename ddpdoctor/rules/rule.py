@@ -1,0 +1,147 @@
+"""`Rule`: what every rule declares in its package's `__init__.py` (see `ddpdoctor.rules` for the layout).
+
+Each rule is documented in four parts, in the spirit of ruff's rule pages: `what` it detects (what static analysis
+looks for, what the probe measures), `why` it hurts accuracy (the mechanism), an `example` (the bad code, then the
+corrected code, as one Python snippet) and the `fix` (a short imperative, used as a finding's fix and as the SARIF
+fix title). Prose is written as wrapped paragraphs in the source and re-flowed by `prose`, so the stored text has
+one line per paragraph and every renderer wraps it to its own width.
+
+Whether a rule is found by static analysis, by the probe or both is not declared: it is which hooks its package
+has (`static.py`, `probe.py`), so the documentation cannot claim a half that does not exist.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping
+
+from ddpdoctor.levels import Severity
+
+CATEGORIES = {
+    "1": "setup",
+    "2": "batchnorm",
+    "3": "data",
+    "4": "optimisation",
+    "5": "checkpoints",
+    "9": "probe",
+}
+HOOKS = ("static", "probe")
+
+
+def prose(text: str) -> str:
+    """Dedent a triple-quoted block and join each paragraph's source lines into one line."""
+    paragraphs = textwrap.dedent(text).strip().split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def snippet(text: str) -> str:
+    """Dedent a triple-quoted code snippet, keeping its lines."""
+    return textwrap.dedent(text).strip("\n")
+
+
+@lru_cache(maxsize=None)
+def has_hook(package: str, hook: str) -> bool:
+    """Whether the rule package has the module `hook` ("static" or "probe"), without importing it."""
+    if not package:
+        return False
+    return importlib.util.find_spec(f"{package}.{hook}") is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """One rule: its catalog entry and documentation.
+
+    `package` is the rule's package (`__name__` in its `__init__.py`): the hooks are found there. `fix` is the
+    rule's fix; `fix_variants` are the fixes for situations the rule's fix does not name (a finding picks one by
+    key, see `fix_text`; `{name}` fields are filled from the finding's `fix_args`).
+    """
+
+    package: str
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    what: str
+    why: str
+    example: str
+    fix: str
+    fix_variants: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def static(self) -> bool:
+        """Found by static analysis: the package has a `static.py` hook."""
+        return has_hook(self.package, "static")
+
+    @property
+    def probe(self) -> bool:
+        """Found by the probe: the package has a `probe.py` hook."""
+        return has_hook(self.package, "probe")
+
+    def fix_text(
+        self, variant: str | None = None, args: Mapping[str, Any] | None = None, detail: str | None = None
+    ) -> str:
+        """A finding's fix: the rule's fix, or the named variant (formatted with `args`), then `detail` appended
+        (a specialised detail adds to the rule's fix, it never replaces it)."""
+        text = self.fix if variant is None else self.fix_variants[variant]
+        if args:
+            text = text.format(**args)
+        return f"{text} {detail}" if detail else text
+
+    @property
+    def category(self) -> str:
+        return CATEGORIES[self.code[2]]
+
+    @property
+    def found_by(self) -> str:
+        """"static analysis", "probe" or "static analysis, probe": how a finding of this rule can arise."""
+        return ", ".join(label for label, on in (("static analysis", self.static), ("probe", self.probe)) if on)
+
+    def documentation(self, width: int = 100) -> str:
+        """The four-part documentation as plain text (`ddpdoctor explain`, SARIF `help.text`)."""
+
+        def wrap(text: str) -> str:
+            return "\n\n".join(
+                textwrap.fill(p, width=width, break_long_words=False, break_on_hyphens=False)
+                for p in text.split("\n\n")
+            )
+
+        return (
+            f"{self.code} {self.name}\n"
+            f"default severity: {self.severity.label}; category: {self.category}; found by: {self.found_by}\n\n"
+            f"{wrap(self.summary)}\n\n"
+            f"What it detects\n{wrap(self.what)}\n\n"
+            f"Why it hurts accuracy\n{wrap(self.why)}\n\n"
+            f"Example\n{textwrap.indent(self.example, '    ')}\n\n"
+            f"Fix\n{wrap(self.fix)}\n"
+        )
+
+    def markdown(self) -> str:
+        """The same documentation as Markdown (SARIF `help.markdown`)."""
+        return (
+            f"**{self.code} {self.name}** (default severity: {self.severity.label}; category: {self.category}; "
+            f"found by: {self.found_by})\n\n"
+            f"{self.summary}\n\n"
+            f"### What it detects\n\n{self.what}\n\n"
+            f"### Why it hurts accuracy\n\n{self.why}\n\n"
+            f"### Example\n\n```python\n{self.example}\n```\n\n"
+            f"### Fix\n\n{self.fix}\n"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """One entry of `ddpdoctor rules --format json`."""
+        return {
+            "rule": self.code,
+            "name": self.name,
+            "severity": self.severity.label,
+            "category": self.category,
+            "static": self.static,
+            "probe": self.probe,
+            "summary": self.summary,
+            "what": self.what,
+            "why": self.why,
+            "example": self.example,
+            "fix": self.fix,
+        }

@@ -1,0 +1,103 @@
+"""The shape of the code, checked: imports flow one way (no cycle), probe analyses do not read static analysis,
+and a rule's package `__init__.py` stays a declaration (reading the catalog loads no analysis code).
+
+The import graph is read from the source (every import, also those inside functions), so it needs no import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ddpdoctor"
+
+# Arrows from a probe analysis into static analysis that still exist; the canonical torch names move to a neutral
+# module (issue 10, the static engine's part), and then this set is empty.
+PENDING_ARROWS = {("ddpdoctor.rules.dd206_collective_on_subset.probe", "ddpdoctor.static.names")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = list(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> set[str]:
+    """The ddpdoctor modules `module` imports, anywhere in its body."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(t for t in map(_resolve, targets) if t and t != module)
+    return out
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    assert _cycles() == []
+
+
+def test_probe_analyses_do_not_import_static_analysis():
+    probe_side = [m for m in MODULES if m.startswith("ddpdoctor.analyses") or m.endswith(".probe")]
+    arrows = {(m, t) for m in probe_side for t in GRAPH[m] if t.startswith("ddpdoctor.static")}
+    assert arrows == PENDING_ARROWS
+
+
+def test_a_rule_package_init_is_a_declaration():
+    allowed = {"ddpdoctor.levels", "ddpdoctor.rules.rule"}
+    for m in MODULES:
+        if m.startswith("ddpdoctor.rules.dd") and MODULES[m].name == "__init__.py":
+            assert GRAPH[m] <= allowed, (m, GRAPH[m] - allowed)
