@@ -11,11 +11,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ddpdoctor.rules import select_codes
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
+from ddpdoctor.rules import select_codes
+from ddpdoctor.sourcefile import check_source_path
 
 _SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
 
@@ -93,11 +94,44 @@ def merge_static_and_probe(
     return merge_findings(kept + probe), notes
 
 
+def output_guards(cfg: CheckConfig) -> tuple[list[tuple[Path, str]], list[Path]]:
+    """What `--output` must never overwrite in a check: the script, files given to it as arguments, the pyproject
+    its options come from; and the run directory (ddpdoctor.output)."""
+    protect: list[tuple[Path, str]] = [(Path(cfg.script), "the script being analysed")]
+    for arg in cfg.script_args:
+        for value in (arg, arg.split("=", 1)[-1]):
+            if value and Path(value).is_file():
+                protect.append((Path(value), "a file given to the script"))
+    if cfg.pyproject is not None:
+        protect.append((Path(cfg.pyproject), "the pyproject.toml the options come from"))
+    return protect, [Path(cfg.keep_run)] if cfg.keep_run is not None else []
+
+
+def findings_files(report: Report) -> list[tuple[Path, str]]:
+    """The user files a report's findings point at."""
+    base = Path(report.base_dir or ".")
+    return [(base / f.file, "a file the findings point at") for f in report.findings if f.file]
+
+
+def run_dir_files(run_dir: Path) -> list[tuple[Path, str]]:
+    """The user's files a recorded run names (its script, the sources it copied): `report --output` spares them."""
+    import json
+
+    from ddpdoctor.events import META_FILE
+
+    try:
+        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(meta, dict):
+        return []
+    named = [meta.get("script_abs"), *(meta.get("sources") or {})]
+    return [(Path(p), "a file the run names") for p in named if isinstance(p, str) and p]
+
+
 def validate_script(script: Path) -> Path:
-    if not script.exists():
-        raise UsageError(f"{script}: no such file")
-    if not script.is_file():
-        raise UsageError(f"{script}: not a file")
+    """A script ddpdoctor can read (a regular file of bounded size, not a notebook): else one-line UsageError."""
+    check_source_path(script)
     return script
 
 
@@ -114,7 +148,6 @@ def run_check(cfg: CheckConfig) -> Report:
     if not cfg.static_only:
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
-
         from ddpdoctor.probe.rundir import claim_for_check
         from ddpdoctor.probe.supervisor import Supervisor
 

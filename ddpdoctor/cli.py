@@ -46,24 +46,24 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
     return v
 
 
-def _emit(text: str, output: Optional[Path]) -> None:
+def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None:
     if output is None:
         sys.stdout.write(text)
         if not text.endswith("\n"):
             sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    try:
-        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--output {output}: {exc.strerror or exc}") from None
+    from ddpdoctor.output import check_output, write_output
+
+    # checked again now that the findings name their files (a project module is no place for a report)
+    write_output(text, output, check_output(output, protected=protect, run_dirs=run_dirs))
 
 
-def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on) -> None:
+def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=()) -> None:
     from ddpdoctor.report.render import render
 
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output)
+    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output, protect=protect, run_dirs=run_dirs)
     raise typer.Exit(report.exit_code(fail_on))
 
 
@@ -90,7 +90,8 @@ def check(
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
-    from ddpdoctor.check import run_check
+    from ddpdoctor.check import findings_files, output_guards, run_check
+    from ddpdoctor.output import check_output
     from ddpdoctor.config import (
         DEVICES,
         LR_SCALINGS,
@@ -99,6 +100,7 @@ def check(
         find_pyproject,
         load_tool_table,
         split_codes,
+        validate_config,
     )
     from ddpdoctor.findings import Severity
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
@@ -116,7 +118,7 @@ def check(
     try:
         fail = Severity.parse(str(pick(fail_on, "fail_on", "medium")))
         scaling = _choice(str(pick(lr_scaling, "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
-        n = int(pick(nproc, "nproc", 2))
+        n = pick(nproc, "nproc", 2)
         blr = pick(base_lr, "base_lr", None)
         bbatch = pick(base_batch, "base_batch", None)
         cfg = CheckConfig(
@@ -137,17 +139,17 @@ def check(
             select=split_codes(select) or tuple(table.get("select", ())),
             ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
             keep_run=keep_run,
-            small_bn_batch=int(table.get("small_bn_batch", SMALL_BN_BATCH)),
+            small_bn_batch=table.get("small_bn_batch", SMALL_BN_BATCH),
             pyproject=pyproject,
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if cfg.nproc < 1:
-        raise UsageError("--nproc must be >= 1")
-    if (cfg.base_lr is None) != (cfg.base_batch is None):
-        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    validate_config(cfg)
+    protect, run_dirs = output_guards(cfg)
+    if output is not None:
+        check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
     report = run_check(cfg)
-    _render_and_exit(report, fmt, output, fail)
+    _render_and_exit(report, fmt, output, fail, protect=[*protect, *findings_files(report)], run_dirs=run_dirs)
 
 
 @app.command()
@@ -163,8 +165,9 @@ def report(
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
     """Re-analyse a recorded probe run directory without running anything."""
-    from ddpdoctor.check import report_run
-    from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes
+    from ddpdoctor.check import findings_files, report_run, run_dir_files
+    from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes, validate_recipe
+    from ddpdoctor.output import check_output
     from ddpdoctor.findings import Severity
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
@@ -172,8 +175,10 @@ def report(
         fail = Severity.parse(fail_on)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if (base_lr is None) != (base_batch is None):
-        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    validate_recipe(base_lr, base_batch)
+    protect = run_dir_files(run_dir)
+    if output is not None:
+        check_output(output, protected=protect, run_dirs=[run_dir])  # refused before anything is read
     rep = report_run(
         run_dir,
         select=split_codes(select),
@@ -182,7 +187,7 @@ def report(
         base_batch=base_batch,
         lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else None,
     )
-    _render_and_exit(rep, fmt, output, fail)
+    _render_and_exit(rep, fmt, output, fail, protect=[*protect, *findings_files(rep)], run_dirs=[run_dir])
 
 
 @app.command()

@@ -47,6 +47,7 @@ META_FILE = "meta.json"
 STATIC_FILE = "static.json"
 LAUNCHER_FILE = "launcher.json"
 EVENTS_DIR = "events"
+RUN_MARKER = ".ddpdoctor-run"
 LOGS_DIR = "logs"
 SOURCE_DIR = "source"
 
@@ -148,6 +149,7 @@ EVENT_KINDS: dict[str, EventKind] = {
             writes_waited="seconds the process waited for writes in progress (a checkpoint saved by a background "
             "thread) before leaving",
             writes_cut="paths still being written when it had to leave anyway (the run's copy is incomplete)",
+            site="for 'sys.exit(0)': the user line that exited",
         ),
         _k(
             "exception",
@@ -973,7 +975,9 @@ _LOG_NAME = re.compile(r"^(?P<host>.*)-p(?P<pid>\d+)$")
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / META_FILE).is_file() or (path / EVENTS_DIR).is_dir()
+    """A directory `report` can read: ddpdoctor's marker, a meta.json or an events/ folder (runs recorded before the
+    marker existed have no marker). Only the marker lets ddpdoctor *write* into one (ddpdoctor.probe.rundir)."""
+    return (path / RUN_MARKER).is_file() or (path / META_FILE).is_file() or (path / EVENTS_DIR).is_dir()
 
 
 def read_run(path: Path) -> RunData:
@@ -1008,11 +1012,17 @@ def read_run(path: Path) -> RunData:
             raise ValueError(f"{path / STATIC_FILE}: unreadable: {exc}") from None
     processes: list[ProcessLog] = []
     events_dir = path / EVENTS_DIR
+    logs = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    unreadable = 0
     if events_dir.is_dir():
-        for log in sorted(events_dir.glob("*.jsonl")):
+        for log in logs:
             m = _LOG_NAME.match(log.stem)
-            events, bad = _read_jsonl(log)
+            try:
+                events, bad = _read_jsonl(log)
+            except OSError:
+                events, bad = [], 1
             if not events:
+                unreadable += 1 if bad or log.stat().st_size else 0
                 continue
             pid = int(m.group("pid")) if m else int(events[0].get("pid", 0))
             host = m.group("host") if m else ""
@@ -1021,8 +1031,53 @@ def read_run(path: Path) -> RunData:
             if stack_file.is_file():
                 stack_text = stack_file.read_text(encoding="utf-8", errors="replace") or None
             processes.append(ProcessLog(log.stem, pid, host, events, stack_text, bad))
+    if logs and not processes and unreadable:
+        raise ValueError(f"{events_dir}: {unreadable} event log(s) and not one readable event: the run directory is "
+                         "damaged")
     processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
+    _check_blobs(events_dir, processes)
     return RunData(path=path, meta=meta, launcher=launcher, processes=processes, static=static)
+
+
+def _blob_refs(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """Blob references in an event's values (a dict with file/offset/nbytes), a few levels down."""
+    if isinstance(value, dict):
+        if {"file", "offset", "nbytes"} <= value.keys():
+            yield value
+        elif depth < 3:
+            for v in value.values():
+                yield from _blob_refs(v, depth + 1)
+    elif isinstance(value, list) and depth < 3:
+        for v in value[:64]:
+            yield from _blob_refs(v, depth + 1)
+
+
+def _check_blobs(events_dir: Path, processes: list[ProcessLog]) -> None:
+    """Every binary measurement an event refers to is there: a missing or truncated side file would silently drop
+    the findings that need it, so the run directory is refused instead (one line)."""
+    sizes: dict[str, int | None] = {}
+    missing: dict[str, int] = {}
+    for p in processes:
+        for e in p.events:
+            for ref in _blob_refs({k: v for k, v in e.items() if k not in BASE_FIELDS}):
+                name = Path(str(ref.get("file"))).name
+                if name not in sizes:
+                    f = events_dir / name
+                    sizes[name] = f.stat().st_size if f.is_file() else None
+                try:
+                    end = int(ref["offset"]) + int(ref["nbytes"])
+                except (TypeError, ValueError):
+                    end = -1
+                if sizes[name] is None or end < 0 or end > (sizes[name] or 0):
+                    missing[name] = missing.get(name, 0) + 1
+    if missing:
+        name, n = next(iter(sorted(missing.items())))
+        what = "missing" if sizes.get(name) is None else "truncated"
+        more = f" (and {len(missing) - 1} more side file(s))" if len(missing) > 1 else ""
+        raise ValueError(
+            f"{events_dir / name}: {what}, {n} recorded measurement(s) refer to it{more}: the run directory is "
+            "damaged (findings that need those measurements would be missing)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ EXPECTED = [
     ("DD901", "probe-hang", "critical", False, True),
     ("DD902", "rank-failed", "critical", False, True),
     ("DD903", "not-distributed", "info", False, True),
+    ("DD904", "nothing-observed", "high", False, True),
 ]
 
 # Rows SPEC.md added for issues still open (trust, triage). SPEC: "until the issue that adds a row lands, a test
@@ -69,7 +70,6 @@ PENDING = [
     ("DD214", "bn-train-test-inconsistency", "low", False, True),
     ("DD215", "micro-batch-bn", "low", False, True),
     ("DD216", "bn-params-not-trained", "critical", True, True),
-    ("DD904", "nothing-observed", "high", False, True),
 ]
 
 # Halves of a row that SPEC.md's table lists and no hook implements yet: found when issue 10 derived "static" and
@@ -143,7 +143,7 @@ def test_frozen_contract_matches_spec_md():
 def test_codes_and_names_are_unique_and_well_formed():
     codes = [r.code for r in RULES]
     names = [r.name for r in RULES]
-    assert len(set(codes)) == len(codes) == 35
+    assert len(set(codes)) == len(codes) == 36
     assert len(set(names)) == len(names)
     assert codes == sorted(codes)
     for r in RULES:
@@ -219,7 +219,7 @@ def test_get_rule_is_case_insensitive_and_rejects_unknown_codes():
 
 def test_select_codes_prefix_match():
     assert select_codes(["DD3"]) == {"DD301", "DD302", "DD303", "DD304", "DD305", "DD306"}
-    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903"}
+    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903", "DD904"}
     assert select_codes(["DD"]) == {r.code for r in RULES}
     with pytest.raises(ValueError):
         select_codes(["DD7"])

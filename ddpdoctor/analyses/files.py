@@ -92,6 +92,14 @@ def add_file_notes(ctx: RunContext) -> None:
                 for r in rows
             ],
         }
+    for p in ctx.run.processes:
+        cut = (p.done or {}).get("writes_cut") or []
+        if cut:
+            who = f"rank {p.rank}" if p.rank is not None else f"process {p.pid}"
+            ctx.notes.append(
+                f"{who} was still writing {_names([ctx.path(c) or c for c in cut])} when the probe had to end it: "
+                "the run's copy is incomplete (your files are untouched)"
+            )
     for e in resumed_from(ctx):
         counters = e.get("counters") or {}
         state = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:4])

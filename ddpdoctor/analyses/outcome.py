@@ -193,7 +193,7 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
         return None  # every rank had finished its part: the measurement is complete
     agent = launcher.get("agent") or {}
     sig = _signal_name(code)
-    if sig is None and mode == "torchrun" and (agent.get("failures") or not agent.get("error")):
+    if sig is None and mode == "torchrun" and agent and (agent.get("failures") or not agent.get("error")):
         return None  # the agent reports its ranks' failure (each one is a failure above)
     if mode in ("spawn", "single"):
         main = ctx.run.main_process if mode == "spawn" else ctx.ranks.get(0)

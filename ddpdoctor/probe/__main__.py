@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
-from ddpdoctor.events import EVENTS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host
+from ddpdoctor.errors import UsageError
+from ddpdoctor.events import META_FILE, SCHEMA, STATIC_FILE, default_host
 from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
+from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.sourcefile import check_source_path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,17 +36,41 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a training script instrumented under your own launcher; analyse with `ddpdoctor report DIR`.",
     )
     p.add_argument("--out", required=True, type=Path, help="run directory (created; one per node or shared)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs observed before the run ends itself (default 2)")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps kept per epoch (default 4)")
+    p.add_argument("--epochs", type=_count, default=2, help="epochs observed before the run ends itself (default 2)")
+    p.add_argument("--steps", type=_count, default=4, help="optimizer steps kept per epoch (default 4)")
     p.add_argument("--no-limit", action="store_true", help="observe the whole run; never cut epochs or end it early")
-    p.add_argument("--timeout", type=float, default=600.0, help="how long a finished rank waits for its peers")
-    p.add_argument("--stall-timeout", type=float, default=300.0,
+    p.add_argument("--timeout", type=_seconds(1.0), default=600.0,
+                   help="how long a finished rank waits for its peers")
+    p.add_argument("--stall-timeout", type=_seconds(0.0), default=300.0,
                    help="dump every thread's stack when no optimizer step happened for this long (0 = off)")
     # torch.distributed.launch puts --local-rank=N right after the module; pass it on to the script
     p.add_argument(*LOCAL_RANK_OPTIONS, dest="local_rank", default=None, help=argparse.SUPPRESS)
     p.add_argument("script", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def _seconds(low: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < low or value > 7 * 24 * 3600:
+            raise argparse.ArgumentTypeError(f"{text} is not a number of seconds between {low:g} and 604800")
+        return value
+
+    return parse
 
 
 def _write_once(path: Path, data: object) -> None:
@@ -68,12 +96,22 @@ def _static_findings(script: Path) -> list[dict] | None:
 
 def main(argv: list[str] | None = None) -> None:
     ns = _parser().parse_args(argv)
+    try:
+        claim = _prepare(ns)
+    except UsageError as exc:  # bad input: one line and exit 2, before the script runs
+        sys.stderr.write(f"ddpdoctor.probe: error: {exc}\n")
+        raise SystemExit(2) from None
+    _attach(ns, claim)
+
+
+def _prepare(ns: argparse.Namespace) -> RunDirClaim:
+    check_source_path(Path(ns.script))
+    return claim_for_attach(ns.out.resolve(), default_host())
+
+
+def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
     script = Path(ns.script)
-    if not script.is_file():
-        sys.stderr.write(f"ddpdoctor.probe: {script}: no such file\n")
-        raise SystemExit(2)
-    out = ns.out.resolve()
-    (out / EVENTS_DIR).mkdir(parents=True, exist_ok=True)
+    out = claim.path
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     plan = plan_for_file(script)
     limited = not ns.no_limit

@@ -63,7 +63,7 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         script_globals = runpy.run_path(script_abs, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
-            _finish(probe, "sys.exit(0)")
+            _finish(probe, "sys.exit(0)", site=user_frame_of(traceback.extract_tb(exc.__traceback__)))
         probe.record_exception(exc, "script")
         probe.patcher.undo()
         raise
@@ -77,9 +77,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     _finish(probe, "script returned", script_globals)
 
 
-def _finish(probe, reason: str, script_globals: object = None) -> None:  # noqa: ANN001
+def _finish(probe, reason: str, script_globals: object = None, site: dict | None = None) -> None:  # noqa: ANN001
     _join_threads(time.monotonic() + max(5.0, probe.settings.timeout))
-    probe.end_run(reason, run_atexit=True)
+    probe.end_run(reason, run_atexit=True, site=site)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -678,7 +678,10 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2) -> Launch
 
 
 def plan_for_file(script: Path, args: Sequence[str] = (), nproc: int = 2) -> LaunchPlan:
+    from ddpdoctor.errors import UsageError
+    from ddpdoctor.sourcefile import read_source
+
     try:
-        return plan_launch(script.read_text(encoding="utf-8", errors="replace"), args, nproc)
-    except OSError:
+        return plan_launch(read_source(script), args, nproc)
+    except UsageError:
         return LaunchPlan()

@@ -27,9 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import EVENTS_DIR, LAUNCHER_FILE, LOGS_DIR, META_FILE, SCHEMA, SOURCE_DIR, STATIC_FILE
+from ddpdoctor.events import (
+    EVENTS_DIR,
+    LAUNCHER_FILE,
+    LOGS_DIR,
+    META_FILE,
+    RUN_MARKER,
+    SCHEMA,
+    SOURCE_DIR,
+    STATIC_FILE,
+)
 
-MARKER = ".ddpdoctor-run"
+MARKER = RUN_MARKER
 HOSTS_DIR = ".ddpdoctor-hosts"  # attach mode: one file per host, naming the launcher of this job there
 WRITES_DIR = "writes"  # the script's redirected writes (ddpdoctor.probe.fsview)
 # every name a run writes into its directory: what replacing an earlier run removes (and nothing else)

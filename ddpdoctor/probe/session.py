@@ -460,7 +460,7 @@ class Probe:
         if self.stacks.fh is not None:
             self.stacks.set(time.time() + self.settings.stall_timeout)
 
-    def end_run(self, reason: str, code: int = 0, *, run_atexit: bool = False) -> None:
+    def end_run(self, reason: str, code: int = 0, *, run_atexit: bool = False, site: dict | None = None) -> None:
         """Finish this process's part of the run: close what is open, record `done`, wait for the peers (so a
         peer stuck in a collective shows as a hang, as it would with NCCL, not as a closed connection), flush,
         and leave with os._exit — the interpreter's teardown of gloo aborts in a few percent of runs."""
@@ -473,7 +473,7 @@ class Probe:
             self.safely(f"end hook {getattr(hook, '__qualname__', hook)}", hook)
         waited, cut = self._let_writes_finish()
         self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed, writes_waited=waited,
-                  writes_cut=cut)
+                  writes_cut=cut, **({"site": site} if site else {}))
         if self.peer_waiter is not None:
             self.safely("peers wait", self.peer_waiter)
         if run_atexit:

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
+from ddpdoctor.sourcefile import read_source
 from ddpdoctor.findings import Finding, rank_findings
 from ddpdoctor.rules import hooks
 from ddpdoctor.static.model import ScriptModel
@@ -19,20 +20,9 @@ __all__ = ["analyze_file", "analyze_source", "build_model", "ScriptModel"]
 
 
 def analyze_file(path: Path) -> list[Finding]:
-    """Findings for one script file; `Finding.file` is `str(path)` exactly as given."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: not a file") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        source = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    return analyze_source(source, str(path))
+    """Findings for one script file; `Finding.file` is `str(path)` exactly as given. The file is read the way
+    Python reads a source file, and refused in one line when it is not one (ddpdoctor.sourcefile)."""
+    return analyze_source(read_source(Path(path)), str(path))
 
 
 def build_model(source: str, filename: str) -> ScriptModel:
