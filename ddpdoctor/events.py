@@ -712,7 +712,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         ),
         _k(
             "checkpoint_save",
-            "torch.save was called (the file is written where the script says)",
+            "torch.save was called (in a check, the file went to the run directory: see file_write)",
             site="call site",
             path="path as the script gave it, or the file object's name, or null",
             abspath="absolute path, or null for an anonymous buffer",

@@ -160,7 +160,7 @@ def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) 
 def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked, tmp_path: Path) -> None:
     env, token, _ = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "20",
+    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "45",
                   "--format", "json", "--", token)
     report = json.loads(done.stdout)
     dd901 = [f for f in report["findings"] if f["rule"] == "DD901"]
@@ -169,3 +169,29 @@ def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked,
     assert stuck[1]["blocked_in"] is not None and "all_reduce" in json.dumps(stuck[1]["stack"])
     logs = "".join(p.read_text() for p in (run / "logs").glob("rank*.std*"))
     assert "REQUEUE HANDLER RAN" not in logs
+
+
+def test_a_failure_under_cuda_emulation_points_at_the_script_without_the_probes_frames(marked, tmp_path: Path) -> None:
+    env, _, _ = marked
+    run = tmp_path / "run"
+    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "90",
+                  "--format", "json")
+    report = json.loads(done.stdout)
+    [f] = [f for f in report["findings"] if f["rule"] == "DD902"]
+    root = f["evidence"]["root_cause"]
+    assert root["user_frame"]["line"] == 11 and f["line"] == 11
+    text = "\n".join(root["traceback"]) + "\n".join(f["evidence"]["stderr_tail"])
+    assert "cuda_op_raises.py" in text and "view" in text
+    assert "ddpdoctor" not in text and "runpy" not in text, text
+
+
+def test_a_literal_rank_and_the_scripts_own_master_port_are_measured_past(marked, tmp_path: Path) -> None:
+    """DD104: rank 0 hard-coded and MASTER_PORT set by the script. Overriding the rank alone left both ranks in
+    the rendezvous until the timeout while the finding claimed the probe kept measuring."""
+    env, _, _ = marked
+    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "90", "--format", "json")
+    report = json.loads(done.stdout)
+    rules = {f["rule"]: f for f in report["findings"]}
+    assert "DD901" not in rules and "went on measuring" in rules["DD104"]["message"]
+    steps = report["tables"]["ranks"]["rows"]
+    assert [row[3] for row in steps] == [8, 8]

@@ -41,6 +41,37 @@ class Failure:
         return (self.kind, self.type, self.message.splitlines()[0] if self.message else "", self.signal, self.exitcode)
 
 
+_TB_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+, in ')
+
+
+def without_probe_frames(text: str) -> str:
+    """A recorded traceback as `python train.py` prints it: ddpdoctor's frames (recorded by runs from before the
+    probe left them out) and the runpy frames that start the script removed; every other line kept."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    leading = True  # still in the frames above the script's own (the bootstrap, runpy)
+    while i < len(lines):
+        m = _TB_FRAME.match(lines[i])
+        if m is None:
+            if not lines[i].startswith("  "):
+                leading = True  # a new traceback of a chained exception starts
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].startswith("    "):  # the source line and carets of this frame
+            j += 1
+        norm = os.path.normpath(m.group("file"))
+        ours = _is_ddpdoctor_file(norm) or (leading and norm in ("<frozen runpy>", "runpy.py") or (
+            leading and os.path.basename(norm) == "runpy.py"))
+        if not ours:
+            leading = False
+            out.extend(lines[i:j])
+        i = j
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
 def _peer_caused(text: str) -> bool:
     low = text.lower()
     return any(m in low for m in PEER_ERROR_MARKERS)
@@ -98,7 +129,7 @@ def failures(ctx: RunContext) -> list[Failure]:
                 kind="exception",
                 type=e.get("type"),
                 message=str(e.get("message") or ""),
-                traceback=str(e.get("traceback") or ""),
+                traceback=without_probe_frames(str(e.get("traceback") or "")),
                 user_frame=e.get("user_frame"),
                 exitcode=e.get("exit_code") if e.get("type") == "SystemExit" else None,
                 peer_caused=_peer_caused(str(e.get("message") or "")),
@@ -314,6 +345,12 @@ PACE_FACTOR = 3.0
 PAUSE_FACTOR = 1.5
 
 _C10D_DIR = "torch/distributed/"
+# torch.distributed functions a rank waits in while the process group is being formed
+_RENDEZVOUS = {
+    "init_process_group", "rendezvous", "_store_based_barrier", "_env_rendezvous_handler",
+    "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_create_c10d_store", "_new_process_group_helper",
+}
+_POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 _DDP_FILE = "torch/nn/parallel/distributed.py"
 # DDP's own calls that wait for the other ranks (buffer broadcast, parameter checks at construction)
 _DDP_WAITS = {
@@ -372,8 +409,15 @@ def waiting_in(ctx: RunContext, frames: list[dict[str, Any]]) -> dict[str, Any] 
     waiting on something else (data, I/O, a lock)."""
     if not frames:
         return None
+    for outer in frames:  # anywhere on the stack: the wait itself is a store get/wait or a socket call
+        outer_path, outer_fn = str(outer["file"]).replace(os.sep, "/"), str(outer["function"])
+        if _C10D_DIR in outer_path and outer_fn in _RENDEZVOUS:
+            return {"kind": "rendezvous", "function": outer_fn,
+                    "what": f"the rendezvous ({outer_fn}): not every rank joined the process group"}
     f = frames[0]
     path, fn = str(f["file"]).replace(os.sep, "/"), str(f["function"])
+    if _C10D_DIR in path and fn in _POINT_TO_POINT:
+        return {"kind": "point_to_point", "function": fn, "what": f"dist.{fn}"}
     if _C10D_DIR in path or path.endswith("ddpdoctor/bn/syncbn.py"):
         return {"kind": "collective", "function": fn, "what": f"dist.{fn}"}
     if path.endswith(_DDP_FILE) and fn in _DDP_WAITS:

@@ -17,7 +17,7 @@ import traceback
 
 from ddpdoctor.probe import launch_check, launch_env
 from ddpdoctor.probe.instrument import instrument_process
-from ddpdoctor.probe.session import user_frame_of
+from ddpdoctor.probe.session import install_clean_excepthook, user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
 
@@ -46,6 +46,7 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
+    install_clean_excepthook()
     contract = launch_env.apply(settings)
     if contract is not None:
         probe.emit("launch_env", **contract)

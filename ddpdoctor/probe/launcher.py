@@ -14,8 +14,8 @@ Decisions:
   (`--master_port 0` hangs), `--max_restarts 0`.
 - The user's output never reaches our stdout (it would garble the report, JSON included): elastic redirects each
   rank's stdout/stderr into RUN/logs/rank<r>.{stdout,stderr}; the report shows tails in DD902/DD901 evidence.
-- Timeout: every instrumented process dumps its Python stacks (faulthandler on SIGUSR2) into the run directory,
-  then the whole run is SIGKILLed. Every process carries DDPDOCTOR_RUN_TAG, so nothing escapes the sweep. The
+- Timeout: every instrumented process dumps its Python stacks into the run directory a moment before it
+  (faulthandler's timer: no signal), then the supervisor (ddpdoctor.probe.supervisor) stops the whole run. The
   timeout covers everything from the start of `run_probe`, a relaunch included.
 - The mode follows what the script does with the given arguments (ddpdoctor.probe.plan). A script started once
   whose main process turns out to need a launcher leaves with launch_check.RELAUNCH_EXIT_CODE before any

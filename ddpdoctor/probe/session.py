@@ -103,6 +103,54 @@ def user_site(depth: int = 2) -> dict[str, Any] | None:
     return None
 
 
+def is_probe_file(filename: str) -> bool:
+    return os.path.realpath(filename).startswith(_PROBE_DIR + os.sep) if filename else False
+
+
+def _without_probe_frames(stack: traceback.StackSummary) -> None:
+    """Drop ddpdoctor's frames (the bootstrap, the CUDA emulation's __torch_function__, recorders' wrappers) and
+    the runpy frames that start the script, in place: what is left is the traceback `python train.py` prints."""
+    kept = [f for f in stack if not is_probe_file(f.filename)]
+    while kept and (kept[0].filename == "<frozen runpy>" or os.path.basename(kept[0].filename) == "runpy.py"):
+        kept.pop(0)
+    stack[:] = kept
+
+
+def clean_traceback(exc: BaseException) -> traceback.TracebackException:
+    """The exception as the script alone would have raised it: chained causes and contexts included, without the
+    probe's frames. The user's frames — where it was raised — are untouched."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        _without_probe_frames(t.stack)
+        todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
+    return te
+
+
+def install_clean_excepthook() -> None:
+    """An uncaught exception is printed (the rank's stderr, shown in DD902's evidence) without the probe's frames,
+    also through hooks that chain to this one (torch.distributed's rank prefix); a script's own sys.excepthook is
+    left to do what it does."""
+    default = sys.__excepthook__
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if exc is None:
+            return default(exc_type, exc, tb)
+        try:
+            sys.stderr.write("".join(clean_traceback(exc).format()))
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - never lose the traceback: print Python's own
+            default(exc_type, exc, tb)
+
+    if sys.excepthook is default:
+        sys.excepthook = excepthook
+
+
 def user_frame_of(tb_frames: list[traceback.FrameSummary]) -> dict[str, Any] | None:
     for fr in reversed(tb_frames):
         if is_user_file(fr.filename):
@@ -361,6 +409,8 @@ class Probe:
         )
         if settings.mode == "single" and self.rank is None:
             self.rank, self.world_size = 0, 1  # the one process that trains (DataParallel drives every GPU)
+        # the rendezvous the launcher gave this process, before the script could change it (process_group)
+        self.launcher_rendezvous = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
         self.patcher = Patcher()
         self.registry = Registry()
         self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions
@@ -427,11 +477,12 @@ class Probe:
 
     def record_exception(self, exc: BaseException, where: str) -> None:
         frames = traceback.extract_tb(exc.__traceback__)
+        clean = clean_traceback(exc)
         fields: dict[str, Any] = {
             "type": type(exc).__name__,
             "message": str(exc)[:4000],
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-            "frames": [[f.filename, f.lineno, f.name] for f in frames][-60:],
+            "traceback": "".join(clean.format())[-20000:],
+            "frames": [[f.filename, f.lineno, f.name] for f in clean.stack][-60:],
             "user_frame": user_frame_of(frames),
             "where": where,
         }
