@@ -50,7 +50,7 @@ def probed(nproc: int, run_dir: Path) -> tuple[float, float, dict]:
     t0 = time.perf_counter()
     run_probe(cfg, run_dir, [])
     t1 = time.perf_counter()
-    analyze_run(run_dir, cfg)
+    analyze_run(run_dir)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, phases(run_dir)
 

@@ -6,6 +6,7 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
+from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
@@ -94,7 +96,7 @@ def merge_static_and_probe(
     return merge_findings(kept + probe), notes
 
 
-def output_guards(cfg: CheckConfig) -> tuple[list[tuple[Path, str]], list[Path]]:
+def output_guards(cfg: CheckConfig, pyproject: Path | None = None) -> tuple[list[tuple[Path, str]], list[Path]]:
     """What `--output` must never overwrite in a check: the script, files given to it as arguments, the pyproject
     its options come from; and the run directory (ddpdoctor.output)."""
     protect: list[tuple[Path, str]] = [(Path(cfg.script), "the script being analysed")]
@@ -102,8 +104,8 @@ def output_guards(cfg: CheckConfig) -> tuple[list[tuple[Path, str]], list[Path]]
         for value in (arg, arg.split("=", 1)[-1]):
             if value and Path(value).is_file():
                 protect.append((Path(value), "a file given to the script"))
-    if cfg.pyproject is not None:
-        protect.append((Path(cfg.pyproject), "the pyproject.toml the options come from"))
+    if pyproject is not None:
+        protect.append((Path(pyproject), "the pyproject.toml the options come from"))
     return protect, [Path(cfg.keep_run)] if cfg.keep_run is not None else []
 
 
@@ -161,7 +163,7 @@ def run_check(cfg: CheckConfig) -> Report:
             # locked from the launch to the end of the analysis: a second run cannot clear it meanwhile
             with claim_for_check(run_dir) as claim:
                 run_probe(cfg, run_dir, static_findings=static, claim=claim)
-                analysis = analyze_run(run_dir, cfg)
+                analysis = analyze_run(run_dir)
         finally:
             if guard is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -190,6 +192,17 @@ def run_check(cfg: CheckConfig) -> Report:
 
 
 
+def run_project(run_dir: Path) -> Path:
+    """Where `report` looks for the project's `[tool.ddpdoctor]`: beside the recorded script when it is on this
+    machine, else from the current directory."""
+    try:
+        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
+        script = Path(meta["script_abs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path.cwd()
+    return script if script.is_file() else Path.cwd()
+
+
 def report_run(
     run_dir: Path,
     *,
@@ -198,6 +211,7 @@ def report_run(
     base_lr: float | None = None,
     base_batch: int | None = None,
     lr_scaling: str | None = None,
+    small_bn_batch: int | None = None,
 ) -> Report:
     """`ddpdoctor report DIR`: redo analysis and reporting of a recorded run without running anything.
 
@@ -212,10 +226,13 @@ def report_run(
         raise UsageError(f"{run_dir}: not a directory")
     overrides = {
         k: v
-        for k, v in (("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling))
+        for k, v in (
+            ("base_lr", base_lr), ("base_batch", base_batch), ("lr_scaling", lr_scaling),
+            ("small_bn_batch", small_bn_batch),
+        )
         if v is not None
     }
-    analysis = analyze_run(run_dir, None, overrides=overrides)
+    analysis = analyze_run(run_dir, overrides=overrides)
     merged, cleared = merge_static_and_probe(
         load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )

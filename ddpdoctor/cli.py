@@ -40,10 +40,9 @@ def _root(
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
-    v = value.strip().lower()
-    if v not in allowed:
-        raise UsageError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
-    return v
+    from ddpdoctor.config import choice
+
+    return choice(value, allowed, option)
 
 
 def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None:
@@ -91,65 +90,42 @@ def check(
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
     from ddpdoctor.check import findings_files, output_guards, run_check
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
     from ddpdoctor.output import check_output
-    from ddpdoctor.config import (
-        DEVICES,
-        LR_SCALINGS,
-        OUTPUT_FORMATS,
-        CheckConfig,
-        find_pyproject,
-        load_tool_table,
-        split_codes,
-        validate_config,
-    )
-    from ddpdoctor.findings import Severity
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
     dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
-    pyproject = find_pyproject(script)
-    table = load_tool_table(pyproject)
-
-    def pick(cli_value, key, default):
-        return cli_value if cli_value is not None else table.get(key, default)
-
-    try:
-        fail = Severity.parse(str(pick(fail_on, "fail_on", "medium")))
-        scaling = _choice(str(pick(lr_scaling, "lr_scaling", "auto")), LR_SCALINGS, "--lr-scaling")
-        n = pick(nproc, "nproc", 2)
-        blr = pick(base_lr, "base_lr", None)
-        bbatch = pick(base_batch, "base_batch", None)
-        cfg = CheckConfig(
-            script=script,
-            script_args=tuple(script_args or ()),
-            static_only=static,
-            nproc=n,
-            epochs=epochs,
-            steps=steps,
-            timeout=timeout,
-            device=dev,
-            base_lr=float(blr) if blr is not None else None,
-            base_batch=int(bbatch) if bbatch is not None else None,
-            lr_scaling=scaling,
-            output_format=fmt,
-            output=output,
-            fail_on=fail,
-            select=split_codes(select) or tuple(table.get("select", ())),
-            ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
-            keep_run=keep_run,
-            small_bn_batch=table.get("small_bn_batch", SMALL_BN_BATCH),
-            pyproject=pyproject,
-        )
-    except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+    opts = resolve_options(
+        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(script_args or ()),
+        static_only=static,
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs,
+        steps=steps,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=keep_run,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+    )
     validate_config(cfg)
-    protect, run_dirs = output_guards(cfg)
+    protect, run_dirs = output_guards(cfg, opts.pyproject)
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
     report = run_check(cfg)
-    _render_and_exit(report, fmt, output, fail, protect=[*protect, *findings_files(report)], run_dirs=run_dirs)
+    _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
+                     run_dirs=run_dirs)
 
 
 @app.command()
@@ -157,7 +133,7 @@ def report(
     run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
-    fail_on: str = typer.Option("medium", "--fail-on", help="info|low|medium|high|critical."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
@@ -165,29 +141,28 @@ def report(
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
     """Re-analyse a recorded probe run directory without running anything."""
-    from ddpdoctor.check import findings_files, report_run, run_dir_files
-    from ddpdoctor.config import LR_SCALINGS, OUTPUT_FORMATS, split_codes, validate_recipe
+    from ddpdoctor.check import findings_files, report_run, run_dir_files, run_project
+    from ddpdoctor.config import OUTPUT_FORMATS, resolve_options
     from ddpdoctor.output import check_output
-    from ddpdoctor.findings import Severity
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
-    try:
-        fail = Severity.parse(fail_on)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    validate_recipe(base_lr, base_batch)
+    opts = resolve_options(
+        run_project(run_dir), fail_on=fail_on, select=select, ignore=ignore, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
     protect = run_dir_files(run_dir)
     if output is not None:
         check_output(output, protected=protect, run_dirs=[run_dir])  # refused before anything is read
     rep = report_run(
         run_dir,
-        select=split_codes(select),
-        ignore=split_codes(ignore),
-        base_lr=base_lr,
-        base_batch=base_batch,
-        lr_scaling=_choice(lr_scaling, LR_SCALINGS, "--lr-scaling") if lr_scaling else None,
+        select=opts.select,
+        ignore=opts.ignore,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling,
+        small_bn_batch=opts.small_bn_batch,
     )
-    _render_and_exit(rep, fmt, output, fail, protect=[*protect, *findings_files(rep)], run_dirs=[run_dir])
+    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=[run_dir])
 
 
 @app.command()
@@ -228,7 +203,8 @@ def compare_bn(
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
-    from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.report.compare_bn import render_compare
 
     cfg = CompareConfig(
         model=model,

@@ -1,10 +1,14 @@
-"""Options of a `check` run: command-line values layered over `[tool.ddpdoctor]` in the nearest pyproject.toml."""
+"""What the user asked for: command-line values layered over `[tool.ddpdoctor]` in the nearest pyproject.toml.
+
+`resolve_options` is the one place that layering happens, for `check` and `report` alike; `CheckConfig` is what
+a `check` run needs on top of it (the script, the probe's limits).
+"""
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,27 @@ PYPROJECT_KEYS = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class Options:
+    """The options `check` and `report` share, each from the command line, else `[tool.ddpdoctor]`, else unset.
+
+    Unset (None) recipe values mean: `check` uses its default, `report` the value recorded with the run.
+    """
+
+    fail_on: Severity = Severity.MEDIUM
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    nproc: int | None = None
+    base_lr: float | None = None
+    base_batch: int | None = None
+    lr_scaling: str | None = None
+    small_bn_batch: int | None = None
+    pyproject: Path | None = None  # where the table came from, for messages
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckConfig:
+    """One `check` run: the script, the probe's limits, the single-process recipe, the rules shown."""
+
     script: Path
     script_args: tuple[str, ...] = ()
     static_only: bool = False
@@ -56,15 +80,10 @@ class CheckConfig:
     base_lr: float | None = None
     base_batch: int | None = None
     lr_scaling: str = "auto"
-    output_format: str = "text"
-    output: Path | None = None
-    fail_on: Severity = Severity.MEDIUM
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
     small_bn_batch: int = SMALL_BN_BATCH
-    pyproject: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -144,3 +163,58 @@ def split_codes(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     for v in values or ():
         out.extend(p for p in v.replace(",", " ").split() if p)
     return tuple(out)
+
+
+def choice(value: Any, allowed: tuple[str, ...], option: str) -> str:
+    """`value` lower-cased if it is one of `allowed`, else a one-line UsageError naming `option`."""
+    value = str(value)
+    v = value.strip().lower()
+    if v not in allowed:
+        raise UsageError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
+    return v
+
+
+def resolve_options(
+    start: Path | None,
+    *,
+    fail_on: str | None = None,
+    select: list[str] | tuple[str, ...] | None = None,
+    ignore: list[str] | tuple[str, ...] | None = None,
+    nproc: int | None = None,
+    base_lr: float | None = None,
+    base_batch: int | None = None,
+    lr_scaling: str | None = None,
+) -> Options:
+    """The command line's values over `[tool.ddpdoctor]` of the pyproject.toml nearest to `start` (None: no
+    table). `--select` replaces the table's list, `--ignore` adds to it. Bad values are one-line UsageErrors."""
+    pyproject = find_pyproject(start) if start is not None else None
+    table = load_tool_table(pyproject)
+
+    def pick(cli_value: Any, key: str) -> Any:
+        return cli_value if cli_value is not None else table.get(key)
+
+    try:
+        fail = Severity.parse(str(pick(fail_on, "fail_on") or "medium"))
+        scaling = pick(lr_scaling, "lr_scaling")
+        n = pick(nproc, "nproc")
+        blr = pick(base_lr, "base_lr")
+        bbatch = pick(base_batch, "base_batch")
+        small = table.get("small_bn_batch")
+        options = Options(
+            fail_on=fail,
+            select=split_codes(select) or tuple(table.get("select", ())),
+            ignore=split_codes(ignore) + tuple(table.get("ignore", ())),
+            nproc=int(n) if n is not None else None,
+            base_lr=float(blr) if blr is not None else None,
+            base_batch=int(bbatch) if bbatch is not None else None,
+            lr_scaling=choice(scaling, LR_SCALINGS, "--lr-scaling") if scaling is not None else None,
+            small_bn_batch=int(small) if small is not None else None,
+            pyproject=pyproject,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if options.nproc is not None and not 1 <= options.nproc <= MAX_NPROC:
+        raise UsageError(f"--nproc {options.nproc}: must be between 1 and {MAX_NPROC} ranks on one machine (each rank "
+                         "is a process with its own copy of torch and the model)")
+    validate_recipe(options.base_lr, options.base_batch)
+    return options

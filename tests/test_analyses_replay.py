@@ -18,7 +18,7 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 
 
 def _probe(name: str, **overrides) -> dict[str, Finding]:
-    result = analyze_run(RUNS / f"probe_{name}", None, overrides=overrides or None)
+    result = analyze_run(RUNS / f"probe_{name}", overrides=overrides or None)
     assert not [n for n in result.notes if "analysis" in n and "failed" in n], result.notes
     return {f.rule: f for f in result.findings}
 

@@ -140,10 +140,29 @@ def test_frozen_contract_matches_spec_md():
     assert _spec_rows() == sorted(EXPECTED + pending)
 
 
+def test_the_contract_page_lists_every_row_and_what_is_pending():
+    """docs/contract.md carries SPEC's rule table into the repository (CI has no ../shared)."""
+    text = (REPO / "docs" / "contract.md").read_text(encoding="utf-8")
+    rows = {}
+    pattern = re.compile(r"\|\s*(DD\d{3})\s*\|\s*([a-z0-9-]+)\s*\|\s*(\w+)\s*\|\s*(\S+)\s*\|\s*(\S+)\s*\|\s*([^|]*)\|")
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if m:
+            code, name, sev, static, probe, status = m.groups()
+            rows[code] = ((code, name, sev, static == "yes", probe == "yes"), status.strip())
+    implemented = {r.code for r in RULES}
+    pending = [row for row in PENDING if row[0] not in implemented]
+    assert sorted(row for row, _ in rows.values()) == sorted(EXPECTED + pending)
+    for code, (_, status) in rows.items():
+        halves = sorted(half for c, half in PENDING_HALVES if c == code)
+        want = "pending" if code not in implemented else (f"{halves[0]} half pending" if halves else "")
+        assert status == want, code
+
+
 def test_codes_and_names_are_unique_and_well_formed():
     codes = [r.code for r in RULES]
     names = [r.name for r in RULES]
-    assert len(set(codes)) == len(codes) == 36
+    assert len(set(codes)) == len(codes) == len(EXPECTED)
     assert len(set(names)) == len(names)
     assert codes == sorted(codes)
     for r in RULES:
@@ -198,7 +217,8 @@ def test_markdown_documentation_fences_the_example():
 
 
 def test_dd101_documentation_matches_the_measured_facts():
-    # FACTS.md: on torch >= 1.8 the late conversion still syncs (shared Parameters); it broke on <= 1.7 / apex
+    # docs/facts.md#converting-to-syncbn-after-wrapping-in-ddp: on torch >= 1.8 the late conversion still syncs
+    # (shared Parameters); it broke on <= 1.7 / apex
     why = get_rule("DD101").why
     assert "same" in why and "Parameter" in why
     assert "1.7" in why and "apex" in why

@@ -146,3 +146,46 @@ def test_syntax_error_names_file_and_line(tmp_path: Path, capsys) -> None:
     code = main(["check", str(bad), "--static"])
     err = capsys.readouterr().err
     assert code == 2 and f"{bad}:3" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------- report DIR
+
+
+def _demo_run_in_a_project(tmp_path: Path, table: str) -> Path:
+    """The demo's recorded run, as if its script sat in a project whose pyproject.toml holds `table`."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "fixtures" / "runs" / "demo", run)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(textwrap.dedent(table), encoding="utf-8")
+    (project / "train.py").write_text(DEMO.read_text(encoding="utf-8"), encoding="utf-8")
+    meta = json.loads((run / "meta.json").read_text(encoding="utf-8"))
+    meta["script_abs"] = str(project / "train.py")
+    (run / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return run
+
+
+def test_report_reads_the_projects_pyproject_like_check(tmp_path: Path, capsys) -> None:
+    run = _demo_run_in_a_project(tmp_path, """
+        [tool.ddpdoctor]
+        select = ["DD3"]
+        fail_on = "critical"
+    """)
+    code = main(["report", str(run), "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert set(rules_of(report)) == {"DD302"} and code == 0  # the demo's only critical finding (DD104) not selected
+    # the command line wins, as for check: --select replaces the table's list, --fail-on its threshold
+    code = main(["report", str(run), "--format", "json", "--select", "DD1", "--fail-on", "medium"])
+    report = json.loads(capsys.readouterr().out)
+    assert rules_of(report) and all(r.startswith("DD1") for r in rules_of(report)) and code == 1
+
+
+def test_report_with_a_bad_pyproject_is_bad_input(tmp_path: Path, capsys) -> None:
+    run = _demo_run_in_a_project(tmp_path, """
+        [tool.ddpdoctor]
+        lr_scaling = "cubic"
+    """)
+    assert main(["report", str(run)]) == 2
+    assert "--lr-scaling: 'cubic' is not one of" in capsys.readouterr().err

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.bn.compare import CompareConfig, render_compare, run_compare
+from ddpdoctor.bn.compare import CompareConfig, run_compare
 from ddpdoctor.bn.plan import build_plan, read_shard_file
 from ddpdoctor.cli import main
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Finding
+from ddpdoctor.report.compare_bn import render_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "fixtures" / "compare_bn" / "toy.py"

@@ -3,10 +3,10 @@
 One `torch.multiprocessing.spawn` of 2 ranks runs every case (start-up dominates: each rank imports torch); the
 ranks save what they computed and the test process compares it with a single-process `nn.BatchNorm{1,2,3}d` on
 the concatenated batch. Tolerances (max-abs difference relative to the reference's max-abs value):
-float32 1e-5 for outputs and running stats, 5e-5 for gradients (FACTS.md measured 1.1e-5 worst, weight grad;
-measured here: <= 5e-7); float64 1e-12; bfloat16 input 1e-2 (one bfloat16 ulp of the output). Inputs offset
-by 1000 carry 1000x less relative precision, so their outputs and gradients get 20x the tolerance (measured:
-2.2e-5 float32, 8.6e-13 float64); their running stats keep the plain one.
+float32 1e-5 for outputs and running stats, 5e-5 for gradients (docs/facts.md#syncbatchnorm-on-cpu: 1.1e-5
+worst, weight grad; measured here: <= 5e-7); float64 1e-12; bfloat16 input 1e-2 (one bfloat16 ulp of the output).
+Inputs offset by 1000 carry 1000x less relative precision, so their outputs and gradients get 20x the tolerance
+(measured: 2.2e-5 float32, 8.6e-13 float64); their running stats keep the plain one.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Mapping
 
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
@@ -46,20 +46,8 @@ class AnalysisResult:
     sources: dict[str, Path] = field(default_factory=dict)
 
 
-def _settings(meta: dict[str, Any], cfg: Any, overrides: dict[str, Any] | None) -> Settings:
-    s = Settings()
-    for key in ("nproc", "epochs", "steps", "base_lr", "base_batch", "lr_scaling", "small_bn_batch"):
-        if meta.get(key) is not None:
-            setattr(s, key, meta[key])
-        if cfg is not None and getattr(cfg, key, None) is not None:
-            setattr(s, key, getattr(cfg, key))
-    for key, value in (overrides or {}).items():
-        if value is not None and hasattr(s, key):
-            setattr(s, key, value)
-    return s
-
-
-def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | None = None) -> RunContext:
+def build_context(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> RunContext:
+    """The context every analysis reads: the run, its settings (recorded, then `overrides`), names of places."""
     try:
         run = read_run(Path(run_dir))
     except ValueError as exc:
@@ -70,12 +58,10 @@ def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | No
     start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
     script_abs = meta.get("script_abs") or start.get("script") or ""
     script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
-    if cfg is not None and getattr(cfg, "script", None) is not None:
-        script = str(cfg.script)
     base_dir = Path(meta.get("cwd") or (run.processes[0].start.get("cwd") if run.processes else "") or ".")
     return RunContext(
         run=run,
-        settings=_settings(meta, cfg, overrides),
+        settings=Settings.of_run(meta, overrides),
         script=script,
         script_abs=script_abs,
         args=list(meta.get("args") or []),
@@ -83,9 +69,11 @@ def build_context(run_dir: Path, cfg: Any = None, overrides: dict[str, Any] | No
     )
 
 
-def analyze_run(run_dir: Path, cfg: Any = None, *, overrides: dict[str, Any] | None = None) -> AnalysisResult:
-    """Findings, environment, notes and tables for a recorded run. A bad or non-run directory → UsageError."""
-    ctx = build_context(run_dir, cfg, overrides)
+def analyze_run(run_dir: Path, *, overrides: Mapping[str, Any] | None = None) -> AnalysisResult:
+    """Findings, environment, notes and tables for a recorded run, its recorded settings replaced by `overrides`
+    (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...). A bad or non-run directory →
+    UsageError."""
+    ctx = build_context(run_dir, overrides)
     findings: list[Finding] = []
     for module in analyses():
         try:

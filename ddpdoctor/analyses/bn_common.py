@@ -10,6 +10,9 @@ Two alignments of forwards across ranks are used:
   within optimizer step s, on every rank (steps are the replicates; the model is shared at a step);
 - *updates* for the SyncBN replay: the k-th training-mode forward (with or without grad — both update running
   statistics, and SyncBN would synchronise in both) within step s.
+
+Size: one module (~600 lines) because every BN rule reads the same parsed run and its two alignments, memoised
+once per run; the rule-specific parts (the BN table, each rule's thresholds) live in the rules.
 """
 
 from __future__ import annotations
@@ -530,16 +533,6 @@ def finite(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return "n/a"
-    if x == 0:
-        return "0"
-    if abs(x) >= 0.01 and abs(x) < 1000:
-        return f"{x:.{digits}g}" if abs(x) < 1 else f"{x:.{digits + 1}g}"
-    return f"{x:.{digits}g}"
-
-
 _MEMO: dict[str, Any] = {"run": None}
 
 
@@ -617,65 +610,6 @@ def replay_errors(ctx: Any) -> dict[str, dict[str, Any]]:
         return out
 
     return _memo(ctx, "replay_errors", compute)
-
-
-TABLE_ROWS = 16
-
-
-def bn_table(ctx: Any) -> dict[str, Any] | None:
-    """The BN table of the text report: per layer, what it normalised over, how far each rank's running
-    statistics are from what SyncBN would have accumulated from the same batches (the compare-bn card's
-    comparison, measured on the user's model and data in this run), the spread across ranks, and the
-    non-i.i.d. p-value."""
-    bn = bn_for(ctx)
-    if bn is None:
-        return None
-    test = noniid_for(ctx)
-    layer_p = test.layer_p_values if test is not None else {}
-    rows = []
-    scores = []
-    for layer in bn.layers:
-        nb = normalisation_batch(layer, bn.ranks)
-        per_rank = sorted(set(nb["per_rank_samples"].values()))
-        local = "/".join(str(v) for v in per_rank) or "-"
-        if layer.synced:
-            norm = f"{nb['global_samples']} (sync)"
-        else:
-            norm = local
-        cmp = local_vs_syncbn(layer, bn.ranks)
-        spread = cross_rank_spread(layer, bn.ranks)
-        p = layer_p.get(layer.name)
-        rows.append([
-            layer.name,
-            {"plain": "BN", "sync": "SyncBN", "emulated_sync": "SyncBN*"}.get(layer.kind, layer.kind),
-            local,
-            norm,
-            fmt(cmp["max_mean_std"]) if cmp else "n/a",
-            fmt(cmp["max_var"]) if cmp else "n/a",
-            fmt(spread["max"]) if spread else "n/a",
-            (f"{p:.1e}" if p < 1e-3 else f"{p:.2f}") if p is not None else "n/a",
-        ])
-        scores.append(max(cmp["max_mean_std"], cmp["max_var"]) if cmp else 0.0)
-    caption = (
-        "vs SyncBN: how far the running statistics each rank holds at the end are from what SyncBN would have "
-        "accumulated from the same per-rank batches (the worst rank): running_mean in standard deviations (RMS "
-        "over channels), running_var as a relative L2 error (both relative L2 errors are in the JSON evidence); "
-        "spread: largest difference between ranks (means in std, variances relative); p: non-i.i.d. test of the "
-        "ranks' input means."
-    )
-    if any(layer.kind == "emulated_sync" for layer in bn.layers):
-        caption += " SyncBN*: SyncBatchNorm computed by ddpdoctor's CPU emulation (exact global statistics)."
-    if len(rows) > TABLE_ROWS:
-        keep = sorted(sorted(range(len(rows)), key=lambda i: -scores[i])[:TABLE_ROWS])
-        caption += f" {len(rows) - TABLE_ROWS} of {len(rows)} layers with the smallest errors not shown."
-        rows = [rows[i] for i in keep]
-    return {
-        "title": f"BatchNorm layers ({len(bn.layers)}) on {len(bn.ranks)} ranks: local running stats vs SyncBN",
-        "columns": ["layer", "kind", "batch/rank", "normalised over", "mean vs SyncBN (std)", "var vs SyncBN",
-                    "spread", "non-iid p"],
-        "rows": rows,
-        "caption": caption,
-    }
 
 
 def convert_site(run: RunData) -> dict[str, Any] | None:

@@ -1,18 +1,22 @@
 """What every analysis needs from a recorded run: the events by rank, the settings, and how to name places.
 
-Pure: reads `ddpdoctor.events.RunData`; no torch.
+Pure: reads `ddpdoctor.events.RunData`; no torch. `fmt_num`, `fmt_ranks` and `pct` are
+`ddpdoctor.formatting`'s, re-exported for the analyses.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
+from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+
+__all__ = ["PEER_ERROR_MARKERS", "RunContext", "Settings", "fmt_num", "fmt_ranks", "pct"]
 
 # Errors a rank sees because a *peer* went away: consequences, never the root cause.
 PEER_ERROR_MARKERS = (
@@ -29,8 +33,11 @@ PEER_ERROR_MARKERS = (
 )
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Settings:
+    """What the analyses are told besides the events: the probe's limits and the single-process recipe, as the
+    run recorded them (meta.json), each replaceable when the run is re-analysed (`ddpdoctor report --base-lr`)."""
+
     nproc: int = 2
     epochs: int = 2
     steps: int = 4
@@ -38,6 +45,18 @@ class Settings:
     base_batch: int | None = None
     lr_scaling: str = "auto"
     small_bn_batch: int = SMALL_BN_BATCH
+
+    @classmethod
+    def of_run(cls, meta: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> "Settings":
+        """The recorded values (unset ones keep the defaults), then `overrides` (None values ignored). An override
+        that is not a setting is a TypeError: a caller's typo must not pass silently."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(overrides or ()) - names
+        if unknown:
+            raise TypeError(f"not an analysis setting: {', '.join(sorted(unknown))}")
+        values = {k: meta[k] for k in names if meta.get(k) is not None}
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**values)
 
 
 @dataclass
@@ -217,35 +236,3 @@ class RunContext:
         findings.Clearance): static findings of the rule there, below certain confidence, are dropped."""
         file, line = self.where(site)
         self.clearances.append(Clearance(rule=rule, reason=reason, file=file, line=line, evidence=evidence or {}))
-
-
-def fmt_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5] → "ranks 0–2, 5"; [3] → "rank 3"."""
-    rs = sorted(set(ranks))
-    if not rs:
-        return "no rank"
-    parts: list[str] = []
-    start = prev = rs[0]
-    for r in rs[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else (f"{start}–{prev}" if prev > start + 1 else f"{start}, {prev}"))
-        if r is not None:
-            start = prev = r
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
-
-
-def fmt_num(x: float) -> str:
-    """Compact number for messages: 0.1, 0.0025, 1.2e-07, 64."""
-    if x == 0:
-        return "0"
-    if float(x).is_integer() and abs(x) < 1e9:
-        return str(int(x))
-    if 1e-3 <= abs(x) < 1e6:
-        return f"{x:.4g}"
-    return f"{x:.2e}"
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"

@@ -16,7 +16,8 @@ function and the comparison isolates the statistics; nothing steps an optimizer.
 
 Results go to files in the job's directory (npz + json per rank); a failure becomes one line in
 `rank{R}.error.json` ("usage" for problems with the user's model/data, "internal" for ours). The process leaves
-with `os._exit` after flushing: gloo sometimes aborts at interpreter exit otherwise (FACTS.md).
+with `os._exit` after flushing: gloo sometimes aborts at interpreter exit otherwise
+(docs/facts.md#launching-and-instrumenting-a-script).
 """
 
 from __future__ import annotations

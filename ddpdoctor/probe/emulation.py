@@ -64,8 +64,13 @@ Decisions worth knowing:
 itself), "cuda_rng_state_ignored", "pin_memory", "data_parallel". `detail` holds JSON values only. An exception
 raised by `notify` is swallowed: the recorder's problems must never break the user's run.
 
-`undo()` restores every patched attribute in reverse order (pytest-monkeypatch style). Patches installed later
-by others (the recorder) must be undone before it.
+`undo()` restores every patched attribute in reverse order (`ddpdoctor.probe.patching.Patcher`). Patches installed
+later by others (the recorder) must be undone before it.
+
+Size: one module (~1,200 lines) because the emulation is one state (the emulated devices, the current device, the
+placement map, the generators) that every patch reads, installed and undone as a whole under one lock; its
+sections follow the list above (devices and streams, state, the device-mapping mode, torch.cuda replacements,
+distributed and SyncBN, autocast and serialization, tensor methods and threads, the entry point).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ddpdoctor.probe.patching import Patcher
+
 __all__ = [
     "EMULATED_DEVICE_NAME",
     "EmulatedDeviceProperties",
@@ -100,7 +107,7 @@ EMULATED_DEVICE_NAME = "CPU (ddpdoctor emulated CUDA device)"
 # Ampere: what a current training machine reports, and the capability at which CUDA supports bfloat16.
 _EMULATED_CAPABILITY = (8, 0)
 _CPU = torch.device("cpu")
-_MISSING = object()
+_MISSING = object()  # a sentinel for "no such attribute" (the tests compare snapshots with it)
 
 _STATE: _Emulation | None = None
 _INSTALL_LOCK = threading.Lock()
@@ -132,54 +139,6 @@ def emulated_device(obj: Any) -> torch.device | None:
     with state.placements_lock:
         index = state.placements.get(obj)
     return None if index is None else torch.device("cuda", index)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Patch bookkeeping
-
-
-class _Patches:
-    """Every patch with its original, undone in reverse order (attributes that did not exist are deleted)."""
-
-    def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
-
-    def setattr(self, target: Any, name: str, value: Any) -> None:
-        # For classes look at the class's own __dict__, so undo restores inheritance exactly.
-        old = target.__dict__.get(name, _MISSING) if isinstance(target, type) else getattr(target, name, _MISSING)
-        setattr(target, name, value)
-
-        def restore() -> None:
-            if old is _MISSING:
-                with contextlib.suppress(AttributeError):
-                    delattr(target, name)
-            else:
-                setattr(target, name, old)
-
-        self._undo.append(restore)
-
-    def setattr_everywhere(self, modules: list[Any], name: str, value: Any) -> None:
-        """Patch `name` in the first module and in every other module that exports the very same object."""
-        original = getattr(modules[0], name, _MISSING)
-        for i, module in enumerate(modules):
-            if i == 0 or (original is not _MISSING and getattr(module, name, _MISSING) is original):
-                self.setattr(module, name, value)
-
-    def setitem(self, container: Any, key: Any, value: Any) -> None:
-        old = container[key]
-        container[key] = value
-
-        def restore() -> None:
-            container[key] = old
-
-        self._undo.append(restore)
-
-    def call_on_undo(self, fn: Callable[[], None]) -> None:
-        self._undo.append(fn)
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -588,8 +547,8 @@ _HANDLERS: dict[Any, Callable[[_Emulation, Any, tuple, dict], Any]] = {
 class _CudaOnCpuMode(TorchFunctionMode):
     """Maps CUDA devices to the CPU in every torch call of the threads it is active in.
 
-    Hot path: one dict lookup and, only when keyword arguments are present, a membership test (FACTS.md: ~1 µs
-    per op). After `undo` it passes everything through, so threads still holding it behave like plain torch.
+    Hot path: one dict lookup and, only when keyword arguments are present, a membership test (~1 µs per op:
+    docs/facts.md#running-cuda-scripts-on-cpu). After `undo` it passes everything through, so threads still holding it behave like plain torch.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -900,7 +859,7 @@ def _rebind(signature: inspect.Signature, args: tuple, kwargs: dict) -> inspect.
         return None  # let the original raise its own error
 
 
-def _install_distributed(state: _Emulation, patches: _Patches) -> None:
+def _install_distributed(state: _Emulation, patches: Patcher) -> None:
     c10d = dist.distributed_c10d
     orig_init = c10d.init_process_group
     orig_new_group = c10d.new_group
@@ -1133,7 +1092,7 @@ def _copy_identity(wrapper: Any, wrapped: Any) -> None:
 # autocast, GradScaler, torch.load
 
 
-def _install_amp(state: _Emulation, patches: _Patches) -> None:
+def _install_amp(state: _Emulation, patches: Patcher) -> None:
     from torch.amp import autocast_mode, grad_scaler
 
     autocast_cls = autocast_mode.autocast
@@ -1198,7 +1157,7 @@ def _install_amp(state: _Emulation, patches: _Patches) -> None:
     patches.setattr(torch, "is_autocast_enabled", is_autocast_enabled)
 
 
-def _install_serialization(state: _Emulation, patches: _Patches) -> None:
+def _install_serialization(state: _Emulation, patches: Patcher) -> None:
     import torch.serialization as serialization
     import torch.storage
 
@@ -1248,7 +1207,7 @@ def _install_serialization(state: _Emulation, patches: _Patches) -> None:
 # Tensor methods, module placement, threads and default-device contexts
 
 
-def _install_tensor_methods(state: _Emulation, patches: _Patches) -> None:
+def _install_tensor_methods(state: _Emulation, patches: Patcher) -> None:
     # Tensor.record_stream parses its stream argument before any torch-function hook could see an emulated one.
     orig_record_stream = torch.Tensor.record_stream
 
@@ -1261,7 +1220,7 @@ def _install_tensor_methods(state: _Emulation, patches: _Patches) -> None:
     patches.setattr(torch.Tensor, "record_stream", record_stream)
 
 
-def _install_module_placement(state: _Emulation, patches: _Patches) -> None:
+def _install_module_placement(state: _Emulation, patches: Patcher) -> None:
     # `Module.to(<cuda>)` moves tensors with the device already mapped to the CPU (via `_parse_to`), so the
     # placement is recorded here; `Module.cuda()` goes through `Tensor.cuda` and is recorded there.
     orig_module_to = torch.nn.Module.to
@@ -1280,7 +1239,7 @@ def _install_module_placement(state: _Emulation, patches: _Patches) -> None:
     patches.setattr(torch.nn.Module, "to", module_to)
 
 
-def _install_threads(state: _Emulation, patches: _Patches) -> None:
+def _install_threads(state: _Emulation, patches: Patcher) -> None:
     orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
     def bootstrap_inner(self: threading.Thread) -> None:
@@ -1334,7 +1293,7 @@ def install_cuda_emulation(
         if _STATE is not None:
             return lambda: None
         state = _Emulation(num_devices, notify, getattr(torch, float16_autocast))
-        patches = _Patches()
+        patches = Patcher()
         try:
             _install_all(state, patches)
         except BaseException:
@@ -1361,7 +1320,7 @@ def install_cuda_emulation(
     return undo
 
 
-def _install_all(state: _Emulation, patches: _Patches) -> None:
+def _install_all(state: _Emulation, patches: Patcher) -> None:
     import torch.cuda.memory
     import torch.cuda.nvtx
     import torch.cuda.random

@@ -1,7 +1,8 @@
 """Patches that can be undone: every replaced attribute is recorded with its original (pytest's monkeypatch idea).
 
 Patch the attribute the user's code actually looks up — class attributes, so `from x import Y as Z` and
-subclasses are covered — and undo everything in `finally`.
+subclasses are covered — and undo everything in `finally`. The one patcher of the probe: the recorders
+(`probe.patcher`) and the CUDA emulation each hold one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ class Patcher:
         wrapper = functools.wraps(original)(make(original))
         self.setattr(owner, name, wrapper)
         return wrapper
+
+    def setattr_everywhere(self, owners: list[Any], name: str, value: Any) -> None:
+        """Set `name` on the first owner and on every other owner that holds the very same object (a function
+        re-exported by several modules: `torch.load` and `torch.serialization.load`)."""
+        original = getattr(owners[0], name, _MISSING)
+        for i, owner in enumerate(owners):
+            if i == 0 or (original is not _MISSING and getattr(owner, name, _MISSING) is original):
+                self.setattr(owner, name, value)
+
+    def setitem(self, container: Any, key: Any, value: Any) -> None:
+        """Set `container[key] = value`, remembering the item that was there."""
+        old = container[key]
+        self.add_undo(lambda: container.__setitem__(key, old))
+        container[key] = value
 
     def add_undo(self, fn: Callable[[], Any]) -> None:
         """Something else to undo (a hook handle's remove, emulation's undo), in the same reverse order."""

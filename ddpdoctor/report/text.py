@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import shlex
 import shutil
-from typing import Any, Iterable
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -20,9 +20,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor import __version__
-from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.findings import Finding, Severity, summarize
+from ddpdoctor.formatting import fmt_evidence_float
+from ddpdoctor.formatting import fmt_rank_spans as format_ranks
 from ddpdoctor.report import Report
+from ddpdoctor.rules import RULES, get_rule
 
 PLAIN_WIDTH = 100
 INDENT = 4
@@ -202,20 +204,6 @@ def _rule_name(code: str) -> str:
         return "unknown-rule"
 
 
-def format_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 3, 6] → "0-3, 6": rank lists get long on 64 GPUs."""
-    values = sorted(set(ranks))
-    spans: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        spans.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(spans)
-
-
 def format_value(value: Any) -> str:
     """A compact, readable cell or evidence value."""
     if value is None:
@@ -223,11 +211,7 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            return str(value)
-        if value == 0 or 1e-3 <= abs(value) < 1e5:
-            return f"{value:.4g}"
-        return f"{value:.3e}"
+        return fmt_evidence_float(value)
     if isinstance(value, (list, tuple)):
         shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
         more = len(value) - len(shown)

@@ -4,15 +4,9 @@ Each module exposes `NAME` and `install(probe)`. A recorder patches through `pro
 `finally`), writes events documented in `ddpdoctor/events.py`, and may subscribe to `probe.step_hooks`
 (called after every optimizer step) and `probe.end_hooks` (called once before `done`).
 
-Extension points for the next recorders (BN statistics, data, optimisation, checkpoints): add a module here
-and a line to `TORCH_RECORDERS`, document its event kinds in `ddpdoctor.events.EVENT_KINDS`, and reuse
-`probe.registry` (DDP models, optimizers, loaders) rather than patching the same API twice:
-  - bn_stats: forward hooks on the norm layers of `probe.registry.live_ddps()` modules (per-step input channel
-    mean/var, running stats), blobs through `probe.blob`;
-  - optimisation: DDP.no_sync and backward counts (the ddp recorder's DDP patch), grads/loss checks in a step hook,
-    hand all-reduce of gradients from the `collective` events of process_group;
-  - data: RNG digests in a step hook, dataset item digests by wrapping `_BaseDataLoaderIter._next_data`;
-  - checkpoints: torch.save / load_state_dict(strict=False) patches.
+A new recorder is a module here and a line in `TORCH_RECORDERS` (or `EARLY_RECORDERS`); its event kinds are
+documented in `ddpdoctor.events.EVENT_KINDS` first, and it reuses `probe.registry` (DDP models, optimizers,
+loaders) rather than patching the same API twice (CONTRIBUTING.md, "Adding an event kind").
 """
 
 from __future__ import annotations

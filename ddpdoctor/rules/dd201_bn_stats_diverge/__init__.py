@@ -11,6 +11,14 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD201"
 
+# Local running statistics this far (relative) from the global-batch value are a finding in compare-bn; below it
+# the gap is the sampling noise of a per-rank batch, which compare-bn shows in its table without alarm.
+LOCAL_ERROR_ALARM = 0.10
+
+# The probe half's thresholds.
+MATERIAL = 1e-3  # difference (std for means, relative for variances) below which diverging statistics are harmless
+ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off amplified by 1 / (1 - f)
+
 RULE = Rule(
     package=__name__,
     code=CODE,

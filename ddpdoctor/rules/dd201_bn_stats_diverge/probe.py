@@ -8,8 +8,9 @@ near zero, where a relative error says nothing), for running_var relative. What 
 - `False` (or BN layers outside any DDP model): nothing reconciles the ranks' statistics; any difference above
   1e-3 is reported — it grows over the whole run.
 - `True` (the default): DDP broadcasts rank 0's buffers at the start of every forward and each rank then applies
-  its own batch's update, so ranks always end one local update apart (FACTS.md: 0.13 on a plain DDP run; 0.33
-  std of the first layer's running_mean in the bn_iid_default fixture).
+  its own batch's update, so ranks always end one local update apart (0.13 on a plain DDP run,
+  docs/facts.md#batchnorm-buffers-under-plain-ddp; 0.33 std of the first layer's running_mean in the bn_iid_default
+  fixture).
   That difference is expected and not reported. The analysis reconstructs the statistics each rank held *before*
   its last update, S = (final - f * batch statistic) / (1 - f) from the recorded batch moments and the layer's
   momentum f; when they agree across ranks (to 1e-4) the broadcast works. When they do not, the broadcast never
@@ -17,7 +18,7 @@ near zero, where a relative error says nothing), for running_var relative. What 
   finding is reported with that explanation.
 
 This module also builds the report's BatchNorm table (local running statistics against the SyncBN replay, per
-layer; see `bn_common.bn_table`), since that comparison is the measurement behind this rule.
+layer; see `bn_table`), since that comparison is the measurement behind this rule.
 
 Why it matters, example, fix: see `ddpdoctor explain DD201`.
 """
@@ -30,17 +31,15 @@ from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.bn.stats import relative_error
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.rules.dd201_bn_stats_diverge import CODE
-
-MATERIAL = 1e-3  # difference (std for means, relative for variances) below which diverging statistics are harmless
-ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off amplified by 1 / (1 - f)
+from ddpdoctor.formatting import fmt_sig
+from ddpdoctor.rules.dd201_bn_stats_diverge import ALIGNED, CODE, MATERIAL
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
     bn = bc.bn_for(ctx)
     if bn is None:
         return []
-    table = bc.bn_table(ctx)
+    table = bn_table(ctx)
     if table is not None:
         ctx.tables["batchnorm"] = table
     if len(bn.ranks) < 2 or not bc.distributed(ctx.run):
@@ -147,3 +146,62 @@ def _gap_before_last_update(layer: bc.LayerRun, ranks: list[int]) -> float | Non
         return None
     ref_mean, ref_var = before[min(before)]
     return max(max(bc.mean_gap(m, ref_mean, ref_var), relative_error(v, ref_var)) for m, v in before.values())
+
+
+TABLE_ROWS = 16
+
+
+def bn_table(ctx: RunContext) -> dict[str, Any] | None:
+    """The BN table of the text report: per layer, what it normalised over, how far each rank's running
+    statistics are from what SyncBN would have accumulated from the same batches (the compare-bn card's
+    comparison, measured on the user's model and data in this run), the spread across ranks, and the
+    non-i.i.d. p-value."""
+    bn = bc.bn_for(ctx)
+    if bn is None:
+        return None
+    test = bc.noniid_for(ctx)
+    layer_p = test.layer_p_values if test is not None else {}
+    rows = []
+    scores = []
+    for layer in bn.layers:
+        nb = bc.normalisation_batch(layer, bn.ranks)
+        per_rank = sorted(set(nb["per_rank_samples"].values()))
+        local = "/".join(str(v) for v in per_rank) or "-"
+        if layer.synced:
+            norm = f"{nb['global_samples']} (sync)"
+        else:
+            norm = local
+        cmp = bc.local_vs_syncbn(layer, bn.ranks)
+        spread = bc.cross_rank_spread(layer, bn.ranks)
+        p = layer_p.get(layer.name)
+        rows.append([
+            layer.name,
+            {"plain": "BN", "sync": "SyncBN", "emulated_sync": "SyncBN*"}.get(layer.kind, layer.kind),
+            local,
+            norm,
+            fmt_sig(cmp["max_mean_std"]) if cmp else "n/a",
+            fmt_sig(cmp["max_var"]) if cmp else "n/a",
+            fmt_sig(spread["max"]) if spread else "n/a",
+            (f"{p:.1e}" if p < 1e-3 else f"{p:.2f}") if p is not None else "n/a",
+        ])
+        scores.append(max(cmp["max_mean_std"], cmp["max_var"]) if cmp else 0.0)
+    caption = (
+        "vs SyncBN: how far the running statistics each rank holds at the end are from what SyncBN would have "
+        "accumulated from the same per-rank batches (the worst rank): running_mean in standard deviations (RMS "
+        "over channels), running_var as a relative L2 error (both relative L2 errors are in the JSON evidence); "
+        "spread: largest difference between ranks (means in std, variances relative); p: non-i.i.d. test of the "
+        "ranks' input means."
+    )
+    if any(layer.kind == "emulated_sync" for layer in bn.layers):
+        caption += " SyncBN*: SyncBatchNorm computed by ddpdoctor's CPU emulation (exact global statistics)."
+    if len(rows) > TABLE_ROWS:
+        keep = sorted(sorted(range(len(rows)), key=lambda i: -scores[i])[:TABLE_ROWS])
+        caption += f" {len(rows) - TABLE_ROWS} of {len(rows)} layers with the smallest errors not shown."
+        rows = [rows[i] for i in keep]
+    return {
+        "title": f"BatchNorm layers ({len(bn.layers)}) on {len(bn.ranks)} ranks: local running stats vs SyncBN",
+        "columns": ["layer", "kind", "batch/rank", "normalised over", "mean vs SyncBN (std)", "var vs SyncBN",
+                    "spread", "non-iid p"],
+        "rows": rows,
+        "caption": caption,
+    }

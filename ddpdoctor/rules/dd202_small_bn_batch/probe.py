@@ -17,11 +17,9 @@ import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.rules.dd202_small_bn_batch import CODE, SMALL_BN_BATCH
-
-VERY_SMALL = 4
+from ddpdoctor.rules import get_rule
+from ddpdoctor.rules.dd202_small_bn_batch import CODE, SMALL_BN_BATCH, VERY_SMALL
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

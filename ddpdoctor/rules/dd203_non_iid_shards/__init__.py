@@ -11,6 +11,10 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD203"
 
+# The probe half's thresholds.
+SURE = 1e-9  # p-value below which the non-i.i.d. test is certain (else likely)
+MATERIAL_EFFECT = 0.1  # ranks' channel means at least this many within-batch standard deviations apart
+
 RULE = Rule(
     package=__name__,
     code=CODE,

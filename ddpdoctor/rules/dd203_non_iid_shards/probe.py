@@ -31,12 +31,10 @@ import numpy as np
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.bn.stats import rank_effect_test
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Confidence, Finding, Severity
-from ddpdoctor.rules.dd203_non_iid_shards import CODE
-
-SURE = 1e-9
-MATERIAL_EFFECT = 0.1  # ranks' channel means at least this many within-batch standard deviations apart
+from ddpdoctor.formatting import fmt_statistic
+from ddpdoctor.rules import get_rule
+from ddpdoctor.rules.dd203_non_iid_shards import CODE, MATERIAL_EFFECT, SURE
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -60,7 +58,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         f"the ranks' BatchNorm inputs differ beyond i.i.d. sampling noise (p = {test.p_value:.1e}, Cauchy "
         f"combination of per-channel ANOVA F-tests over {len(test.layers)} layers and {test.steps} steps)",
         f"most different: channel {best['channel']} of {best['layer']}, whose mean on rank {best['highest_rank']} "
-        f"is {best['spread_std']:.2f} std above rank {best['lowest_rank']}'s (F = {_fmt_f(best['f'])}, "
+        f"is {best['spread_std']:.2f} std above rank {best['lowest_rank']}'s (F = {fmt_statistic(best['f'])}, "
         f"p = {best['p']:.1e})",
     ]
     if all_synced:
@@ -92,12 +90,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
             magnitude=float(-np.log10(max(test.p_value, 1e-300))),
         )
     ]
-
-
-def _fmt_f(f: float | None) -> str:
-    if f is None:
-        return "n/a"
-    return "inf" if not np.isfinite(f) else f"{f:.3g}"
 
 
 def _effects(bn: bc.BNRun, threshold: float) -> list[dict[str, Any]]:

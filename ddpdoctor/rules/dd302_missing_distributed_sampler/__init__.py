@@ -11,6 +11,9 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD302"
 
+# The probe half's thresholds.
+THRESHOLD = 0.25  # fraction of a rank's samples also seen by another rank that is a finding
+
 RULE = Rule(
     package=__name__,
     code=CODE,

@@ -23,9 +23,7 @@ import numpy as np
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
 from ddpdoctor.findings import Finding
-from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE
-
-THRESHOLD = 0.25
+from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, THRESHOLD
 
 
 def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001

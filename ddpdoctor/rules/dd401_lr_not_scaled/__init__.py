@@ -7,9 +7,14 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
+from ddpdoctor.rules.dd402_no_warmup import SCALE_THRESHOLD
 from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD401"
+
+# The probe half's thresholds.
+TOLERANCE = 1.25  # an lr within this factor of the scaled reference is not a finding
+CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static finding (a measured match)
 
 RULE = Rule(
     package=__name__,
@@ -61,6 +66,9 @@ RULE = Rule(
         "the square root of that ratio for Adam-family optimisers."
     ),
     fix_variants={
-        "probe": "Set lr = {base_lr} × {ratio} = {expected} (and warm up when scaling by 4× or more).",
+        "probe": (
+            f"Set lr = {{base_lr}} × {{ratio}} = {{expected}} (and warm up when scaling by {SCALE_THRESHOLD:g}× or "
+            "more)."
+        ),
     },
 )

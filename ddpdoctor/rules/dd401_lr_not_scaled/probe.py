@@ -18,11 +18,9 @@ from typing import Any
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.events import rle_expand
 from ddpdoctor.findings import Finding
-from ddpdoctor.rules.dd401_lr_not_scaled import CODE
+from ddpdoctor.rules.dd401_lr_not_scaled import CLEAR_WITHIN, CODE, TOLERANCE
 
 SQRT_FAMILY = ("adam", "lamb", "adagrad", "rmsprop", "adafactor", "adadelta")
-TOLERANCE = 1.25
-CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static finding (a measured match)
 
 
 def scaling_rule(optimizer_cls: str, lr_scaling: str) -> str:

@@ -11,20 +11,26 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD402"
 
+# An lr this many times the reference recipe's needs a warmup (Goyal et al. warm up from the base rate; `why`).
+SCALE_THRESHOLD = 4.0
+
+# The probe half's thresholds.
+RAMP = 1e-6  # relative increase that counts as the lr going up
+
 RULE = Rule(
     package=__name__,
     code=CODE,
     name="no-warmup",
     severity=Severity.LOW,
-    summary="lr scaled up by >= 4x with no warmup schedule",
+    summary=f"lr scaled up by >= {SCALE_THRESHOLD:g}x with no warmup schedule",
     what=prose(
-        """
-        Static analysis looks for a learning rate scaled to 4 or more times the recipe's (from `--base-lr` or
-        an expression such as `lr * world_size`) with no warmup: no LinearLR, OneCycleLR, LambdaLR or
-        SequentialLR ramp and no per-step assignment to `param_group["lr"]`.
+        f"""
+        Static analysis looks for a learning rate scaled to {SCALE_THRESHOLD:g} or more times the recipe's
+        (from `--base-lr` or an expression such as `lr * world_size`) with no warmup: no LinearLR, OneCycleLR,
+        LambdaLR or SequentialLR ramp and no per-step assignment to `param_group["lr"]`.
 
-        The probe reads the learning rate at each observed step and fires when it starts at 4x or more the
-        recipe's and does not ramp up.
+        The probe reads the learning rate at each observed step and fires when it starts at
+        {SCALE_THRESHOLD:g}x or more the recipe's and does not ramp up.
         """
     ),
     why=prose(

@@ -14,10 +14,7 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num
 from ddpdoctor.findings import Finding
-from ddpdoctor.rules.dd402_no_warmup import CODE
-
-SCALE_THRESHOLD = 4.0
-RAMP = 1e-6  # relative increase that counts as the lr going up
+from ddpdoctor.rules.dd402_no_warmup import CODE, RAMP, SCALE_THRESHOLD
 
 
 def _number(x: Any) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding
+from ddpdoctor.formatting import fmt_count
 from ddpdoctor.rules.dd403_accumulation_without_no_sync import CODE
 
 
@@ -62,7 +63,3 @@ def _reductions(step: dict[str, Any]) -> int:
     GAN, are one reduction each, not accumulation)."""
     per_model = step.get("max_syncs_per_ddp")
     return int(per_model if per_model is not None else step.get("syncing_backwards") or 0)
-
-
-def fmt_count(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"

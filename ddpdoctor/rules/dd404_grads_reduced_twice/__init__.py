@@ -11,6 +11,9 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD404"
 
+# The probe half's thresholds.
+UNCHANGED = 0.05  # |ratio - 1| below this: the script divided again, only the communication is doubled
+
 RULE = Rule(
     package=__name__,
     code=CODE,

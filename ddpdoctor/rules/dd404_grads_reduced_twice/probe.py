@@ -15,9 +15,7 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.rules.dd404_grads_reduced_twice import CODE
-
-UNCHANGED = 0.05  # |ratio - 1| below this: the script divided again, only the communication is doubled
+from ddpdoctor.rules.dd404_grads_reduced_twice import CODE, UNCHANGED
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

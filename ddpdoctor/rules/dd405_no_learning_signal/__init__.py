@@ -11,6 +11,10 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD405"
 
+# The probe half's thresholds.
+MIN_STEPS = 2  # optimizer steps without any non-zero gradient before it fires
+MIN_LOSSES = 3  # backward passes with a bit-identical loss before it fires
+
 RULE = Rule(
     package=__name__,
     code=CODE,

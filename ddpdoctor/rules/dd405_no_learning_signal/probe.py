@@ -12,10 +12,8 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding
-from ddpdoctor.rules.dd405_no_learning_signal import CODE
+from ddpdoctor.rules.dd405_no_learning_signal import CODE, MIN_LOSSES, MIN_STEPS
 
-MIN_STEPS = 2
-MIN_LOSSES = 3
 SINGLE_CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss")
 
 

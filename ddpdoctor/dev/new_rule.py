@@ -1,0 +1,458 @@
+"""Scaffold a new rule: the package, its fixtures, its test and its row in the contract.
+
+    python -m ddpdoctor.dev.new_rule DD110 --static --probe              # a row SPEC lists as pending
+    python -m ddpdoctor.dev.new_rule DD123 some-name --probe --severity low --summary "..."
+    python -m ddpdoctor.dev.new_rule DD110 --static --probe --dry-run    # print what would change
+
+Creates, in the checkout that holds this file:
+
+    ddpdoctor/rules/ddNNN_<name>/__init__.py     CODE, RULE = Rule(...): the documentation to write
+    ddpdoctor/rules/ddNNN_<name>/static.py       (--static) check(script) to write
+    ddpdoctor/rules/ddNNN_<name>/probe.py        (--probe) analyze(ctx) to write
+    fixtures/static/DDNNN/{bad,good}_<name>.py   (--static) the bad one carries `# expect: DDNNN`
+    fixtures/probe/ddNNN/{bad,good}_<name>.py    (--probe) 2-rank scripts for the probe
+    tests/test_rule_ddNNN.py                     (--probe) the probe fires on bad_*, is silent on good_*
+
+and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), `tests/test_catalog.py` (the
+contract row: moved from PENDING to EXPECTED, or added), `tests/test_static.py` (SPEC_STATIC, for a static half),
+the rule table of `docs/contract.md` (no longer pending) and the README rule table.
+
+What it writes is a start that fails the tests until it is filled in — the documentation says TODO (the catalog
+test rejects that), the bad static fixture expects a finding the generated check() never yields, the probe test
+expects a finding on the bad script — so a half-written rule cannot land green.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpdoctor.errors import UsageError
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.rule import CATEGORIES
+
+REPO = Path(__file__).resolve().parents[2]
+_ROW = re.compile(r'^    \("(DD\d{3})", "([a-z0-9-]+)", "(\w+)", (True|False), (True|False)\),$')
+
+
+@dataclass(frozen=True)
+class NewRule:
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    static: bool
+    probe: bool
+
+    @property
+    def package(self) -> str:
+        return f"{self.code.lower()}_{self.name.replace('-', '_')}"
+
+    @property
+    def stem(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def row(self) -> str:
+        return f'    ("{self.code}", "{self.name}", "{self.severity.label}", {self.static}, {self.probe}),'
+
+
+# ------------------------------------------------------------------------------------------------ templates
+
+
+def _init(r: NewRule) -> str:
+    what = []
+    if r.static:
+        what.append("Static analysis looks for TODO: the construct in the source, through any import alias.")
+    if r.probe:
+        what.append("The probe records TODO: what it measures on the ranks, and fires when TODO.")
+    paragraphs = "\n\n".join(f"        {p}" for p in what)
+    return f'''"""{r.code} {r.name}: the rule's catalog entry, its documentation and its parameters.
+
+How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
+where the rule has that half.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.levels import Severity
+from ddpdoctor.rules.rule import Rule, prose, snippet
+
+CODE = "{r.code}"
+
+RULE = Rule(
+    package=__name__,
+    code=CODE,
+    name="{r.name}",
+    severity=Severity.{r.severity.name},
+    summary="{r.summary}",
+    what=prose(
+        """
+{paragraphs}
+        """
+    ),
+    why=prose(
+        """
+        TODO: why it hurts accuracy, the mechanism, with the measured numbers (docs/facts.md) where there are any.
+        """
+    ),
+    example=snippet(
+        """
+        # Bad: TODO
+
+        # Good: TODO
+        """
+    ),
+    fix="TODO: a short imperative (a finding's fix and the SARIF fix title).",
+)
+'''
+
+
+def _static(r: NewRule) -> str:
+    return f'''"""{r.code} {r.name}: TODO one line.
+
+What it flags: TODO.
+
+What stays silent: TODO (the close variants that are correct: they become good_* fixtures).
+
+Confidence: certain from syntax; likely when inferred through names or aliases; possible when heuristic.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.{r.package} import CODE
+from ddpdoctor.static.model import ScriptModel
+
+
+def check(script: ScriptModel) -> Iterator[Finding]:
+    for ev in script.of("TODO: the event kinds of the semantic model this rule reads"):
+        yield script.finding(
+            CODE,
+            line=ev.line,
+            message="TODO: one sentence, with what the source says",
+            confidence=Confidence.CERTAIN,
+            evidence={{"line": ev.line}},
+        )
+'''
+
+
+def _probe(r: NewRule) -> str:
+    return f'''"""{r.code} {r.name}: TODO one line.
+
+What it does: TODO: the events it reads (ddpdoctor/events.py documents every kind; a new measurement needs a
+recorder and a documented kind) and when it fires.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.{r.package} import CODE
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    findings: list[Finding] = []
+    for rank, events in ctx.rank_events("TODO: the event kind this rule reads").items():
+        for ev in events:
+            findings.append(
+                ctx.finding(
+                    CODE,
+                    message="TODO: one sentence with the measured numbers",
+                    site=ev.get("site"),
+                    ranks=[rank],
+                    evidence={{}},
+                )
+            )
+    return findings
+'''
+
+
+def _static_fixture(r: NewRule, bad: bool) -> str:
+    doc = f"TODO: the pattern this fixture reproduces ({r.code} must {'fire on' if bad else 'stay silent on'} it)."
+    mark = f"  # expect: {r.code}" if bad else ""
+    return f'''"""{doc}"""
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO: write the code {"the rule flags; keep the expect comment on the offending line" if bad else "that is right"}
+    opt.step(){mark}
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _probe_fixture(r: NewRule, bad: bool) -> str:
+    what = "the bug it detects" if bad else "the correct counterpart of that bug"
+    verb = "fire on" if bad else "stay silent on"
+    return f'''"""TODO: the pattern this fixture reproduces; {r.code} must {verb} it."""
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+sampler = DistributedSampler(data, shuffle=True)
+loader = DataLoader(data, batch_size=8, sampler=sampler)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+# TODO: write {what} ({r.code})
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+dist.destroy_process_group()
+'''
+
+
+def _probe_test(r: NewRule) -> str:
+    return f'''"""{r.code} {r.name} on the probe: 2 real gloo ranks over fixtures/probe/{r.code.lower()}/; the rule
+fires on every bad_* script and stays silent on every good_* one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.check import run_check
+from ddpdoctor.config import CheckConfig
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures" / "probe" / "{r.code.lower()}"
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("script", sorted(FIXTURES.glob("*.py")), ids=lambda p: p.name)
+def test_probe_finds_{r.code.lower()}_on_bad_scripts_only(script: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    cfg = CheckConfig(script=script.relative_to(REPO), nproc=2, timeout=90.0, keep_run=tmp_path / "run")
+    found = {{f.rule for f in run_check(cfg).findings if "probe" in f.sources}}
+    assert ("{r.code}" in found) == script.name.startswith("bad_"), sorted(found)
+'''
+
+
+# ------------------------------------------------------------------------------------------------ edits
+
+
+def _insert_sorted(text: str, start: str, end: str, line: str, key: re.Pattern[str]) -> str:
+    """Insert `line` into the block of lines between the line `start` and the next line `end`, keeping the block's
+    lines ordered by the first group of `key`."""
+    lines = text.split("\n")
+    try:
+        a = lines.index(start)
+        b = lines.index(end, a + 1)
+    except ValueError:
+        raise UsageError(f"cannot find the block {start!r} ... {end!r} to edit") from None
+    new_key = key.match(line).group(1)  # type: ignore[union-attr]
+    at = b
+    for i in range(a + 1, b):
+        m = key.match(lines[i])
+        if m and m.group(1) > new_key:
+            at = i
+            break
+    lines.insert(at, line)
+    return "\n".join(lines)
+
+
+def _registry(text: str, r: NewRule) -> str:
+    key = re.compile(r"^    (dd\d{3})_\w+,$")
+    text = _insert_sorted(text, "from ddpdoctor.rules import (", ")", f"    {r.package},", key)
+    return _insert_sorted(text, "PACKAGES: tuple[ModuleType, ...] = (", ")", f"    {r.package},", key)
+
+
+def _contract(text: str, r: NewRule) -> str:
+    """The rule's row in EXPECTED, in code order, and out of PENDING."""
+
+    def other(line: str) -> bool:
+        m = _ROW.match(line)
+        return m is None or m.group(1) != r.code
+
+    kept = "\n".join(line for line in text.split("\n") if other(line))
+    return _insert_sorted(kept, "EXPECTED = [", "]", r.row, _ROW)
+
+
+def _static_set(text: str, r: NewRule) -> str:
+    """tests/test_static.py's SPEC_STATIC (the codes SPEC's table marks static) with the new code."""
+    m = re.search(r"^SPEC_STATIC = \{\n(.*?)\n\}", text, re.S | re.M)
+    if m is None:
+        raise UsageError("cannot find SPEC_STATIC in tests/test_static.py")
+    codes = sorted(set(re.findall(r"DD\d{3}", m.group(1))) | {r.code})
+    rows = [", ".join(f'"{c}"' for c in codes[i : i + 11]) + "," for i in range(0, len(codes), 11)]
+    return text[: m.start(1)] + "\n".join(f"    {row}" for row in rows) + text[m.end(1) :]
+
+
+def _contract_page(text: str, r: NewRule) -> str:
+    """docs/contract.md: the rule's row no longer pending (a half SPEC lists and the rule lacks stays pending)."""
+    yes = {True: "yes", False: "–"}
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == r.code:
+            spec = (cells[3] == "yes", cells[4] == "yes")
+            halves = (("static", spec[0], r.static), ("probe", spec[1], r.probe))
+            missing = [h for h, want, have in halves if want > have]
+            status = f" {missing[0]} half pending " if missing else " "
+            lines[i] = f"| {r.code} | {r.name} | {r.severity.label} | {yes[spec[0]]} | {yes[spec[1]]} |{status}|"
+            return "\n".join(lines)
+    row = f"| {r.code} | {r.name} | {r.severity.label} | {yes[r.static]} | {yes[r.probe]} | |"
+    return _insert_sorted(text, "|---|---|---|---|---|---|", "", row, re.compile(r"^\| (DD\d{3}) \|"))
+
+
+def _readme(text: str, r: NewRule) -> str:
+    cell = r.summary.replace("\\", "\\\\").replace("|", "\\|")
+    row = (f"| {r.code} | {r.name} | {r.severity.label} | {'yes' if r.static else '–'} | "
+           f"{'yes' if r.probe else '–'} | {cell} |")
+    return _insert_sorted(text, "|---|---|---|---|---|---|", "<!-- rules:end -->", row, re.compile(r"^\| (DD\d{3}) \|"))
+
+
+def _pending(contract: str) -> dict[str, tuple[str, str, bool, bool]]:
+    """The rows of PENDING in tests/test_catalog.py: code -> (name, severity, static, probe)."""
+    block = contract.split("PENDING = [", 1)[1].split("\n]", 1)[0] if "PENDING = [" in contract else ""
+    out = {}
+    for line in block.split("\n"):
+        m = _ROW.match(line)
+        if m:
+            out[m.group(1)] = (m.group(2), m.group(3), m.group(4) == "True", m.group(5) == "True")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: str | None, summary: str | None,
+         root: Path = REPO) -> tuple[NewRule, dict[Path, str], list[str]]:
+    """(the rule, every file's new text by path, warnings). Writes nothing."""
+    code = code.strip().upper()
+    if not re.fullmatch(r"DD\d{3}", code) or code[2] not in CATEGORIES:
+        raise UsageError(f"{code}: a rule code is DD + 3 digits, first digit one of {', '.join(sorted(CATEGORIES))}")
+    if not (static or probe):
+        raise UsageError("say which halves the rule has: --static, --probe or both")
+    contract_path = root / "tests" / "test_catalog.py"
+    contract = contract_path.read_text(encoding="utf-8")
+    warnings: list[str] = []
+    pending = _pending(contract).get(code)
+    if pending is not None:
+        if name is not None and name != pending[0]:
+            raise UsageError(f"{code} is {pending[0]!r} in the contract (tests/test_catalog.py PENDING), not {name!r}")
+        name = pending[0]
+        severity = severity or pending[1]
+        if (static, probe) != pending[2:]:
+            warnings.append(f"the contract gives {code} static={pending[2]} probe={pending[3]}: the catalog test will "
+                            "say so until the halves match (or list the missing one in PENDING_HALVES)")
+    elif name is None:
+        raise UsageError(f"{code} is not a pending row of the contract: give its name")
+    else:
+        warnings.append(f"{code} is not in SPEC's table: the contract test fails until the row is added there")
+    if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name):
+        raise UsageError(f"{name!r}: a rule name is lower-case words joined by '-'")
+    try:
+        sev = Severity.parse(severity or "")
+    except ValueError as exc:
+        raise UsageError(f"--severity: {exc}") from None
+    r = NewRule(code, name, sev, (summary or "TODO: one line, what triggers it").replace('"', "'"), static, probe)
+    pkg_dir = root / "ddpdoctor" / "rules" / r.package
+    if any(d.name.startswith(code.lower() + "_") for d in (root / "ddpdoctor" / "rules").iterdir()):
+        raise UsageError(f"{code} already has a package in ddpdoctor/rules/")
+    files: dict[Path, str] = {pkg_dir / "__init__.py": _init(r)}
+    if static:
+        files[pkg_dir / "static.py"] = _static(r)
+        for bad in (True, False):
+            path = root / "fixtures" / "static" / code / f"{'bad' if bad else 'good'}_{r.stem}.py"
+            files[path] = _static_fixture(r, bad)
+    if probe:
+        files[pkg_dir / "probe.py"] = _probe(r)
+        for bad in (True, False):
+            path = root / "fixtures" / "probe" / code.lower() / f"{'bad' if bad else 'good'}_{r.stem}.py"
+            files[path] = _probe_fixture(r, bad)
+        files[root / "tests" / f"test_rule_{code.lower()}.py"] = _probe_test(r)
+    registry = root / "ddpdoctor" / "rules" / "__init__.py"
+    readme = root / "README.md"
+    static_test = root / "tests" / "test_static.py"
+    page = root / "docs" / "contract.md"
+    files[registry] = _registry(registry.read_text(encoding="utf-8"), r)
+    files[contract_path] = _contract(contract, r)
+    files[readme] = _readme(readme.read_text(encoding="utf-8"), r)
+    files[page] = _contract_page(page.read_text(encoding="utf-8"), r)
+    if static:
+        files[static_test] = _static_set(static_test.read_text(encoding="utf-8"), r)
+    for path in files:
+        if path not in (registry, contract_path, readme, static_test, page) and path.exists():
+            raise UsageError(f"{path.relative_to(root)} exists already")
+    return r, files, warnings
+
+
+def diff_stat(files: dict[Path, str], root: Path = REPO) -> str:
+    """`git diff --stat`-like lines: path | +added -removed."""
+    out = []
+    total_add = total_del = 0
+    for path, new in sorted(files.items()):
+        old = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        diff = list(difflib.unified_diff(old, new.splitlines(), lineterm="", n=0))
+        add = sum(1 for d in diff if d.startswith("+") and not d.startswith("+++"))
+        rem = sum(1 for d in diff if d.startswith("-") and not d.startswith("---"))
+        total_add, total_del = total_add + add, total_del + rem
+        state = "modified" if path.exists() else "new"
+        out.append(f" {str(path.relative_to(root)):<56} {state:>8}  +{add} -{rem}")
+    out.append(f" {len(files)} files changed, {total_add} insertions(+), {total_del} deletions(-)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ddpdoctor.dev.new_rule",
+        description="Scaffold a rule package, its fixtures, its test and its contract row.",
+        epilog=textwrap.dedent(__doc__.split("\n\n", 2)[1]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("code", help="DDNNN")
+    parser.add_argument("name", nargs="?", help="lower-case-words (default: the contract's pending row)")
+    parser.add_argument("--static", action="store_true", help="the rule has a static half (static.py)")
+    parser.add_argument("--probe", action="store_true", help="the rule has a probe half (probe.py)")
+    parser.add_argument("--severity", help="default severity (default: the contract's pending row)")
+    parser.add_argument("--summary", help="the one-line summary (SPEC's 'what triggers it')")
+    parser.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
+    ns = parser.parse_args(argv)
+    try:
+        r, files, warnings = plan(ns.code, ns.name, static=ns.static, probe=ns.probe, severity=ns.severity,
+                                  summary=ns.summary)
+    except UsageError as exc:
+        sys.stderr.write(f"new_rule: error: {exc}\n")
+        return 2
+    print(f"{'would scaffold' if ns.dry_run else 'scaffolded'} {r.code} {r.name} ({r.severity.label}; "
+          f"{' + '.join(h for h, on in (('static', r.static), ('probe', r.probe)) if on)}):")
+    print(diff_stat(files))
+    for w in warnings:
+        print(f"note: {w}")
+    if not ns.dry_run:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        print("next: write the TODOs (make test-fast shows what is left), then CONTRIBUTING.md 'Adding a rule'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""compare-bn's output: a table per layer, a bar chart of running_var errors, the non-i.i.d. test, findings and
+the verdict as text, or the `ddpdoctor.compare-bn/1` JSON document."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from typing import Any
+
+from ddpdoctor.bn.analysis import SYNC_MATCH, CompareResult
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import rank_findings
+from ddpdoctor.formatting import fmt_err, fmt_p
+from ddpdoctor.rules.dd201_bn_stats_diverge import LOCAL_ERROR_ALARM
+
+
+def render_compare(result: CompareResult, fmt: str, *, color: bool = False) -> str:
+    """`text`: a table per layer, a bar chart of running_var errors, findings and the verdict; `json`: the
+    `ddpdoctor.compare-bn/1` document."""
+    if fmt == "json":
+        return json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+    if fmt != "text":
+        raise UsageError(f"--format: {fmt!r} is not one of text, json")
+    return _render_text(result, color=color)
+
+
+def _bar(x: float | None, width: int, lo: float = 1e-8, hi: float = 1.0) -> str:
+    """A log-scale bar from `lo` (empty) to `hi` (full), in eighths of a cell."""
+    if x is None or not x > 0:
+        return ""
+    frac = (math.log10(max(min(x, hi), lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+    eighths = max(1, round(frac * width * 8))
+    full, rest = divmod(eighths, 8)
+    return "█" * full + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[rest]
+
+
+def _describe(spec: str | None, demo: str) -> str:
+    return spec if spec else demo
+
+
+def _render_text(result: CompareResult, *, color: bool) -> str:
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    width = max(100, min(160, shutil.get_terminal_size((132, 24)).columns)) if color else 132
+    buf = io.StringIO()
+    console = Console(
+        file=buf, width=width, color_system="standard" if color else None, force_terminal=color,
+        highlight=False, emoji=False, markup=False,
+    )
+    env, plan = result.environment, result.plan
+    n_bn = len(result.layers)
+    console.print(
+        Text.assemble(
+            ("compare-bn ", "bold"),
+            f"{_describe(result.config.model, 'demo model')} ({n_bn} BN layers) on "
+            f"{_describe(result.config.data, 'demo data')} ({env['samples']} samples): {env['nproc']} ranks x "
+            f"batch {plan['local_batch']} = global batch {plan['global_batch']}, {plan['steps']} train-mode "
+            f"forwards, {plan['shard']} shards, {env['device']}/{env['backend']}",
+        )
+    )
+    if plan.get("uneven_steps"):
+        console.print(f"{plan['uneven_steps']} of {plan['steps']} steps had uneven per-rank batch sizes.")
+
+    table = Table(
+        title="running statistics vs the exact global-batch BN (relative L2 error over channels)",
+        title_justify="left", header_style="bold",
+    )
+    for header, justify in (
+        ("layer", "left"), ("C", "right"), ("batch\nloc/sync", "right"),
+        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nSyncBN", "right"),
+        ("mean err\nlocal", "right"), ("mean err\nno-bcast", "right"), ("mean err\nSyncBN", "right"),
+        ("mean shift\nlocal (sd)", "right"), ("var spread\nno-bcast", "right"), ("non-iid\np", "right"),
+    ):
+        table.add_column(header, justify=justify, no_wrap=True)
+    for layer in result.layers:
+        m, v, sh = layer.running_mean_rel_err, layer.running_var_rel_err, layer.running_mean_shift_sd
+        p = layer.noniid_p
+        shift = max((x for x in (sh.get("local"), sh.get("local_no_broadcast_worst")) if x is not None), default=None)
+        table.add_row(
+            layer.layer,
+            str(layer.features),
+            f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}",
+            _styled(v.get("local")),
+            _styled(v.get("local_no_broadcast_worst")),
+            _styled(v.get("sync")),
+            fmt_err(m.get("local")),
+            fmt_err(m.get("local_no_broadcast_worst")),
+            fmt_err(m.get("sync")),
+            "-" if shift is None else f"{shift:.2g}",
+            fmt_err(layer.rank_spread["running_var"].get("local_no_broadcast")),
+            Text(fmt_p(p), style="bold red" if p is not None and p < 1e-3 else ""),
+        )
+    console.print(table)
+    console.print(
+        Padding(
+            "local = rank 0 under DDP's default buffer broadcast (what a rank-0 checkpoint holds); no-bcast = the "
+            "worst rank with broadcast_buffers=False; SyncBN = the worst rank; mean shift = RMS over channels of "
+            "the running_mean error in reference standard deviations; spread = the largest distance of a rank "
+            "from the ranks' average.",
+            (0, 0, 1, 0),
+        )
+    )
+
+    console.print(Text("running_var error vs the global batch (log scale: empty = 1e-8, full = 100%)", style="bold"))
+    name_w = max((len(layer.layer) for layer in result.layers), default=5)
+    bar_w = 32
+    for layer in result.layers:
+        if not layer.tracked:
+            console.print(f"  {layer.layer:<{name_w}}  (no running statistics)")
+            continue
+        bars = (("local", "local"), ("no-bcast", "local_no_broadcast_worst"), ("SyncBN", "sync"))
+        for i, (label, key) in enumerate(bars):
+            x = layer.running_var_rel_err.get(key)
+            style = "green" if key == "sync" else ("red" if (x or 0) >= LOCAL_ERROR_ALARM else "yellow")
+            console.print(
+                Text.assemble(
+                    f"  {layer.layer if i == 0 else '':<{name_w}}  {label:<8} ",
+                    (f"{_bar(x, bar_w):<{bar_w + 1}}", style),
+                    f" {fmt_err(x)}",
+                )
+            )
+
+    n = result.noniid
+    console.print()
+    console.print(Text("non-i.i.d. test", style="bold"))
+    if n.p_value is None:
+        console.print(Padding(f"not run: {n.reason}", (0, 0, 0, 2)))
+    else:
+        strongest = next((t for t in n.layers if t.layer == n.layer), None)
+        f_text = ""
+        if strongest is not None and strongest.channel_f is not None:
+            f_text = f", F({strongest.df_rank}, {strongest.df_residual}) = {strongest.channel_f:.3g}"
+        console.print(
+            Padding(
+                f"p = {fmt_p(n.p_value)} over {len(n.layers)} layers, {n.ranks} ranks x {n.steps} steps; strongest: "
+                f"{n.layer} channel {n.channel}{f_text}\nmethod: {n.method}",
+                (0, 0, 0, 2),
+            )
+        )
+
+    if result.findings:
+        console.print()
+        console.print(Text("findings", style="bold"))
+        for f in rank_findings(result.findings):
+            console.print(
+                Padding(
+                    Text.assemble((f"{f.rule} {f.name}", "bold"), f" ({f.severity.label}): ", f.message), (0, 0, 0, 2)
+                )
+            )
+            console.print(Padding(f"fix: {f.fix}", (0, 0, 0, 4)))
+    console.print()
+    console.print(Text("verdict", style="bold"))
+    for line in result.verdict:
+        console.print(Padding(line, (0, 0, 0, 2)))
+    # rich pads every line to the console width; trailing blanks only get in the way of diffs and pagers
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+def _styled(x: float | None) -> Any:
+    from rich.text import Text
+
+    if x is None:
+        return "-"
+    style = "red" if x >= LOCAL_ERROR_ALARM else ("green" if x <= SYNC_MATCH else "")
+    return Text(fmt_err(x), style=style)
