@@ -97,8 +97,9 @@ def decode_source(data: bytes, path: Path | str) -> str:
     """Bytes → text as Python decodes a source file (PEP 263 cookie or BOM, else UTF-8)."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    except SyntaxError as exc:  # an unknown or inconsistent cookie: Python refuses the file too
-        raise UsageError(f"{path}: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    except SyntaxError as exc:  # no valid cookie and not UTF-8, or an unknown cookie: Python refuses it too
+        detail = str(getattr(exc, "msg", None) or exc).split(" for ")[0]
+        raise UsageError(f"{path}: not UTF-8 text and no valid coding declaration ({detail})") from None
     try:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:

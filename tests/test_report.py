@@ -354,7 +354,7 @@ def test_unknown_format_is_a_usage_error(report):
 
 def test_render_rules_json_and_text():
     rules = strict_loads(render_rules("json", color=False))
-    assert len(rules) == 35
+    assert len(rules) == 36
     dd204 = next(r for r in rules if r["rule"] == "DD204")
     assert dd204["name"] == "syncbn-large-batch" and dd204["severity"] == "low"
     assert dd204["category"] == "batchnorm" and dd204["static"] is False and dd204["probe"] is True

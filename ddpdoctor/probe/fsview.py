@@ -37,6 +37,10 @@ the run and reports any file changed anyway (ddpdoctor.probe.usertree).
 
 Each redirected operation is recorded once per path and process (`file_write` event: the path as the script
 gave it, where it went, whether the user had a file there).
+
+Size: one module (~750 lines) because the view is one state (the run's folders, the library folders passed
+through, what was recorded) and every patched call goes through the same three questions — is this path the
+run's to redirect, where does a read of it go, where does a write go — that a split would scatter.
 """
 
 from __future__ import annotations

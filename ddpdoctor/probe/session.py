@@ -4,6 +4,10 @@ One `Probe` lives in every instrumented process (rank, main process of a self-sp
 Recorders (ddpdoctor/probe/recorders/) patch torch through `probe.patcher`, write through `probe.emit`, and
 subscribe to `probe.step_hooks` / `probe.end_hooks`. A failure inside a recorder becomes an `internal_error`
 event (`probe.safely`); the user's own exceptions always propagate untouched.
+
+Size: one module (~650 lines) because the event writer, the stack timer, the user-frame filter and the clean
+end of a process share the one Probe object every recorder holds; each part is a class or a small group of
+functions here, and nothing outside the probe imports them separately.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if ctx.timed_out or failures(ctx) or ctx.launcher.get("interrupted"):
         return []  # DD901 / DD902 say why the run is short; an interrupted run is not reported
     procs = [p for p in ctx.run.processes if p.role in _TRAINING_ROLES]
-    steps = sum(len(p.of("optimizer_step")) for p in procs)
-    if steps:
+    if any(_steps_seen(p) for p in procs):
         return []
     if not procs:
         return [ctx.finding(
@@ -46,6 +45,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
         ranks=ranks,
         evidence={"optimizer_steps": 0, "processes": len(procs), **evidence},
     )]
+
+
+def _steps_seen(p: Any) -> int:
+    """Optimizer steps a process recorded, by any record of them: its step events, the steps counted during its
+    loader iterations, the count it gave when it finished."""
+    done = p.done or {}
+    return max(
+        len(p.of("optimizer_step")),
+        sum(int(e.get("steps") or 0) for e in p.of("loader_iter_end")),
+        int(done.get("steps") or 0),
+    )
 
 
 def _reason(ctx: RunContext, procs: list[Any]) -> tuple[str, str | None, dict[str, Any] | None, dict[str, Any]]:
