@@ -98,4 +98,4 @@ def test_probe_of_a_script_resumed_past_its_last_epoch(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD904"]
-    assert "ckpt/last.pt (epoch=9)" in f["message"] and f["line"] == 26
+    assert "ckpt/last.pt (epoch=9)" in f["message"] and f["line"] == 25

@@ -70,13 +70,14 @@ def add_file_notes(ctx: RunContext) -> None:
     rows = redirected_writes(ctx)
     if rows:
         yours = [r for r in rows if r["existed"]]
-        n_dirs = sum(1 for r in rows if r["ops"] == ["mkdir"])
-        what = f"{len(rows) - n_dirs} file{'s' if len(rows) - n_dirs != 1 else ''}"
-        if n_dirs:
-            what += f" and {n_dirs} folder{'s' if n_dirs != 1 else ''}"
+        deleted = sum(1 for r in rows if r["ops"][-1] == "delete")
+        counts = [f"{len(rows) - deleted} written or changed"] if len(rows) > deleted else []
+        if deleted:
+            counts.append(f"{deleted} deleted")
         text = (
-            f"the script wrote {what} outside the run directory: the probe kept them in the run directory "
-            f"(writes/<absolute path>) and left your files as they were: {_names([r['path'] for r in rows])}"
+            f"the script changed {len(rows)} path{'s' if len(rows) != 1 else ''} outside the run directory "
+            f"({', '.join(counts)}): the probe did it in the run directory (writes/<absolute path>) and left your "
+            f"files as they were: {_names([r['path'] for r in rows])}"
         )
         if yours:
             text += f" (of these you already had {_names([r['path'] for r in yours])}: untouched)"
