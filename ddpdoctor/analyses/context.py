@@ -11,27 +11,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ddpdoctor.errors import PEER_ERROR_MARKERS
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 __all__ = ["PEER_ERROR_MARKERS", "RunContext", "Settings", "fmt_num", "fmt_ranks", "pct"]
-
-# Errors a rank sees because a *peer* went away: consequences, never the root cause.
-PEER_ERROR_MARKERS = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "nccl communicator was aborted",
-    "ncclremoteerror",
-    "socket timeout",
-    "connection refused",
-    "received 0 bytes",
-    "processgroupnccl's watchdog",
-    "timed out after",
-)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:

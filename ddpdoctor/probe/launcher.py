@@ -34,12 +34,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -64,7 +62,7 @@ from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
-from ddpdoctor.probe.supervisor import Command, Supervisor
+from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
 from ddpdoctor.probe.usertree import changes as tree_changes
 from ddpdoctor.probe.usertree import fingerprint
 
@@ -222,38 +220,6 @@ def _collect_logs(run_dir: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-class _Stopped(BaseException):
-    """SIGTERM / SIGHUP while the probe runs: stop the run as Ctrl-C does."""
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise _Stopped(signum)
-
-
-def _trap_stop_signals() -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous = {}
-    for name in ("SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            previous[int(sig)] = signal.signal(sig, _raise_stopped)
-    return previous
-
-
-def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
-    """Put the caller's handlers back; with quiet, ignore SIGINT/SIGTERM/SIGHUP meanwhile."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if quiet:
-        for sig in (signal.SIGINT, *previous):
-            previous.setdefault(int(sig), signal.getsignal(sig))
-            signal.signal(sig, signal.SIG_IGN)
-        return
-    for sig, handler in previous.items():
-        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
 def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
     mode = settings.mode
     port = free_port()
@@ -283,7 +249,7 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
         scratch=[scratch],
         log=str(logs / "supervisor.stderr"),
     )
-    previous = _trap_stop_signals()
+    previous = trap_stop_signals()
     try:
         supervisor.start()
         polls = 0
@@ -299,14 +265,14 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                 finished_early = True
                 break
             time.sleep(0.05)
-    except (KeyboardInterrupt, _Stopped):
+    except (KeyboardInterrupt, Stopped):
         interrupted = True
     finally:
-        _restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
+        restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
         try:
             stopped = supervisor.stop()
         finally:
-            _restore_signals(previous)
+            restore_signals(previous)
             shutil.rmtree(scratch, ignore_errors=True)
     _collect_logs(run_dir)
     for stack in (run_dir / EVENTS_DIR).glob("*.stack"):

@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -198,6 +199,41 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Stopped(BaseException):
+    """SIGTERM / SIGHUP while a supervised run goes on: the caller stops the run as Ctrl-C does."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+def trap_stop_signals() -> dict[int, Any]:
+    """While a run goes on, SIGTERM and SIGHUP raise `Stopped` (their default action would skip the caller's
+    `finally`, and with it `Supervisor.stop`). Returns the handlers to put back (`restore_signals`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[int(sig)] = signal.signal(sig, _raise_stopped)
+    return previous
+
+
+def restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
+    """Put the caller's handlers back; with quiet, ignore SIGINT/SIGTERM/SIGHUP meanwhile (a second Ctrl-C must
+    not cut the clean-up short)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if quiet:
+        for sig in (signal.SIGINT, *previous):
+            previous.setdefault(int(sig), signal.getsignal(sig))
+            signal.signal(sig, signal.SIG_IGN)
+        return
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 # ------------------------------------------------------------------------------------------- the supervisor
