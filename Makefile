@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast test-gpu bench bench-overhead bench-gpu docs clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,10 +28,26 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# On a GPU node: the gpu-marked tests (skipped everywhere else).
+test-gpu: setup
+	$(PY) -m pytest -m gpu -v -s $(PYTEST_ARGS)
+
 bench: setup
 	$(PY) benchmarks/bench_static.py
 	$(PY) benchmarks/bench_probe.py
 	$(PY) benchmarks/bench_compare_bn.py
+
+# The probe against a bare torchrun on a ResNet-style workload (wall time, peak RSS per rank): minutes.
+bench-overhead: setup
+	$(PY) benchmarks/bench_overhead.py
+
+# On a GPU node: the probe's per-step overhead with real CUDA tensors.
+bench-gpu: setup
+	$(PY) benchmarks/bench_gpu_step.py
+
+# The terminal pictures in docs/ that the README shows, captured from real runs of the tool.
+docs: setup
+	$(PY) docs/capture.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.errors import UsageError
+from ddpdoctor.errors import UsageError, require_torch
 from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
@@ -148,6 +148,7 @@ def run_check(cfg: CheckConfig) -> Report:
     notes: list[str] = []
     tables: dict = {}
     if not cfg.static_only:
+        require_torch("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
         from ddpdoctor.probe.rundir import claim_for_check
@@ -192,19 +193,28 @@ def run_check(cfg: CheckConfig) -> Report:
 
 
 
-def run_project(run_dir: Path) -> Path:
+def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
     """Where `report` looks for the project's `[tool.ddpdoctor]`: beside the recorded script when it is on this
-    machine, else from the current directory."""
+    machine, else from the current directory. Several directories (one per node): the first that names it."""
+    from ddpdoctor.events import find_run_dirs
+
     try:
-        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
-        script = Path(meta["script_abs"])
-    except (OSError, ValueError, KeyError, TypeError):
+        dirs = find_run_dirs([Path(run_dir)] if isinstance(run_dir, (str, Path)) else list(run_dir))
+    except ValueError:
         return Path.cwd()
-    return script if script.is_file() else Path.cwd()
+    for d in dirs:
+        try:
+            meta = json.loads((Path(d) / META_FILE).read_text(encoding="utf-8"))
+            script = Path(meta["script_abs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if script.is_file():
+            return script
+    return Path.cwd()
 
 
 def report_run(
-    run_dir: Path,
+    run_dir: Path | list[Path] | tuple[Path, ...],
     *,
     select: tuple[str, ...] = (),
     ignore: tuple[str, ...] = (),
@@ -213,17 +223,22 @@ def report_run(
     lr_scaling: str | None = None,
     small_bn_batch: int | None = None,
 ) -> Report:
-    """`ddpdoctor report DIR`: redo analysis and reporting of a recorded run without running anything.
+    """`ddpdoctor report DIR...`: redo analysis and reporting of a recorded run without running anything.
 
     The run directory holds the static findings of the check that recorded it, so the merged report is the same
-    as the one `check` printed; options given here override those recorded with the run.
+    as the one `check` printed; options given here override those recorded with the run. A run recorded per node
+    (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
     from ddpdoctor.analyses import analyze_run, load_static_findings
 
-    if not run_dir.exists():
-        raise UsageError(f"{run_dir}: no such directory")
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
+    dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if not dirs:
+        raise UsageError("no run directory given")
+    for d in dirs:
+        if not d.exists():
+            raise UsageError(f"{d}: no such directory")
+        if not d.is_dir():
+            raise UsageError(f"{d}: not a directory")
     overrides = {
         k: v
         for k, v in (
@@ -232,9 +247,9 @@ def report_run(
         )
         if v is not None
     }
-    analysis = analyze_run(run_dir, overrides=overrides)
+    analysis = analyze_run(dirs, overrides=overrides)
     merged, cleared = merge_static_and_probe(
-        load_static_findings(run_dir), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+        load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
     kept = filter_findings(
         merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources

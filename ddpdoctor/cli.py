@@ -81,7 +81,7 @@ def check(
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
@@ -130,8 +130,11 @@ def check(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="A probe run directory (from --keep-run or attach mode)."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    run_dirs: List[Path] = typer.Argument(
+        ..., help="A probe run directory (from --keep-run or attach mode); a run recorded per node: its "
+        "directories, or their parent."
+    ),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
@@ -140,21 +143,22 @@ def report(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
-    """Re-analyse a recorded probe run directory without running anything."""
+    """Re-analyse a recorded probe run without running anything (several directories: one run, one per node)."""
     from ddpdoctor.check import findings_files, report_run, run_dir_files, run_project
     from ddpdoctor.config import OUTPUT_FORMATS, resolve_options
     from ddpdoctor.output import check_output
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
     opts = resolve_options(
-        run_project(run_dir), fail_on=fail_on, select=select, ignore=ignore, base_lr=base_lr, base_batch=base_batch,
+        run_project(list(run_dirs)), fail_on=fail_on, select=select, ignore=ignore, base_lr=base_lr,
+        base_batch=base_batch,
         lr_scaling=lr_scaling,
     )
-    protect = run_dir_files(run_dir)
+    protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
-        check_output(output, protected=protect, run_dirs=[run_dir])  # refused before anything is read
+        check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
     rep = report_run(
-        run_dir,
+        list(run_dirs),
         select=opts.select,
         ignore=opts.ignore,
         base_lr=opts.base_lr,
@@ -162,7 +166,7 @@ def report(
         lr_scaling=opts.lr_scaling,
         small_bn_batch=opts.small_bn_batch,
     )
-    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=[run_dir])
+    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=run_dirs)
 
 
 @app.command()
@@ -204,8 +208,10 @@ def compare_bn(
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
     from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.errors import require_torch
     from ddpdoctor.report.compare_bn import render_compare
 
+    require_torch("compare-bn")
     cfg = CompareConfig(
         model=model,
         data=data,
@@ -222,6 +228,20 @@ def compare_bn(
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render_compare(result, fmt, color=color), output)
     raise typer.Exit(0)
+
+
+@app.command()
+def env(
+    output_format: str = typer.Option("text", "--format", help="text (a fenced block to paste) | json."),
+) -> None:
+    """Describe this machine for a bug report: ddpdoctor, Python, torch (CUDA, cuDNN, NCCL), GPUs, backends,
+    MASTER_*/NCCL_* variables (no other environment variable is shown)."""
+    from ddpdoctor.envinfo import collect, render_env
+    from ddpdoctor.report.jsonfmt import dumps
+
+    fmt = _choice(output_format, ("text", "json"), "--format")
+    info = collect()
+    _emit(render_env(info) if fmt == "text" else dumps(info), None)
 
 
 def _fail(message: str) -> int:

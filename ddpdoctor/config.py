@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-OUTPUT_FORMATS = ("text", "json", "sarif")
+OUTPUT_FORMATS = ("text", "json", "sarif", "github")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
 MAX_NPROC = 64  # ranks on one machine: each is a Python process with torch (~300 MB before the model)

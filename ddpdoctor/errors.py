@@ -12,6 +12,24 @@ class InternalError(Exception):
     """ddpdoctor itself failed; still one line and exit 2, never a traceback."""
 
 
+def require_torch(what: str) -> None:
+    """torch is not a dependency of ddpdoctor (the static checks, `report` and the pre-commit hook never need it;
+    an isolated hook environment would otherwise pull a multi-GB CUDA build). What runs the user's script, or BN
+    layers, does: it runs in this interpreter, the user's training environment. Checked without importing it."""
+    import importlib.util
+    import sys
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(
+            f"{what} runs PyTorch in this Python ({sys.executable}), which has no torch: install ddpdoctor in your "
+            "training environment (or `pip install torch` here); `ddpdoctor check --static` needs no torch"
+        )
+
+
 # What a rank reports because a *peer* went away: a consequence, never the root cause. The probe's analyses
 # (DD902's first failure) and compare-bn (which rank's error to show) both skip these when they look for the cause.
 PEER_ERROR_MARKERS = (

@@ -16,9 +16,10 @@ Run directory layout (schema `SCHEMA`):
     events/<host>-p<pid>.stack Python stacks of every thread, dumped by faulthandler when the probe timed out
     logs/                      the user's stdout/stderr per rank (launcher mode)
     writes/<absolute path>     the files the script wrote (launcher modes: ddpdoctor.probe.fsview redirects them
-                               here; the user's tree is untouched); deleted/ and opaque/ record deletions
+                               here; the user's tree is untouched); deleted/ records deletions (whiteouts)
     .ddpdoctor-run             ddpdoctor's marker: only a directory holding it is ever cleared or reused
                                (ddpdoctor.probe.rundir)
+    (attach mode may record one run in several directories, one per node: `read_runs` reads them as one run)
     source/<path>              copies of the user's source files the run refers to (the script, and in launcher
                                modes every user file named by a recorded site, traceback or stack), at their path
                                relative to the user's working directory (`_outside/<name>` for files outside it);
@@ -40,7 +41,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 SCHEMA = "ddpdoctor.events/1"
 META_FILE = "meta.json"
@@ -107,7 +108,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             host="host name",
             argv="sys.argv",
             cwd="working directory",
-            env="launcher variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...",
+            env="launcher variables: MASTER_ADDR, MASTER_PORT and those of ddpdoctor.world.WORLD_ENV (torchrun's "
+            "RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK, ...; SLURM's SLURM_PROCID, SLURM_NODEID, ...; Open MPI's)",
             python="Python version",
             schema="SCHEMA",
             main_thread="ident of the main thread as faulthandler prints it (0x...)",
@@ -178,8 +180,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             init_method="init_method argument",
             rank_arg="rank argument (null when not passed)",
             world_size_arg="world_size argument (null when not passed)",
-            env_rank="RANK from the launcher",
-            env_world_size="WORLD_SIZE from the launcher",
+            env_rank="the launcher's rank: RANK, else SLURM_PROCID (srun), else OMPI_COMM_WORLD_RANK (ddpdoctor.world)",
+            env_world_size="the launcher's world size: WORLD_SIZE, else SLURM_NTASKS, else OMPI_COMM_WORLD_SIZE",
             overridden="{argument: [given, used]} where the probe used the launcher's values",
             rendezvous="{given, used} when the probe moved the script's own rendezvous (tcp://host:port, or "
             "MASTER_ADDR/MASTER_PORT set by a self-spawning script) to a free port on 127.0.0.1, else null",
@@ -191,7 +193,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         ),
         _k("pg_init_begin", "init_process_group is about to rendezvous (fields as pg_init)", site="call site",
            rank_arg="rank argument", world_size_arg="world_size argument", backend_requested="backend argument",
-           init_method="init_method argument", env_rank="RANK from the launcher", env_world_size="WORLD_SIZE",
+           init_method="init_method argument", env_rank="the launcher's rank", env_world_size="its world size",
            overridden="{argument: [given, used]}", rendezvous="{given, used} or null (see pg_init)"),
         _k("launch_decision", "the main process of a single launch (a script that may spawn its own ranks) showed "
            "which launch it needs (ddpdoctor.probe.launch_check)", mode="'spawn' (it started its ranks) | "
@@ -234,6 +236,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             cross_size="hvd.cross_size()",
             standin="always true (the stand-in records it)",
         ),
+        _k("hvd_torch_distributed", "user code used torch.distributed's default process group in a Horovod run: "
+           "the stand-in initialised one, Horovod never does (first sites)", site="the user line",
+           standin="always true"),
         _k(
             "hvd_op",
             "a Horovod collective called straight from user code (first calls per site)",
@@ -412,10 +417,13 @@ EVENT_KINDS: dict[str, EventKind] = {
             "params",
             "digest of the model parameters after an optimizer step, and once before the first one (step 0)",
             step="global step (0 = the initial weights, just before the first optimizer step)",
-            digest="blake2b of the parameter bytes (or of a strided sample, see sampled)",
+            digest="blake2b of the parameter bytes (or of a strided sample, see sampled); with on_device, of an "
+            "exact int64 fingerprint of their bits computed on the device (probe.recorders.params)",
             numel="elements covered",
             sampled="digest covers a strided sample",
             values="a fixed sample of parameter values (same positions on every rank)",
+            on_device="the digest and values were computed on the GPU and read back without a per-step "
+            "synchronisation (absent on CPU runs)",
             source="'ddp' (the DDP module) or 'optimizer'",
             tensors="parameter tensors covered",
         ),
@@ -878,7 +886,17 @@ class RunData:
     launcher: dict[str, Any] | None
     processes: list[ProcessLog]
     static: list[dict[str, Any]] | None = None
+    # a run recorded in several directories (attach mode, one per node): each directory and its own meta.json;
+    # empty for a run in one directory (then `path` is the only part)
+    parts: tuple[tuple[Path, dict[str, Any]], ...] = ()
+    # blob file name → the directory whose events/ holds it (several parts)
+    blob_dirs: dict[str, Path] = field(default_factory=dict, repr=False)
     _blob_cache: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    @property
+    def directories(self) -> list[tuple[Path, dict[str, Any]]]:
+        """(directory, its meta.json) of every part of the run: one, or one per node."""
+        return list(self.parts) or [(self.path, self.meta)]
 
     @functools.cached_property
     def rank_processes(self) -> dict[int, ProcessLog]:
@@ -914,7 +932,7 @@ class RunData:
             ref = BlobRef.from_json(ref)
         name = Path(ref.file).name
         if name not in self._blob_cache:
-            self._blob_cache[name] = (self.path / EVENTS_DIR / name).read_bytes()
+            self._blob_cache[name] = (self.blob_dirs.get(name, self.path) / EVENTS_DIR / name).read_bytes()
         raw = self._blob_cache[name][ref.offset : ref.offset + ref.nbytes]
         if len(raw) != ref.nbytes:
             raise ValueError(f"blob {name}@{ref.offset} is truncated")
@@ -1078,6 +1096,85 @@ def _check_blobs(events_dir: Path, processes: list[ProcessLog]) -> None:
             f"{events_dir / name}: {what}, {n} recorded measurement(s) refer to it{more}: the run directory is "
             "damaged (findings that need those measurements would be missing)"
         )
+
+
+def find_run_dirs(paths: Sequence[Path]) -> list[Path]:
+    """The run directories `paths` name: each path is a run directory, or a directory whose immediate
+    subdirectories are run directories (`run/` holding `run/node0`, `run/node1` from `--out run/node$NODE`).
+    Raises ValueError (one line) when a path is neither."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise ValueError(f"{path}: not a directory")
+        if is_run_dir(path):
+            found.append(path)
+            continue
+        children = sorted(c for c in path.iterdir() if c.is_dir() and is_run_dir(c))
+        if not children:
+            raise ValueError(
+                f"{path}: not a ddpdoctor run directory (no {META_FILE} or {EVENTS_DIR}/), nor a directory of them"
+            )
+        found.extend(children)
+    unique: list[Path] = []
+    for p in found:
+        if all(p.resolve() != q.resolve() for q in unique):
+            unique.append(p)
+    return unique
+
+
+def _job_of(p: ProcessLog) -> str | None:
+    """The launcher's id of the job a process belonged to (torchrun's run id, SLURM's job.step), if it said."""
+    from ddpdoctor.world import place_from_env
+
+    env = p.start.get("env")
+    return place_from_env(env).job if isinstance(env, dict) else None
+
+
+def read_runs(paths: Sequence[Path]) -> RunData:
+    """One run recorded in one directory or several (attach mode writes one per node when each node's launcher is
+    given its own `--out`): the directories' processes analysed together, as one run. Raises ValueError (one
+    line) when a path is not a run directory or the directories hold different runs."""
+    dirs = find_run_dirs(paths)
+    if len(dirs) == 1:
+        return read_run(dirs[0])
+    runs = [read_run(d) for d in dirs]
+    jobs = {job for run in runs for p in run.processes if (job := _job_of(p)) not in (None, "", "none")}
+    if len(jobs) > 1:
+        raise ValueError(f"{', '.join(map(str, dirs))}: not one run: they were recorded by different jobs "
+                         f"({', '.join(sorted(jobs))})")
+    owners: dict[int, Path] = {}
+    for run in runs:
+        for rank in run.rank_processes:
+            if rank in owners:
+                raise ValueError(f"{owners[rank]} and {run.path}: not one run: both hold a process of rank {rank}")
+            owners[rank] = run.path
+    names: dict[str, Path] = {}
+    for run in runs:
+        for p in run.processes:
+            if p.name in names:
+                raise ValueError(f"{run.path} and {names[p.name]} both hold the log of process {p.name}: the same "
+                                 "directory given twice, or copies of one")
+            names[p.name] = run.path
+    # the directory of rank 0 (its meta.json, static findings and launcher record) speaks for the run
+    lead = next((run for run in runs if 0 in run.rank_processes), runs[0])
+    meta = dict(lead.meta)
+    meta["nproc"] = max((int(r.meta.get("nproc") or 0) for r in runs), default=0) or meta.get("nproc")
+    starts = [r.meta["started"] for r in runs if isinstance(r.meta.get("started"), (int, float))]
+    if starts:
+        meta["started"] = min(starts)
+    meta["parts"] = [str(r.path) for r in runs]
+    processes = [p for run in runs for p in run.processes]
+    processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
+    return RunData(
+        path=lead.path,
+        meta=meta,
+        launcher=lead.launcher,
+        processes=processes,
+        static=next((r.static for r in [lead, *runs] if r.static is not None), None),
+        parts=tuple((r.path, r.meta) for r in runs),
+        blob_dirs={f.name: run.path for run in runs for f in (run.path / EVENTS_DIR).glob("*.bin")},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,15 +10,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddpdoctor"
 
-# Arrows from a probe analysis into static analysis that still exist; the canonical torch names move to a neutral
-# module (issue 10, the static engine's part), and then this set is empty.
-PENDING_ARROWS = {("ddpdoctor.rules.dd206_collective_on_subset.probe", "ddpdoctor.static.names")}
+# Arrows from a probe analysis into static analysis that still exist (none: the canonical torch names live in the
+# neutral ddpdoctor.torchnames).
+PENDING_ARROWS: set[tuple[str, str]] = set()
 
 # A module longer than this says at its top why it is one module (a paragraph starting "Size:" in its docstring).
 LONG = 600
-# Long modules whose split or reason is in flight (issue 10: the static engine's parts; the event list).
-PENDING_LONG = {"ddpdoctor.static.walker", "ddpdoctor.probe.plan", "ddpdoctor.events",
-                "ddpdoctor.probe.standins.horovod.torch.mpi_ops"}
+# Long modules whose split or reason is in flight (issue 10: the event list).
+PENDING_LONG = {"ddpdoctor.events", "ddpdoctor.probe.standins.horovod.torch.mpi_ops"}
 
 
 def _modules() -> dict[str, Path]:

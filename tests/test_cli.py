@@ -122,7 +122,7 @@ def test_catalog_and_renderers_never_import_torch():
         "from ddpdoctor.report.render import render\n"
         "assert main(['rules', '--format', 'json']) == 0\n"
         "assert main(['explain', 'DD204']) == 0\n"
-        "for fmt in ('text', 'json', 'sarif'):\n"
+        "for fmt in ('text', 'json', 'sarif', 'github'):\n"
         "    render(Report(script='train.py'), fmt, color=False)\n"
         "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
     )

@@ -20,7 +20,7 @@ from ddpdoctor.findings import Confidence, Severity
 from ddpdoctor.rules import RULES as CATALOG
 from ddpdoctor.rules import hooks
 from ddpdoctor.static import analyze_file, analyze_source, build_model
-from ddpdoctor.static import names as N
+from ddpdoctor import torchnames as N
 
 RULES = hooks("static")  # each rule's static.py, in code order
 REPO = Path(__file__).resolve().parent.parent

@@ -15,12 +15,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import STATIC_FILE, read_run
+from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
 from ddpdoctor.findings import Clearance, Finding
 from ddpdoctor.rules import hooks
 
@@ -46,15 +46,20 @@ class AnalysisResult:
     sources: dict[str, Path] = field(default_factory=dict)
 
 
-def build_context(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> RunContext:
-    """The context every analysis reads: the run, its settings (recorded, then `overrides`), names of places."""
+def _dirs(run_dir: Path | Sequence[Path]) -> list[Path]:
+    return [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+
+
+def build_context(run_dir: Path | Sequence[Path], overrides: Mapping[str, Any] | None = None) -> RunContext:
+    """The context every analysis reads: the run, its settings (recorded, then `overrides`), names of places.
+    `run_dir`: one run directory, or several (one per node) or their parent: analysed as one run."""
     try:
-        run = read_run(Path(run_dir))
+        run = read_runs(_dirs(run_dir))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     meta = run.meta
     if not meta and not run.processes:
-        raise UsageError(f"{run_dir}: the run directory holds no events")
+        raise UsageError(f"{run.path}: the run directory holds no events")
     start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
     script_abs = meta.get("script_abs") or start.get("script") or ""
     script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
@@ -69,10 +74,10 @@ def build_context(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> 
     )
 
 
-def analyze_run(run_dir: Path, *, overrides: Mapping[str, Any] | None = None) -> AnalysisResult:
-    """Findings, environment, notes and tables for a recorded run, its recorded settings replaced by `overrides`
-    (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...). A bad or non-run directory →
-    UsageError."""
+def analyze_run(run_dir: Path | Sequence[Path], *, overrides: Mapping[str, Any] | None = None) -> AnalysisResult:
+    """Findings, environment, notes and tables for a recorded run (one directory, or one per node), its recorded
+    settings replaced by `overrides` (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...).
+    A bad or non-run directory → UsageError."""
     ctx = build_context(run_dir, overrides)
     findings: list[Finding] = []
     for module in analyses():
@@ -94,10 +99,15 @@ def analyze_run(run_dir: Path, *, overrides: Mapping[str, Any] | None = None) ->
     )
 
 
-def load_static_findings(run_dir: Path) -> list[Finding]:
-    """The static findings recorded with the run (static.json), [] when there are none."""
-    path = Path(run_dir) / STATIC_FILE
-    if not path.is_file():
+def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
+    """The static findings recorded with the run (static.json; of a run recorded per node, the one directory
+    that has it: rank 0's), [] when there are none."""
+    try:
+        dirs = find_run_dirs(_dirs(run_dir))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = next((d / STATIC_FILE for d in dirs if (d / STATIC_FILE).is_file()), None)
+    if path is None:
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

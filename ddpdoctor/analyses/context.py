@@ -16,6 +16,7 @@ from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.world import Place, place_from_env
 
 __all__ = ["PEER_ERROR_MARKERS", "RunContext", "Settings", "fmt_num", "fmt_ranks", "pct"]
 
@@ -91,13 +92,14 @@ class RunContext:
     def snapshots(self) -> dict[str, Path]:
         """Recorded path (normalised) → the copy of that file kept in the run directory (meta.json `sources`)."""
         if "snapshots" not in self.memo:
-            root = (self.run.path / SOURCE_DIR).resolve()
             out: dict[str, Path] = {}
-            sources = self.run.meta.get("sources")
-            for recorded, rel in (sources.items() if isinstance(sources, dict) else ()):
-                copy = (self.run.path / str(rel)).resolve()
-                if copy.is_relative_to(root) and copy.is_file():  # never outside the run's own source/
-                    out[os.path.normpath(str(recorded))] = copy
+            for directory, meta in self.run.directories:  # one per node when the run was recorded per node
+                root = (directory / SOURCE_DIR).resolve()
+                sources = meta.get("sources")
+                for recorded, rel in (sources.items() if isinstance(sources, dict) else ()):
+                    copy = (directory / str(rel)).resolve()
+                    if copy.is_relative_to(root) and copy.is_file():  # never outside the run's own source/
+                        out.setdefault(os.path.normpath(str(recorded)), copy)
             self.memo["snapshots"] = out
         return self.memo["snapshots"]
 
@@ -153,6 +155,38 @@ class RunContext:
         if sizes:
             return max(sizes)
         return len(self.ranks) or self.settings.nproc
+
+    # ------------------------------------------------------------------ nodes
+    def place(self, p: ProcessLog) -> Place:
+        """Where a process sat in the launch, from the launcher variables it recorded (ddpdoctor.world)."""
+        env = p.start.get("env")
+        return place_from_env(env if isinstance(env, dict) else {})
+
+    def node_of(self, p: ProcessLog) -> str:
+        """The node a process ran on: the launcher's node index (torchrun's GROUP_RANK, SLURM_NODEID), else its
+        host. Two "nodes" on one machine (two launchers, one host) are two nodes."""
+        node = self.place(p).node
+        return f"node {node}" if node is not None else f"host {p.host or p.start.get('host') or '?'}"
+
+    @property
+    def nodes(self) -> dict[str, list[int]]:
+        """node → the ranks that ran on it, in node order."""
+        out: dict[str, list[int]] = {}
+        for r, p in self.ranks.items():
+            out.setdefault(self.node_of(p), []).append(r)
+        return dict(sorted(out.items(), key=lambda kv: min(kv[1])))
+
+    def local_rank_of(self, p: ProcessLog) -> int | None:
+        return self.place(p).local_rank
+
+    @staticmethod
+    def world_size_from_device_count(p: ProcessLog, begin: dict[str, Any]) -> bool:
+        """The world size this process passed to init_process_group (and the probe replaced with the launcher's)
+        equals torch.cuda.device_count() as the script saw it: DD109's measurement, not a literal (DD104)."""
+        given = (begin.get("overridden") or {}).get("world_size")
+        ready = p.first("torch_ready") or {}
+        count = ready.get("device_count")
+        return bool(given) and isinstance(count, int) and given[0] == count
 
     @property
     def launcher(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.analyses.context import RunContext, fmt_num
+from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.analyses.files import add_file_notes
 from ddpdoctor.analyses.outcome import failures, root_causes, timeout_view
 from ddpdoctor.findings import Finding
@@ -40,7 +40,7 @@ def environment(ctx: RunContext) -> dict[str, Any]:
     nproc = ctx.run.meta.get("nproc") or len(ctx.ranks) or ctx.settings.nproc
     if ctx.run.meta.get("mode") == "single":
         nproc = 1  # one process drove every (emulated) GPU; the emulation note says how many
-    return {
+    env = {
         "torch": ready.get("torch"),
         "python": start.get("python") or ctx.run.meta.get("python"),
         "nproc": nproc,
@@ -48,6 +48,11 @@ def environment(ctx: RunContext) -> dict[str, Any]:
         "device": ready.get("device") or ctx.run.meta.get("device"),
         "cuda_emulated": any(e.get("cuda_emulated") for _, e in ctx.run.events("torch_ready")),
     }
+    nodes = ctx.nodes
+    if len(nodes) > 1:  # a multi-node run (attach mode): how many nodes, and which ranks ran on each
+        env["nodes"] = len(nodes)
+        env["ranks_per_node"] = {node: ranks for node, ranks in nodes.items()}
+    return env
 
 
 # how a rank stood at the probe's timeout (outcome.RankAtTimeout.state) as the ranks table says it
@@ -85,7 +90,12 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
     if emulated:
         words = [w for w in (EMULATION_WORDS.get(x, x) for x in emulated) if w]
         n = meta.get("nproc") or len(ctx.ranks)
-        ctx.notes.insert(0, f"CUDA was emulated on CPU: {n} virtual devices" + (", " + ", ".join(words) if words else ""))
+        counts = {e.get("device_count") for _, e in ctx.run.events("torch_ready") if e.get("cuda_emulated")}
+        nodes = len(ctx.nodes)
+        if len(counts) == 1 and isinstance(next(iter(counts)), int):  # as the ranks' torch.cuda saw it
+            n = next(iter(counts))
+        devices = f"{n} virtual device{'s' if n != 1 else ''}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
+        ctx.notes.insert(0, f"CUDA was emulated on CPU: {devices}" + (", " + ", ".join(words) if words else ""))
     plan = meta.get("plan") or {}
     if mode == "spawn":
         line = plan.get("spawn_line")
@@ -112,6 +122,15 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"{STANDIN_WORDS.get(package, package)} is {event.get('reason') or 'not installed'}: ddpdoctor's stand-in "
             "ran the script on torch.distributed (what it does not reproduce: "
             + "; ".join(event.get("differences") or []) + ")"
+        )
+    uses = {(e.get("site") or {}).get("line"): e.get("site") for _, e in ctx.run.events("hvd_torch_distributed")}
+    if uses:
+        where = ", ".join(ctx.at(site) for site in list(uses.values())[:3])
+        ctx.notes.append(
+            f"under horovodrun, {where} would raise \"Default process group has not been initialized\": the code "
+            "there uses torch.distributed's default process group (DistributedSampler without num_replicas/rank, "
+            "dist.get_rank(), a dist collective), which Horovod never creates; ddpdoctor's stand-in did, so the "
+            "probe went on — pass num_replicas=hvd.size(), rank=hvd.rank(), or use hvd's own calls"
         )
     runtime = plan.get("runtime_decision") or {}
     if runtime.get("mode") == "torchrun":
@@ -144,10 +163,18 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         epochs = max(_epochs(p) for p in ctx.ranks.values())
         wall = ctx.launcher.get("wall_seconds")
         lim = f"limit {meta.get('epochs')} epochs × {meta.get('steps')} steps; " if meta.get("epochs") else ""
+        on_nodes = f" on {len(ctx.nodes)} nodes" if len(ctx.nodes) > 1 else ""
         ctx.notes.append(
-            f"probe: {len(ctx.ranks)} rank{'s' if len(ctx.ranks) != 1 else ''} ({mode}), {lim}observed "
+            f"probe: {len(ctx.ranks)} rank{'s' if len(ctx.ranks) != 1 else ''}{on_nodes} ({mode}), {lim}observed "
             f"{epochs} epoch{'s' if epochs != 1 else ''}, {max(steps.values())} optimizer steps per rank"
             + (f", {fmt_num(round(float(wall), 1))} s" if wall else "")
+        )
+    world = ctx.world_size
+    if mode == "attach" and ctx.ranks and len(ctx.ranks) < world:
+        ctx.notes.append(
+            f"the run had {world} ranks but these directories hold the events of {len(ctx.ranks)} "
+            f"({fmt_ranks(ctx.ranks)}): with one directory per node, give `ddpdoctor report` all of them (or their "
+            "parent directory), so that what differs between nodes is measured"
         )
     add_file_notes(ctx)
     errors = [e for _, e in ctx.run.events("internal_error")]
@@ -158,11 +185,13 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
     if missing_emulation:
         ctx.notes.append(missing_emulation[0])
     rows = []
+    several_nodes = len(ctx.nodes) > 1
     for r, p in ctx.ranks.items():
         last = p.events[-1] if p.events else {}
         rows.append(
             [
                 r,
+                *([ctx.node_of(p)] if several_nodes else []),
                 p.pid,
                 _rank_status(ctx, p, fails, roots),
                 len(p.of("optimizer_step")),
@@ -174,6 +203,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
     if rows:
         ctx.tables["ranks"] = {
             "title": "Ranks",
-            "columns": ["rank", "pid", "status", "steps", "epochs", "train batches", "last event"],
+            "columns": ["rank", *(["node"] if several_nodes else []), "pid", "status", "steps", "epochs",
+                        "train batches", "last event"],
             "rows": rows,
         }

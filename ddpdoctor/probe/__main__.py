@@ -1,11 +1,13 @@
 """Attach mode: `python -m ddpdoctor.probe --out DIR SCRIPT [ARGS...]` under any launcher.
 
     torchrun --nproc_per_node 8 -m ddpdoctor.probe --out run train.py --epochs 90
-    srun python -m ddpdoctor.probe --out run/$SLURM_NODEID train.py ...
-    ddpdoctor report run
+    srun python -m ddpdoctor.probe --out run/node$SLURM_NODEID train.py ...
+    ddpdoctor report run                    # one directory, several (run/node0 run/node1) or their parent
 
-Each process runs the script instrumented (real devices, the launcher's own env contract, no CUDA emulation) and
-writes its events into DIR (one directory per node, or a shared one: file names carry host and pid). The first
+Each process runs the script instrumented (real devices, the launcher's own env contract, no CUDA emulation unless
+--device cpu) and writes its events into DIR (one directory per node, or a shared one: file names carry host and
+pid). The world (rank, world size, node) comes from torchrun's variables, or from SLURM's under `srun` without
+torchrun (ddpdoctor.world). The first
 processes copy the script into DIR/source/, so DIR can be analysed on another machine. Without --no-limit the
 run ends itself after --epochs × --steps, as `ddpdoctor check` does.
 """
@@ -26,6 +28,7 @@ from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
+from ddpdoctor.world import place_from_env
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.sourcefile import check_source_path
 
@@ -41,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-limit", action="store_true", help="observe the whole run; never cut epochs or end it early")
     p.add_argument("--timeout", type=_seconds(1.0), default=600.0,
                    help="how long a finished rank waits for its peers")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto/cuda: the devices the launcher gives (default); cpu: emulate CUDA on CPU with one "
+                   "virtual GPU per local rank, to rehearse a GPU job (one node or several) on a machine without GPUs")
     p.add_argument("--stall-timeout", type=_seconds(0.0), default=300.0,
                    help="dump every thread's stack when no optimizer step happened for this long (0 = off)")
     # torch.distributed.launch puts --local-rank=N right after the module; pass it on to the script
@@ -112,7 +118,8 @@ def _prepare(ns: argparse.Namespace) -> RunDirClaim:
 def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
     script = Path(ns.script)
     out = claim.path
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    place = place_from_env(os.environ)  # torchrun's variables, else SLURM's (srun without torchrun), else MPI's
+    world = place.world_size or 1
     plan = plan_for_file(script)
     limited = not ns.no_limit
     sources: dict[str, str] = {}
@@ -133,7 +140,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
             "epochs": ns.epochs if limited else 0,
             "steps": ns.steps if limited else 0,
             "timeout": ns.timeout,
-            "device": "auto",
+            "device": ns.device,
             "base_lr": None,
             "base_batch": None,
             "lr_scaling": "auto",
@@ -146,7 +153,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
             "started": time.time(),
         },
     )
-    if os.environ.get("RANK", "0") == "0" and not (out / STATIC_FILE).exists():
+    if (place.rank or 0) == 0 and not (out / STATIC_FILE).exists():
         static = _static_findings(script)
         if static is not None:
             _write_once(out / STATIC_FILE, static)
@@ -160,7 +167,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
         mode="attach",
         epochs=ns.epochs if limited else 0,
         steps=ns.steps if limited else 0,
-        device="auto",
+        device=ns.device,
         nproc=world,
         timeout=ns.timeout,
         script=str(script),

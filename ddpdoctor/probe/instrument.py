@@ -11,6 +11,7 @@ from ddpdoctor.probe.importhook import when_imported
 from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.standins import install_finder
+from ddpdoctor.world import place_from_env
 
 
 def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
@@ -34,15 +35,28 @@ def redirect_writes(probe: session.Probe) -> None:
 
 
 def resolve_device(settings: ProbeSettings) -> str:
-    """cuda when asked for, or (auto) when this node has a GPU for every local rank; cpu otherwise."""
+    """cpu when asked for; cuda when asked for, or (auto) when this node has a GPU for every local rank, or (attach
+    mode) whenever the launcher's node has one; cpu otherwise."""
     import torch
 
-    if settings.device == "cuda" or settings.mode == "attach":
-        return "cuda" if torch.cuda.is_available() else "cpu"
     if settings.device == "cpu":
         return "cpu"
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", settings.nproc) or settings.nproc)
-    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= local else "cpu"
+    if settings.device == "cuda" or settings.mode == "attach":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= _local_ranks(settings) else "cpu"
+
+
+def _local_ranks(settings: ProbeSettings) -> int:
+    """Ranks on this node: the launcher's local world size (torchrun's LOCAL_WORLD_SIZE, SLURM's tasks on this
+    node), else the probe's --nproc (the main process of a self-spawning script has no launcher)."""
+    return place_from_env(os.environ).local_world_size or settings.nproc
+
+
+def emulates(settings: ProbeSettings, device: str) -> bool:
+    """CUDA is emulated on CPU: `check` on a machine without enough GPUs, or attach mode with --device cpu (the
+    user's own launcher, on CPU, rehearsing a GPU job). Attach mode on its own never emulates: it runs on what
+    the launcher gives."""
+    return device == "cpu" and (settings.mode != "attach" or settings.device == "cpu")
 
 
 def _notify(probe: session.Probe):
@@ -68,7 +82,7 @@ def _install_torch_side(probe: session.Probe) -> None:
     settings = probe.settings
     snapshot_signatures(probe)
     device = resolve_device(settings)
-    emulate = device == "cpu" and settings.mode != "attach"
+    emulate = emulates(settings, device)
     emulated = False
     error = None
     if emulate:
@@ -79,7 +93,7 @@ def _install_torch_side(probe: session.Probe) -> None:
         else:
             try:
                 if not emulation.emulation_active():
-                    undo = emulation.install_cuda_emulation(settings.nproc, notify=_notify(probe))
+                    undo = emulation.install_cuda_emulation(_local_ranks(settings), notify=_notify(probe))
                     if callable(undo):
                         probe.patcher.add_undo(undo)
                 emulated = bool(emulation.emulation_active())

@@ -65,6 +65,7 @@ from ddpdoctor.probe.sources import snapshot, snapshot_run
 from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
 from ddpdoctor.probe.usertree import changes as tree_changes
 from ddpdoctor.probe.usertree import fingerprint
+from ddpdoctor.world import WORLD_ENV
 
 STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
 STACK_WAIT = 2.0  # how long, at the timeout, the launcher waits for the dumps to be complete
@@ -159,8 +160,8 @@ def _environment(settings: ProbeSettings, port: int, scratch: str) -> dict[str, 
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("DDPDOCTOR_")]:
         del env[key]
-    # a launcher contract inherited from an outer job must not leak into ours
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
+    # a launcher contract inherited from an outer job (torchrun, an srun allocation, mpirun) must not leak into ours
+    for key in WORLD_ENV:
         env.pop(key, None)
     env.update(settings.to_env())
     env[RUN_TAG_ENV] = settings.run_tag

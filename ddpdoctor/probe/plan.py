@@ -1,5 +1,8 @@
-"""How to launch a script, decided from its source and the arguments it is given (a quick AST read; never imports
-or runs it).
+"""How to launch a script, decided from its source and the arguments it is given. The script is read through the
+static interpreter (`ddpdoctor.static`), the same reading the static rules get: its spawn calls, process groups,
+launcher variables and options are events of that walk, and whether a spawn call runs is read from the branches
+around it on the path the walk took to it (callers included), evaluated with the script's options as the given
+arguments set them. Never imports or runs the script.
 
 - A script that starts its own ranks (torch.multiprocessing.spawn / start_processes, multiprocessing.Process) and
   initialises a process group is started ONCE when, with the given arguments, its spawn call runs; its children
@@ -28,28 +31,23 @@ from __future__ import annotations
 
 import argparse
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-SPAWN_CALLS = {
-    "torch.multiprocessing.spawn",
-    "torch.multiprocessing.start_processes",
-    "torch.multiprocessing.spawn.spawn",
-    "torch.multiprocessing.spawn.start_processes",
-    "torch.multiprocessing.Process",
-    "multiprocessing.Process",
-    "multiprocessing.context.Process",
-}
-LAUNCHER_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE"}
-DATA_PARALLEL_CALLS = {
-    "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel",
-    "torch.nn.parallel.data_parallel.DataParallel",
-    "torch.nn.parallel.data_parallel",
-    "torch.nn.parallel.data_parallel.data_parallel",
-}
-LOCAL_RANK_OPTIONS = ("--local_rank", "--local-rank")
+from ddpdoctor import torchnames as N
+from ddpdoctor.errors import UsageError
+from ddpdoctor.static.apis.cli import UNKNOWN as CLI_UNKNOWN
+from ddpdoctor.static.engine.expressions import NOT_COMPUTED, known_value, truth_of
+
+LAUNCHER_ENV = N.LAUNCHER_ENV
+LOCAL_RANK_OPTIONS = N.LOCAL_RANK_OPTIONS
+DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"  # the functional form, canonical name
+
+
+def _place(ev: Any, model: Any) -> str:
+    return f"line {ev.line}" if ev.file == model.filename else f"{ev.file}:{ev.line}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,104 +89,35 @@ class LaunchPlan:
         }
 
 
-class _Scanner(ast.NodeVisitor):
-    def __init__(self) -> None:
-        self.aliases: dict[str, str] = {}
-        self.spawn_calls: list[ast.Call] = []
-        self.reads_env = False
-        self.init_pg = False
-        self.local_rank: tuple[str, int] | None = None
-        self.horovod = False
-        self.data_parallel_line: int | None = None
+# --------------------------------------------------------------------------------------------- three-valued logic
 
-    @property
-    def spawn_line(self) -> int | None:
-        return self.spawn_calls[0].lineno if self.spawn_calls else None
 
-    def visit_Import(self, node: ast.Import) -> None:
-        for a in node.names:
-            self.horovod |= a.name.split(".")[0] == "horovod"
-            if a.asname:
-                self.aliases[a.asname] = a.name
-            else:
-                root = a.name.split(".")[0]
-                self.aliases.setdefault(root, root)
+# a value the source does not settle before the run (the interpreter's sentinel: an option set to it stays unknown)
+UNKNOWN: Any = CLI_UNKNOWN
+_NOT_GIVEN = object()
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.module and not node.level:
-            self.horovod |= node.module.split(".")[0] == "horovod"
-            for a in node.names:
-                self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
 
-    def visit_Assign(self, node: ast.Assign) -> None:
-        # ctx = mp.get_context("spawn") → ctx.Process(...) is a multiprocessing Process
-        if isinstance(node.value, ast.Call):
-            inner = self.name(node.value.func) or ""
-            if inner.endswith("get_context") and "multiprocessing" in inner:
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        self.aliases[target.id] = inner.rsplit(".", 1)[0] + ".context"
-        self.generic_visit(node)
+def _and(a: Any, b: Any) -> Any:
+    if a is False or b is False:
+        return False
+    if a is True and b is True:
+        return True
+    return UNKNOWN
 
-    def name(self, node: ast.AST) -> str | None:
-        if isinstance(node, ast.Name):
-            return self.aliases.get(node.id, node.id)
-        if isinstance(node, ast.Attribute):
-            base = self.name(node.value)
-            return f"{base}.{node.attr}" if base else None
-        if isinstance(node, ast.Call):  # mp.get_context("spawn").Process
-            inner = self.name(node.func)
-            if inner and inner.endswith("get_context"):
-                return inner.rsplit(".", 1)[0] + ".context"
-        return None
 
-    def visit_Call(self, node: ast.Call) -> None:
-        name = self.name(node.func) or ""
-        if name in SPAWN_CALLS or (name.endswith(".Process") and "multiprocessing" in name):
-            self.spawn_calls.append(node)
-        if name.endswith("init_process_group"):
-            self.init_pg = True
-        if name in DATA_PARALLEL_CALLS and self.data_parallel_line is None:
-            self.data_parallel_line = node.lineno
-        if name.endswith(("environ.get", "getenv")) and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and first.value in LAUNCHER_ENV:
-                self.reads_env = True
-        if name.endswith("add_argument"):
-            for arg in node.args:
-                if isinstance(arg, ast.Constant) and arg.value in LOCAL_RANK_OPTIONS and self.local_rank is None:
-                    self.local_rank = (arg.value, node.lineno)
-        self.generic_visit(node)
+def _or(a: Any, b: Any) -> Any:
+    if a is True or b is True:
+        return True
+    if a is False and b is False:
+        return False
+    return UNKNOWN
 
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        if isinstance(node.ctx, ast.Load) and (self.name(node.value) or "").endswith("environ"):
-            key = node.slice
-            if isinstance(key, ast.Constant) and key.value in LAUNCHER_ENV:
-                self.reads_env = True
-        self.generic_visit(node)
 
-    def visit_Compare(self, node: ast.Compare) -> None:
-        if (
-            isinstance(node.left, ast.Constant)
-            and node.left.value in LAUNCHER_ENV
-            and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
-        ):
-            self.reads_env = True
-        self.generic_visit(node)
+def _not(a: Any) -> Any:
+    return UNKNOWN if a is UNKNOWN else (not a)
 
 
 # --------------------------------------------------------------------------------------------- argparse options
-
-
-class _Unknown:
-    """A value the source does not settle before the run."""
-
-    def __repr__(self) -> str:
-        return "UNKNOWN"
-
-
-UNKNOWN: Any = _Unknown()
-_NOT_GIVEN = object()
 
 
 class _ParseError(Exception):
@@ -196,10 +125,10 @@ class _ParseError(Exception):
 
 
 class _QuietParser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: ANN201 - argparse protocol
+    def error(self, message: str):
         raise _ParseError(message)
 
-    def exit(self, status: int = 0, message: str | None = None):  # noqa: ANN201
+    def exit(self, status: int = 0, message: str | None = None):
         raise _ParseError(message or "")
 
 
@@ -207,68 +136,80 @@ _ACTIONS = {"store", "store_true", "store_false", "store_const", "append", "appe
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def _literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+def _literal(value: Any) -> Any:
+    """The Python value of an interpreter Value that is a literal (lists stay lists), else _NOT_GIVEN."""
+    v = known_value(value) if value else _NOT_GIVEN
+    if v is _NOT_GIVEN or v is NOT_COMPUTED:
         return _NOT_GIVEN
+    obj = value[0]
+    if isinstance(v, tuple) and isinstance(obj.node, ast.List):
+        return list(v)
+    return v
 
 
-def script_options(tree: ast.AST, argv: Sequence[str]) -> dict[str, Any]:
+def _read(tree_or_model: Any) -> Any:
+    """The static model of a script given as a model, a tree, or source text."""
+    from ddpdoctor.static import build_model
+    from ddpdoctor.static.model import ScriptModel
+
+    if isinstance(tree_or_model, ScriptModel):
+        return tree_or_model
+    if isinstance(tree_or_model, ast.Module):
+        return ScriptModel.build(tree_or_model, "", "<script>")
+    return build_model(tree_or_model, "<script>")
+
+
+def script_options(script: Any, argv: Sequence[str]) -> dict[str, Any]:
     """dest → value of the script's argparse options as `argv` sets them, rebuilt from the literal parts of its
-    `add_argument` calls (every parser in the file, merged). Options whose value the source cannot tell (a custom
-    `type=` applied to a given value, a computed default) map to UNKNOWN; {} when the arguments do not parse."""
+    `add_argument` calls (every parser the script builds, merged). Options whose value the source cannot tell (a
+    custom `type=` applied to a given value, a computed default) map to UNKNOWN; {} when the arguments do not
+    parse. `script`: its static model (or tree, or source text)."""
+    model = _read(script)
     parser = _QuietParser(add_help=False, allow_abbrev=True, conflict_handler="resolve")
     unknown_when_given: set[str] = set()
     unknown_default: set[str] = set()
     defaults: dict[str, Any] = {}
     declared = False
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+    for ev in model.of("add_argument", "set_defaults"):
+        if ev.kind == "set_defaults":
+            for name, value in ev.data["args"].kw.items():
+                literal = _literal(value)
+                if literal is not _NOT_GIVEN:
+                    defaults[name] = literal
             continue
-        if node.func.attr == "set_defaults":
-            for kw in node.keywords:
-                value = _literal(kw.value) if kw.arg else _NOT_GIVEN
-                if kw.arg and value is not _NOT_GIVEN:
-                    defaults[kw.arg] = value
-            continue
-        if node.func.attr != "add_argument":
-            continue
-        flags = [_literal(a) for a in node.args]
-        if not flags or not all(isinstance(f, str) and f for f in flags):
+        spec = ev.data["arg"]
+        args = spec.args
+        flags = [_literal(v) for v in args.pos]
+        if args.opaque or not flags or not all(isinstance(f, str) and f for f in flags):
             continue
         kwargs: dict[str, Any] = {}
         custom_type = computed_default = False
-        for kw in node.keywords:
-            if kw.arg is None:
-                continue
-            if kw.arg == "action":
-                action = _literal(kw.value)
+        for key, value in args.kw.items():
+            if key == "action":
+                action = _literal(value)
                 if isinstance(action, str) and action in _ACTIONS:
                     kwargs["action"] = action
-                elif isinstance(kw.value, (ast.Attribute, ast.Name)) and (
-                    getattr(kw.value, "attr", None) or getattr(kw.value, "id", None)
-                ) == "BooleanOptionalAction":
+                elif any(o.kind == "qual" and (o.qual or "").endswith("BooleanOptionalAction") for o in value):
                     kwargs["action"] = argparse.BooleanOptionalAction
                 else:
                     kwargs = {}
                     break  # help / version / a custom action: not an option we can evaluate
-            elif kw.arg == "type":
-                name = kw.value.id if isinstance(kw.value, ast.Name) else None
-                if name in _TYPES:
-                    kwargs["type"] = _TYPES[name]
+            elif key == "type":
+                names = {o.label for o in value if o.kind == "builtin"}
+                if len(value) == 1 and names and names <= set(_TYPES):
+                    kwargs["type"] = _TYPES[names.pop()]
                 else:
                     custom_type = True
-            elif kw.arg == "default":
-                value = _literal(kw.value)
-                if value is _NOT_GIVEN:
+            elif key == "default":
+                literal = _literal(value)
+                if literal is _NOT_GIVEN:
                     computed_default = True
                 else:
-                    kwargs["default"] = value
-            elif kw.arg in ("nargs", "const", "dest"):
-                value = _literal(kw.value)
-                if value is not _NOT_GIVEN:
-                    kwargs[kw.arg] = value
+                    kwargs["default"] = literal
+            elif key in ("nargs", "const", "dest"):
+                literal = _literal(value)
+                if literal is not _NOT_GIVEN:
+                    kwargs[key] = literal
         else:
             if kwargs.get("nargs") is None and not flags[0].startswith("-") and kwargs.get("action") in (None, "store"):
                 kwargs["nargs"] = "?"  # a required positional must not make the whole parse fail
@@ -302,275 +243,74 @@ def script_options(tree: ast.AST, argv: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _given_flags(tree: ast.AST) -> dict[str, list[str]]:
-    """dest → option strings, to say in the plan's reason which argument decided."""
-    out: dict[str, list[str]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            if not flags:
-                continue
-            dest = next((_literal(kw.value) for kw in node.keywords if kw.arg == "dest"), None)
-            if not isinstance(dest, str):
-                longs = [f for f in flags if f.startswith("--")]
-                dest = (longs[0] if longs else flags[0]).lstrip("-").replace("-", "_")
-            out.setdefault(dest, flags)
-    return out
-
-
 # --------------------------------------------------------------------------------------------- reaching a call
 
 
-def _and(a: Any, b: Any) -> Any:
-    if a is False or b is False:
-        return False
-    if a is True and b is True:
-        return True
-    return UNKNOWN
-
-
-def _or(a: Any, b: Any) -> Any:
-    if a is True or b is True:
-        return True
-    if a is False and b is False:
-        return False
-    return UNKNOWN
-
-
-def _not(a: Any) -> Any:
-    return UNKNOWN if a is UNKNOWN else (not a)
-
-
 class _Reach:
-    """Whether a call runs, given the script's options: the `if` tests around it and around the calls of the
-    functions it sits in, evaluated with three-valued logic (true, false, UNKNOWN)."""
+    """Whether a spawn call runs with the given options: the branches on the path the interpreter took to it,
+    each test evaluated to true, false or UNKNOWN, and-ed; a call reached only because nothing calls its function
+    (a callback handed to fire.Fire or hydra) is UNKNOWN."""
 
-    def __init__(self, tree: ast.Module, scanner: _Scanner, options: dict[str, Any], flags: dict[str, list[str]],
-                 argv: Sequence[str], nproc: int) -> None:
-        self.tree = tree
-        self.scanner = scanner
-        self.options = options
+    def __init__(self, model: Any, flags: dict[str, tuple[str, ...]], argv: Sequence[str]) -> None:
+        self.model = model
         self.flags = flags
         self.argv = list(argv)
-        self.nproc = nproc
-        self.parents: dict[ast.AST, ast.AST] = {}
-        for parent in ast.walk(tree):
-            for child in ast.iter_child_nodes(parent):
-                self.parents[child] = parent
-        self.args_names = self._args_names()
-        self.assignments = self._option_assignments()
-        self.module_constants = self._module_constants()
         self.env_dependent = False
         self.deciding: list[str] = []  # the guards that settled it, as source text with their values
-        self._resolving: set[str] = set()
+        self._env_sites = [
+            (ev.file, ev.node) for ev in model.of("env_read", "env_check") if getattr(ev.node, "end_lineno", None)
+        ]
 
-    # -- what holds the parsed options
-    def _args_names(self) -> set[str]:
-        producers: set[str] = set()  # functions returning parse_args()
-        names: set[str] = set()
-
-        def is_parse(call: ast.AST) -> bool:
-            if isinstance(call, ast.Subscript):
-                call = call.value
-            if not isinstance(call, ast.Call):
-                return False
-            f = call.func
-            if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
-                return True
-            return isinstance(f, ast.Name) and f.id in producers
-
-        for _ in range(2):  # producers may be defined after their first use
-            for node in ast.walk(self.tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for sub in ast.walk(node):
-                        if isinstance(sub, ast.Return) and sub.value is not None and (
-                            is_parse(sub.value) or (isinstance(sub.value, ast.Name) and sub.value.id in names)
-                        ):
-                            producers.add(node.name)
-                if isinstance(node, ast.Assign) and is_parse(node.value):
-                    for target in node.targets:
-                        if isinstance(target, ast.Name):
-                            names.add(target.id)
-                        elif isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name):
-                            names.add(target.elts[0].id)
-        return names
-
-    def _option_assignments(self) -> dict[str, list[ast.AST]]:
-        """dest → statements that assign `args.dest` after parsing (derived flags, overrides)."""
-        out: dict[str, list[ast.AST]] = {}
-        for node in ast.walk(self.tree):
-            targets: list[ast.AST] = []
-            if isinstance(node, ast.Assign):
-                targets = list(node.targets)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            for t in targets:
-                for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in self.args_names:
-                        out.setdefault(sub.attr, []).append(node)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
-                first, name = node.args[0], node.args[1] if len(node.args) > 1 else None
-                if isinstance(first, ast.Name) and first.id in self.args_names:
-                    key = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else "*"
-                    out.setdefault(key, []).append(node)
-        return out
-
-    def _module_constants(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        values: dict[str, Any] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        counts[t.id] = counts.get(t.id, 0) + 1
-                        values[t.id] = node.value
-        out = {}
-        for stmt in self.tree.body:
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-                name = stmt.targets[0].id
-                value = _literal(stmt.value)
-                if counts.get(name) == 1 and value is not _NOT_GIVEN:
-                    out[name] = value
-        return out
-
-    # -- values
-    def _option(self, dest: str) -> Any:
-        assigned = self.assignments.get(dest, []) + self.assignments.get("*", [])
-        if not assigned:
-            return self.options.get(dest, UNKNOWN)
-        if dest in self._resolving or len(assigned) != 1 or not isinstance(assigned[0], ast.Assign):
+    def reach(self, ev: Any) -> Any:
+        if not ev.reached:
             return UNKNOWN
-        stmt = assigned[0]
-        if not isinstance(self.parents.get(stmt), (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            return UNKNOWN  # assigned on some paths only
-        self._resolving.add(dest)
-        try:
-            return self.value(stmt.value)
-        finally:
-            self._resolving.discard(dest)
-
-    def value(self, node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id == "__name__":
-                return "__main__"
-            return self.module_constants.get(node.id, UNKNOWN)
-        if isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id in self.args_names:
-                return self._option(node.attr)
-            if (self.scanner.name(node) or "").endswith("environ"):
-                self.env_dependent = True
-            return UNKNOWN
-        if isinstance(node, ast.Subscript):
-            if (self.scanner.name(node.value) or "").endswith("environ"):
-                self.env_dependent = True
-            return UNKNOWN
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        if isinstance(node, ast.BoolOp):
-            result = self.truth(node.values[0])
-            for v in node.values[1:]:
-                result = (_and if isinstance(node.op, ast.And) else _or)(result, self.truth(v))
-            return result
-        if isinstance(node, ast.UnaryOp):
-            operand = self.value(node.operand)
-            if isinstance(node.op, ast.Not):
-                return _not(self._truthy(operand))
-            if operand is UNKNOWN:
-                return UNKNOWN
-            try:
-                return -operand if isinstance(node.op, ast.USub) else operand
-            except TypeError:
-                return UNKNOWN
-        if isinstance(node, ast.Compare):
-            return self._compare(node)
-        if isinstance(node, ast.BinOp):
-            left, right = self.value(node.left), self.value(node.right)
-            if left is UNKNOWN or right is UNKNOWN:
-                return UNKNOWN
-            ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-                   ast.FloorDiv: lambda a, b: a // b, ast.Div: lambda a, b: a / b, ast.Mod: lambda a, b: a % b}
-            fn = ops.get(type(node.op))
-            try:
-                return fn(left, right) if fn else UNKNOWN
-            except Exception:
-                return UNKNOWN
-        if isinstance(node, ast.IfExp):
-            test = self.truth(node.test)
-            if test is UNKNOWN:
-                return UNKNOWN
-            return self.value(node.body if test else node.orelse)
-        return UNKNOWN
-
-    def _call(self, node: ast.Call) -> Any:
-        name = self.scanner.name(node.func) or ""
-        if name.endswith(("environ.get", "getenv", "environ.__contains__")):
-            self.env_dependent = True
-            return UNKNOWN
-        if name == "torch.cuda.is_available":
-            return True  # the probe gives the ranks devices (real ones, or emulated on CPU)
-        if name == "torch.cuda.device_count":
-            return self.nproc
-        if name in ("int", "float", "bool", "str", "len") and len(node.args) == 1 and not node.keywords:
-            arg = self.value(node.args[0])
-            if arg is UNKNOWN:
-                return UNKNOWN
-            try:
-                return {"int": int, "float": float, "bool": bool, "str": str, "len": len}[name](arg)
-            except Exception:
-                return UNKNOWN
-        return UNKNOWN
-
-    def _compare(self, node: ast.Compare) -> Any:
-        left = self.value(node.left)
         result: Any = True
-        for op, comparator in zip(node.ops, node.comparators):
-            right = self.value(comparator)
-            if isinstance(op, (ast.In, ast.NotIn)) and (self.scanner.name(comparator) or "").endswith("environ"):
-                self.env_dependent = True
-                return UNKNOWN
-            if left is UNKNOWN or right is UNKNOWN:
+        for c in reversed(ev.ctx):
+            if c.kind in ("cond", "rank") and isinstance(c.node, (ast.If, ast.IfExp)):
+                result = _and(result, self._guard(c, ev.file))
+            elif c.kind == "loop" and isinstance(c.node, ast.While):
+                result = _and(result, self._truth(c, ev.file))
+            elif (
+                c.kind == "try"
+                and isinstance(c.node, ast.ExceptHandler)
+                or c.kind == "cond"
+                and isinstance(c.node, ast.Match)
+            ):
                 result = _and(result, UNKNOWN)
-            else:
-                try:
-                    one = {
-                        ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
-                        ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
-                        ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b,
-                        ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-                    }[type(op)](left, right)
-                except Exception:
-                    one = UNKNOWN
-                result = _and(result, bool(one) if one is not UNKNOWN else UNKNOWN)
-            left = right
+            if result is False:
+                return False
         return result
 
-    @staticmethod
-    def _truthy(value: Any) -> Any:
-        if value is UNKNOWN:
+    def _truth(self, c: Any, file: str) -> Any:
+        truth = truth_of(c.test) if c.test else None
+        if truth is None:
+            if self._reads_env(c, file):
+                self.env_dependent = True
             return UNKNOWN
-        try:
-            return bool(value)
-        except Exception:
-            return UNKNOWN
+        return truth
 
-    def truth(self, node: ast.AST) -> Any:
-        return self._truthy(self.value(node))
-
-    # -- paths
-    def _guard(self, test: ast.AST, polarity: bool) -> Any:
-        t = self.truth(test)
+    def _guard(self, c: Any, file: str) -> Any:
+        t = self._truth(c, file)
         if t is not UNKNOWN:
-            text = ast.unparse(test)
-            if text != "__name__ == '__main__'":
-                self.deciding.append(f"`{text}` is {'true' if t else 'false'}{self._because(test)}")
-        return t if polarity else _not(t)
+            test = c.node.test
+            self.deciding.append(f"`{ast.unparse(test)}` is {'true' if t else 'false'}{self._because(test)}")
+        return t if c.branch == 0 else _not(t)
+
+    def _reads_env(self, c: Any, file: str) -> bool:
+        if any("env" in o.tags for o in c.test):
+            return True
+        nodes = [getattr(c.node, "test", None)] + [o.node for o in c.test]
+        return any(
+            site_file == file and _inside(site, node)
+            for node in nodes
+            if node is not None
+            for site_file, site in self._env_sites
+        )
 
     def _because(self, test: ast.AST) -> str:
         """` (--flag given)` when the test reads a store_true-like option the arguments set or not."""
         for sub in ast.walk(test):
-            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in self.args_names:
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
                 flags = self.flags.get(sub.attr)
                 if flags:
                     given = [f for f in flags if any(a == f or a.startswith(f + "=") for a in self.argv)]
@@ -578,103 +318,103 @@ class _Reach:
                     return f": {given[0]} given" if given else f": {longest} not given"
         return ""
 
-    def reach(self, node: ast.AST, depth: int = 0, seen: frozenset[str] = frozenset()) -> Any:
-        result: Any = True
-        cur = node
-        parent = self.parents.get(cur)
-        while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module, ast.ClassDef, ast.Lambda)):
-            if isinstance(parent, ast.If) and cur is not parent.test:
-                result = _and(result, self._guard(parent.test, cur in parent.body))
-            elif isinstance(parent, ast.IfExp) and cur is not parent.test:
-                result = _and(result, self._guard(parent.test, cur is parent.body))
-            elif isinstance(parent, ast.While) and cur in parent.body:
-                result = _and(result, self.truth(parent.test))
-            elif isinstance(parent, ast.Try) and any(cur is h for h in parent.handlers):
-                result = _and(result, UNKNOWN)
-            elif isinstance(parent, (ast.match_case, ast.BoolOp)):
-                result = _and(result, UNKNOWN)
-            if result is False:
-                return False
-            cur, parent = parent, self.parents.get(parent)
-        if parent is None or isinstance(parent, ast.Module):
-            return result
-        if not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth >= 4 or parent.name in seen:
-            return _and(result, UNKNOWN)
-        if isinstance(self.parents.get(parent), ast.ClassDef):
-            return _and(result, UNKNOWN)  # a method: who calls it is beyond this quick read
-        callers = [
-            n for n in ast.walk(self.tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == parent.name
-            and not self._inside(n, parent)
-        ]
-        if not callers:
-            return _and(result, UNKNOWN)  # used as a callback (fire.Fire(main), hydra): cannot tell
-        called: Any = False
-        for call in callers:
-            called = _or(called, self.reach(call, depth + 1, seen | {parent.name}))
-            if called is True:
-                break
-        return _and(result, called)
 
-    def _inside(self, node: ast.AST, func: ast.AST) -> bool:
-        p = self.parents.get(node)
-        while p is not None:
-            if p is func:
-                return True
-            p = self.parents.get(p)
-        return False
+def _inside(node: ast.AST, outer: ast.AST) -> bool:
+    """Whether `node` lies within `outer`'s source span."""
+    start = (getattr(outer, "lineno", 0), getattr(outer, "col_offset", 0))
+    end = (getattr(outer, "end_lineno", None) or 0, getattr(outer, "end_col_offset", None) or 0)
+    here = (getattr(node, "lineno", -1), getattr(node, "col_offset", -1))
+    return start <= here < end
 
 
-def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2) -> LaunchPlan:
-    """The launch plan for a script's source text run with `args`. A syntax error gives the default plan (static
-    analysis reports it)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return LaunchPlan()
-    s = _Scanner()
-    s.visit(tree)
-    local_rank = s.local_rank
-    if s.horovod and not s.spawn_calls:
+# --------------------------------------------------------------------------------------------- the plan
+
+
+def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild: Any = None) -> LaunchPlan:
+    """The launch plan from a script's static model. `rebuild(assume)` interprets the script again with facts
+    the source cannot tell (the options as `args` set them, the devices the probe gives): needed only for a
+    script that spawns its own ranks, to decide whether its spawn call runs."""
+    spawns = model.of("spawn", "process")
+    inits = bool(model.of("init_pg")) or any(
+        (ev.data.get("name") or "").endswith("init_process_group") for ev in model.of("call")
+    )
+    reads_env = any(
+        ev.data.get("var") in LAUNCHER_ENV and ev.data.get("how") != "setdefault" for ev in model.of("env_read")
+    ) or any(ev.data.get("var") in LAUNCHER_ENV for ev in model.of("env_check"))
+    local_rank: tuple[str, int] | None = None
+    for ev in model.of("add_argument"):
+        declared = [f for f in ev.data["arg"].flags if f in LOCAL_RANK_OPTIONS]
+        if declared:
+            local_rank = (declared[0], ev.line)
+            break
+    if any(m.split(".")[0] == "horovod" for m in model.imported) and not spawns:
         return LaunchPlan(
-            reads_launcher_env=s.reads_env, inits_process_group=s.init_pg, launcher="horovodrun",
+            reads_launcher_env=reads_env,
+            inits_process_group=inits,
+            launcher="horovodrun",
             reason="it imports Horovod: one process per slot with Horovod's environment, as `horovodrun -np N` "
             "starts it",
         )
-    if s.data_parallel_line and not s.spawn_calls and not s.init_pg and not s.reads_env:
+    data_parallel = [ev for ev in model.of("wrap") if ev.data["wrapper_kind"] == "dp"] + [
+        ev for ev in model.of("call") if ev.data.get("qual") == DATA_PARALLEL_FUNCTION
+    ]
+    if data_parallel and not spawns and not inits and not reads_env:
+        first = min(data_parallel, key=lambda ev: ev.seq)
         return LaunchPlan(
             local_rank_line=local_rank[1] if local_rank else None,
             local_rank_declared=local_rank[0] if local_rank else None,
             single_process=True,
-            reason=f"it trains with nn.DataParallel (line {s.data_parallel_line}) and never initialises a process "
+            reason=f"it trains with nn.DataParallel ({_place(first, model)}) and never initialises a process "
             "group: one process drives every GPU, so it was started once, as `python train.py`",
         )
-    common = dict(
-        spawn_line=s.spawn_line,
-        reads_launcher_env=s.reads_env,
-        inits_process_group=s.init_pg,
-        local_rank_line=local_rank[1] if local_rank else None,
-        local_rank_declared=local_rank[0] if local_rank else None,
-    )
+    spawn_line = spawns[0].line if spawns else None
+    common: dict[str, Any] = {
+        "spawn_line": spawn_line,
+        "reads_launcher_env": reads_env,
+        "inits_process_group": inits,
+        "local_rank_line": local_rank[1] if local_rank else None,
+        "local_rank_declared": local_rank[0] if local_rank else None,
+    }
     torchrun = LaunchPlan(**common, local_rank_option=local_rank[0] if local_rank else None)
-    if not s.spawn_calls or not s.init_pg:
+    if not spawns or not inits:
         return torchrun
-    reach = _Reach(tree, s, script_options(tree, args), _given_flags(tree), args, nproc)
+    options = script_options(model, args)
+    flags = {ev.data["arg"].dest: ev.data["arg"].flags for ev in model.of("add_argument")}
+    assumed = rebuild({"options": options, "device_count": nproc, "cuda_available": True}) if rebuild else model
+    reach = _Reach(assumed, flags, args)
     reached: Any = False
-    for call in s.spawn_calls:
-        reached = _or(reached, reach.reach(call))
-    where = f"its spawn call at line {s.spawn_line}"
+    for ev in assumed.of("spawn", "process"):
+        reached = _or(reached, reach.reach(ev))
+    where = f"its spawn call at line {spawn_line}"
     why = "; ".join(dict.fromkeys(reach.deciding))
-    spawn = dict(common, spawns_own_ranks=True, local_rank_option=None)
+    spawn = {**common, "spawns_own_ranks": True, "local_rank_option": None}
     if reached is True:
         return LaunchPlan(**spawn, reason=f"{where} runs" + (f" with these arguments ({why})" if why else ""))
     if reached is False:
-        return LaunchPlan(**common, local_rank_option=torchrun.local_rank_option,
-                          reason=f"{where} does not run with these arguments" + (f" ({why})" if why else ""))
+        return LaunchPlan(
+            **common,
+            local_rank_option=torchrun.local_rank_option,
+            reason=f"{where} does not run with these arguments" + (f" ({why})" if why else ""),
+        )
     if reach.env_dependent:
-        return LaunchPlan(**common, local_rank_option=torchrun.local_rank_option,
-                          reason=f"it reads the launcher's variables to choose between torchrun and {where}")
+        return LaunchPlan(
+            **common,
+            local_rank_option=torchrun.local_rank_option,
+            reason=f"it reads the launcher's variables to choose between torchrun and {where}",
+        )
     return LaunchPlan(**spawn, decided_at_runtime=True, reason=f"whether {where} runs is not known before the run")
+
+
+def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2, filename: str = "<script>") -> LaunchPlan:
+    """The launch plan for a script's source text run with `args`. A script that does not parse gets the default
+    plan (static analysis reports it)."""
+    from ddpdoctor.static import build_model
+
+    try:
+        model = build_model(source, filename)
+    except UsageError:
+        return LaunchPlan()
+    return plan_for_model(model, args, nproc, rebuild=lambda assume: build_model(source, filename, assume))
 
 
 def plan_for_file(script: Path, args: Sequence[str] = (), nproc: int = 2) -> LaunchPlan:
@@ -682,6 +422,7 @@ def plan_for_file(script: Path, args: Sequence[str] = (), nproc: int = 2) -> Lau
     from ddpdoctor.sourcefile import read_source
 
     try:
-        return plan_launch(read_source(script), args, nproc)
+        source = read_source(script)
     except UsageError:
         return LaunchPlan()
+    return plan_launch(source, args, nproc, filename=str(script))

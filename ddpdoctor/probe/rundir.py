@@ -147,8 +147,10 @@ _JOB_ENV = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
 
 def attach_identity(host: str) -> tuple[dict[str, str], str]:
     """(what every process of one job shares, what identifies this job's launcher on this host)."""
+    from ddpdoctor.world import place_from_env
+
     job = {k: os.environ[k] for k in _JOB_ENV if os.environ.get(k)}
-    if not job or not os.environ.get("WORLD_SIZE"):
+    if not job or not place_from_env(os.environ).world_size:
         job = {"process": f"{host}:{os.getpid()}"}  # no launcher: a job of one process
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file:  # elastic: <log dir>/<run id>_<random>/attempt_<n>/<local rank>/error.json, per agent

@@ -29,26 +29,12 @@ from ddpdoctor.events import EVENTS_DIR, SCHEMA, default_host, file_name_for
 from ddpdoctor.probe.patching import Patcher
 from ddpdoctor.probe.registry import Registry
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.world import WORLD_ENV
 
 WRITE_WAIT_MARGIN = 2.0  # a write still open this close to the probe's timeout is left (and reported)
 THREAD_GRACE = 1.0  # seconds the script's other non-daemon threads get to start their writes
-_LAUNCH_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "SLURM_PROCID",
-    "OMPI_COMM_WORLD_RANK",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_RANK",
-    "HOROVOD_LOCAL_SIZE",
-)
+# what each process records of its launcher: torchrun's, SLURM's and Open MPI's variables (ddpdoctor.world)
+_LAUNCH_ENV = tuple(dict.fromkeys(("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", *WORLD_ENV)))
 
 
 def _jsonable(obj: Any) -> Any:
@@ -430,6 +416,7 @@ class Probe:
         self.epoch = 0
         self.ddp_forward_depth = 0
         self.quiet_steps = 0  # > 0 while a library takes optimizer steps of its own (not the script's training)
+        self.recording = 0  # > 0 while recorder code runs (probe.safely): what it does is not the script's
         self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0
@@ -469,11 +456,14 @@ class Probe:
 
     def safely(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run recorder code; its failure becomes an internal_error event instead of the user's problem."""
+        self.recording += 1
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             self.internal_error(where, exc)
             return None
+        finally:
+            self.recording -= 1
 
     def site(self) -> dict[str, Any] | None:
         """Where in user code the current call came from (the probe's own frames are never user code)."""

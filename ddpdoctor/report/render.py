@@ -10,12 +10,12 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps
 
-REPORT_FORMATS = ("text", "json", "sarif")
+REPORT_FORMATS = ("text", "json", "sarif", "github")
 RULES_FORMATS = ("text", "json")
 
 
 def render(report: Report, fmt: str, *, color: bool, base_dir: Path | None = None) -> str:
-    """The report as `fmt` (text, json or sarif). `color` only affects text; `base_dir` is what relative file
+    """The report as `fmt` (text, json, sarif or github). `color` only affects text; `base_dir` is what relative file
     paths in SARIF are relative to (default: the current directory)."""
     if fmt == "text":
         from ddpdoctor.report.text import render_text
@@ -27,6 +27,10 @@ def render(report: Report, fmt: str, *, color: bool, base_dir: Path | None = Non
         from ddpdoctor.report.sarif import render_sarif
 
         return render_sarif(report, base_dir=base_dir)
+    if fmt == "github":
+        from ddpdoctor.report.github import render_github
+
+        return render_github(report, base_dir=base_dir)
     raise UsageError(f"--format: {fmt!r} is not one of {', '.join(REPORT_FORMATS)}")
 
 

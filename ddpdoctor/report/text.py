@@ -158,7 +158,7 @@ def environment_line(env: dict[str, Any]) -> str:
             parts.append(f"{label} {env[key]}")
     if env.get("nproc") is not None and not env.get("static_only"):
         n = env["nproc"]
-        parts.append(f"{n} rank" + ("" if n == 1 else "s"))
+        parts.append(f"{n} rank" + ("" if n == 1 else "s") + (f" on {env['nodes']} nodes" if env.get("nodes") else ""))
     if env.get("backend"):
         parts.append(f"backend {env['backend']}")
     if env.get("device"):

@@ -25,8 +25,9 @@ def analyze_file(path: Path) -> list[Finding]:
     return analyze_source(read_source(Path(path)), str(path))
 
 
-def build_model(source: str, filename: str) -> ScriptModel:
-    """Parse `source` and build its semantic model; a syntax error becomes a one-line UsageError."""
+def build_model(source: str, filename: str, assume: dict | None = None) -> ScriptModel:
+    """Parse `source` and build its semantic model; a syntax error becomes a one-line UsageError. `assume`: facts
+    the source cannot tell (the launch plan's command-line values, see `apis.TorchInterpreter`)."""
     if source.startswith("\ufeff"):
         source = source[1:]
     try:
@@ -35,7 +36,7 @@ def build_model(source: str, filename: str) -> ScriptModel:
         raise UsageError(f"{filename}:{exc.lineno or 0}: syntax error: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
         raise UsageError(f"{filename}: cannot parse: {exc}") from None
-    return ScriptModel.build(tree, source, filename)
+    return ScriptModel.build(tree, source, filename, assume)
 
 
 def analyze_source(source: str, filename: str) -> list[Finding]:

@@ -13,8 +13,9 @@ from functools import cached_property
 from typing import Any, Iterable
 
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
+from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
+from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.semantic import Event, Family, Obj, Value, union
-from ddpdoctor.static.walker import CliArg, Walker, scaled_up_by_world
 
 
 @dataclass
@@ -26,19 +27,23 @@ class ScriptModel:
     cli_args: dict[str, CliArg]
     errors: list[str] = field(default_factory=list)
     truncated: bool = False
+    file: SourceFile | None = None
 
     @classmethod
-    def build(cls, tree: ast.Module, source: str, filename: str) -> "ScriptModel":
-        walker = Walker(tree)
-        walker.run()
+    def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> "ScriptModel":
+        """Interpret the script; `assume` gives facts the source cannot (see `TorchInterpreter`)."""
+        file = SourceFile(filename, source, tree)
+        interp = TorchInterpreter(file, assume)
+        interp.run()
         return cls(
             filename=filename,
             source=source,
             tree=tree,
-            events=walker.events,
-            cli_args=walker.cli_args,
-            errors=walker.errors,
-            truncated=walker.truncated,
+            events=interp.events,
+            cli_args=interp.cli_args,
+            errors=interp.errors,
+            truncated=interp.truncated,
+            file=file,
         )
 
     # ------------------------------------------------------------------ events
@@ -184,33 +189,9 @@ class ScriptModel:
 
     @cached_property
     def _scan(self) -> tuple[str, frozenset[str], frozenset[str]]:
-        """One pass over the tree: (identifiers and string constants lower-cased, string constants, imports)."""
-        parts: list[str] = []
-        strings: set[str] = set()
-        imports: set[str] = set()
-        docstrings: set[int] = set()
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-                docstrings.add(id(node.value))
-            elif isinstance(node, ast.Name):
-                parts.append(node.id)
-            elif isinstance(node, ast.Attribute):
-                parts.append(node.attr)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                parts.append(node.name)
-            elif isinstance(node, ast.arg):
-                parts.append(node.arg)
-            elif isinstance(node, ast.keyword) and node.arg:
-                parts.append(node.arg)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                strings.add(node.value)
-                if id(node) not in docstrings:
-                    parts.append(node.value[:200])
-            elif isinstance(node, ast.Import):
-                imports.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                imports.add(node.module)
-        return " ".join(parts).lower(), frozenset(strings), frozenset(imports)
+        """(identifiers and string constants lower-cased, string constants, imports), from the file's index."""
+        index = (self.file or SourceFile(self.filename, self.source, self.tree)).index
+        return index.words, frozenset(index.strings), frozenset(index.imports)
 
     @property
     def words(self) -> str:

@@ -64,6 +64,7 @@ class Obj:
     items: tuple[Value, ...] | None = None
     props: dict[str, Any] = field(default_factory=dict)
     family: Family | None = None
+    file: str = ""  # the file `node` is in
 
     @property
     def is_module(self) -> bool:
@@ -125,6 +126,7 @@ class Ctx(NamedTuple):
     frame: int
     branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
     scope: str | None = None
+    test: "Value" = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
 
 
 @dataclass(eq=False)
@@ -140,6 +142,8 @@ class Event:
     func: str
     reached: bool
     data: dict[str, Any]
+    file: str = ""  # the file `node` is in
+    chain: tuple[tuple[str, int, str], ...] = ()  # (file, line, function called) of each call that led here
 
     @property
     def frame(self) -> int:
@@ -191,3 +195,5 @@ class Frame:
     cls: Obj | None = None
     ctx_base: int = 0
     is_class_body: bool = False
+    file: str = ""  # the file the frame's code is in
+    call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any

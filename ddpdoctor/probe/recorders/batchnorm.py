@@ -114,8 +114,11 @@ def install(probe: Probe) -> None:
     from torch.nn.modules import module as module_mod
     from torch.nn.modules.batchnorm import _BatchNorm
 
+    from ddpdoctor.probe import readback
+
     state = _State()
     call_codes = {torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__}
+    readback.for_probe(probe)  # now, not at the first step: it adds a step hook
 
     def pre_hook(module: Any, args: Any) -> None:
         if not isinstance(module, _BatchNorm) or not state.active or probe.ending:
@@ -416,13 +419,11 @@ def _flush(probe: Probe, state: _State, torch: Any) -> None:
     if not by_step:
         by_step[probe.steps] = []
     last = max(by_step)
+    from ddpdoctor.probe import readback
+
+    reader = readback.for_probe(probe)
     for step in sorted(by_step):
         recs = by_step[step]
-        ref = None
-        if recs:
-            with torch.no_grad():
-                vec = torch.cat([t for r in recs for t in (r.mean, r.var)]).cpu()
-            ref = probe.blob(vec.numpy().tobytes(), dtype="float64", count=int(vec.numel()))
         fields: dict[str, Any] = {
             "step": step,
             "forwards": {
@@ -433,12 +434,24 @@ def _flush(probe: Probe, state: _State, torch: Any) -> None:
                 "synced": [r.synced for r in recs],
                 "channels": [int(r.mean.numel()) for r in recs],
             },
-            "moments": ref,
+            "moments": None,
         }
         if step == last:  # per-layer counters since the previous flush go with the latest step
             fields["modes"] = {str(layer.index): "".join(layer.modes) for layer in touched if layer.modes}
             fields["dropped"] = {str(layer.index): layer.dropped for layer in state.order if layer.dropped}
-        probe.emit("bn_step", **fields)
+        if not recs:
+            probe.emit("bn_step", **fields)
+            continue
+
+        def emit(host: list[Any], fields: dict[str, Any] = fields) -> None:
+            vec = host[0]
+            fields["moments"] = probe.blob(vec.numpy().tobytes(), dtype="float64", count=int(vec.numel()))
+            probe.emit("bn_step", **fields)
+
+        # the moments stay on the input's device until read back without a synchronisation (readback)
+        with torch.no_grad():
+            moments = torch.cat([t for r in recs for t in (r.mean, r.var)])
+        reader.read([moments], emit, where="bn_step moments")
     for layer in state.order:
         layer.modes = []
         layer.recorded = 0

@@ -19,10 +19,19 @@
 - Non-finite values: the loss (at backward, and the output of `nn` loss modules), the gradients (step pre-hook),
   the parameters and the BatchNorm running statistics (after the step): the first step, rank and tensor (DD406).
 
-Cost: one isinstance check per module call (hooks), an `.item()` per backward, two foreach norms over the
+Cost: one isinstance check per module call (hooks), a read of the loss per backward, two foreach norms over the
 gradients per step and one over the parameters and norm buffers; per collective while a DDP model exists, a
 step over the wrapper frames to its caller (a few µs) and, for calls from user code only, a dict lookup of the
 tensor's storage. Values are read, never written; no generator is touched and no collective is added.
+
+On a GPU every value is reduced on the device and read through `readback` (pinned, non-blocking, delivered in
+order at a later step): no host synchronisation per backward or per step. The `train_step` event of a step is
+emitted once its values (and its losses, read earlier) have landed. Only hand reductions of gradients (DD404,
+rare) still read norms synchronously.
+
+Size: one module because the backward wrappers, the step hooks and the collective wrappers share one per-step
+state (`_State`: the backward counts, the losses as their reads land, the hand reductions of this step) that the
+`train_step` event is made of; split, that state would travel between modules.
 
 Install order: this recorder must be installed before `process_group`, so that its collective wrappers sit
 *inside* the process-group recorder's (which looks at its direct caller to tell user code from library code).
@@ -66,6 +75,7 @@ class _State:
         self.grad_index_generation: tuple[int, int] | None = None  # (backward_serial, steps) it was built at
         self.comm_hooks = 0  # inside a DDP communication hook (DDP's own reduction of a bucket)
         self.wrapper_codes: dict[str, tuple[tuple[int, ...], frozenset[Any]]] = {}  # op -> (attr ids, codes)
+        self.reader: Any = None  # the probe's readback (set at install)
         self.reset_step()
 
     def reset_step(self) -> None:
@@ -74,7 +84,8 @@ class _State:
         self.nosync = 0
         self.plain = 0
         self.sync_by_ddp: dict[int, int] = {}
-        self.losses: list[list[Any]] = []
+        self.losses: list[list[Any]] = []  # filled as the loss reads land (readback), in backward order
+        self.loss_reads = 0
         self.loss_shapes: set[int] = set()
         self.backward_site: dict[str, Any] | None = None
         self.loss_module: dict[str, Any] | None = None
@@ -90,7 +101,10 @@ def install(probe: Probe) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from ddpdoctor.probe import readback
+
     st = _State()
+    st.reader = readback.for_probe(probe)
 
     # -- which DDP forward precedes each backward
     def forward_pre_hook(module: Any, args: Any) -> None:
@@ -186,13 +200,21 @@ def _before_backward(probe: Probe, st: _State, loss: Any) -> None:
         return
     n = int(loss.numel())
     st.loss_shapes.add(n)
-    if n != 1 or len(st.losses) >= LOSSES_PER_STEP:
+    if n != 1 or st.loss_reads >= LOSSES_PER_STEP:
         return
-    value = float(loss.detach().float().reshape(()).item()) if loss.dtype.is_floating_point else float(loss.detach().item())
-    st.losses.append([_float(value), value.hex()])
-    if not math.isfinite(value):
-        _nonfinite(probe, st, "loss", step=probe.steps + 1, names=["loss passed to backward()"], count=1, total=1,
-                   value=str(value), site=st.backward_site)
+    st.loss_reads += 1
+    # float32 as before (float64 losses are read at float32); integer losses exactly
+    scalar = loss.detach().float().reshape(()) if loss.dtype.is_floating_point else loss.detach().double().reshape(())
+    bucket, step, site = st.losses, probe.steps + 1, st.backward_site
+
+    def record(host: list[Any]) -> None:
+        value = float(host[0])
+        bucket.append([_float(value), value.hex()])
+        if not math.isfinite(value):
+            _nonfinite(probe, st, "loss", step=step, names=["loss passed to backward()"], count=1, total=1,
+                       value=str(value), site=site)
+
+    st.reader.read([scalar], record, where="loss")
 
 
 def _loss_module_output(probe: Probe, st: _State, module: Any, args: Any, output: Any) -> None:
@@ -205,10 +227,15 @@ def _loss_module_output(probe: Probe, st: _State, module: Any, args: Any, output
             "input_shape": list(first.shape) if torch.is_tensor(first) else None,
             "reduction": getattr(module, "reduction", None),
         }
-    value = float(output.detach().float().reshape(()).item())
-    if not math.isfinite(value):
-        _nonfinite(probe, st, "loss", step=probe.steps + 1, names=["output of the loss module"], count=1, total=1,
-                   value=str(value), site=probe.site())
+    step, site = probe.steps + 1, probe.site()
+
+    def check(host: list[Any]) -> None:
+        value = float(host[0])
+        if not math.isfinite(value):
+            _nonfinite(probe, st, "loss", step=step, names=["output of the loss module"], count=1, total=1,
+                       value=str(value), site=site)
+
+    st.reader.read([output.detach().float().reshape(())], check, where="loss module")
 
 
 def _nonfinite(probe: Probe, st: _State, what: str, **fields: Any) -> None:
@@ -243,42 +270,54 @@ def _optimizer_params(probe: Probe, st: _State, optimizer: Any) -> list[tuple[st
     return out
 
 
-def _max_abs(tensors: list[Any]) -> list[float]:
-    """max |x| of each tensor (NaN if it holds a NaN, inf if an inf): exact zero and non-finite in one pass."""
+def _max_abs(tensors: list[Any]) -> tuple[list[list[int]], list[Any]]:
+    """max |x| of each tensor (NaN if it holds a NaN, inf if an inf): exact zero and non-finite in one pass.
+    Computed on the tensors' devices: (index groups, one float32 tensor per group); `_assemble` puts the read
+    values back in order."""
     import torch
 
-    if not tensors:
-        return []
-    out: list[float] = [0.0] * len(tensors)
     groups: dict[tuple[Any, Any], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
+    parts = []
     for idx in groups.values():
         ts = [tensors[i].detach() for i in idx]
         try:
-            norms = torch.stack(torch._foreach_norm(ts, float("inf"))).float().cpu().tolist()
+            parts.append(torch.stack(torch._foreach_norm(ts, float("inf"))).float())
         except Exception:  # sparse or exotic tensors: the slow way
-            norms = [float(t.to_dense().abs().max()) if t.numel() else 0.0 for t in ts]
-        for i, v in zip(idx, norms):
+            parts.append(torch.tensor([float(t.to_dense().abs().max()) if t.numel() else 0.0 for t in ts]))
+    return list(groups.values()), parts
+
+
+def _assemble(n: int, groups: list[list[int]], host: list[Any]) -> list[float]:
+    out: list[float] = [0.0] * n
+    for idx, values in zip(groups, host):
+        for i, v in zip(idx, values.tolist()):
             out[i] = v
     return out
 
 
-def _l2(tensors: list[Any]) -> float:
+def _l2_parts(tensors: list[Any]) -> list[Any]:
+    """Per device/dtype group, the sum of the squared L2 norms (float64, on the device); `_l2` adds them up."""
     import torch
 
-    if not tensors:
-        return 0.0
-    total = 0.0
     groups: dict[tuple[Any, Any], list[Any]] = {}
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t.detach())
+    parts = []
     for ts in groups.values():
         try:
             norms = torch.stack(torch._foreach_norm(ts, 2.0)).double()
         except Exception:
             norms = torch.stack([t.to_dense().double().norm() for t in ts])
-        total += float((norms.cpu() ** 2).sum())
+        parts.append((norms**2).sum())
+    return parts
+
+
+def _l2(host: list[Any]) -> float:
+    total = 0.0
+    for part in host:
+        total += float(part)
     return math.sqrt(total) if math.isfinite(total) else total
 
 
@@ -289,22 +328,9 @@ def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
     step = probe.steps + 1  # the optimizer recorder counts this step in its post-hook
     params = _optimizer_params(probe, st, optimizer)
     with_grad = [(n, p.grad) for n, p in params if p.grad is not None]
-    maxabs = _max_abs([g for _, g in with_grad])
-    zero = [n for (n, _), m in zip(with_grad, maxabs) if m == 0.0]
-    bad = [n for (n, _), m in zip(with_grad, maxabs) if not math.isfinite(m)]
-    norm = _l2([g for _, g in with_grad]) if with_grad else 0.0
-    grads = {
-        "params": len(params),
-        "none": len(params) - len(with_grad),
-        "zero": len(zero),
-        "nonfinite": len(bad),
-        "norm": _float(norm),
-        "max_abs": _float(max(maxabs)) if maxabs else 0.0,
-        "numel": int(sum(p.numel() for _, p in params)),
-    }
-    if bad:
-        _nonfinite(probe, st, "grad", step=step, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params),
-                   site=st.backward_site)
+    grad_tensors = [g for _, g in with_grad]
+    groups, maxabs_parts = _max_abs(grad_tensors)
+    l2_parts = _l2_parts(grad_tensors)
     hand = None
     if st.hand:
         by_id = {id(p): p for _, p in params}
@@ -326,8 +352,7 @@ def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
             "ratio_min": _float(ratios[0]) if ratios else None,
             "ratio_max": _float(ratios[-1]) if ratios else None,
         }
-    probe.emit(
-        "train_step",
+    fields = dict(
         step=step,
         opt=probe.registry.id_of(optimizer),
         backwards=st.backwards,
@@ -335,16 +360,36 @@ def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
         max_syncs_per_ddp=max(st.sync_by_ddp.values(), default=0),
         nosync_backwards=st.nosync,
         plain_backwards=st.plain,
-        losses=st.losses,
+        losses=st.losses,  # this step's list: its loss reads land before this step's own read (readback order)
         loss_numel=sorted(st.loss_shapes),
         backward_site=st.backward_site,
         loss_module=st.loss_module,
-        grads=grads,
-        zero_grads=zero[:NAMES_SHOWN],
-        hand_reduced=hand,
-        lrs=[_lr(g.get("lr")) for g in optimizer.param_groups],
-        initial_lrs=[_lr(g.get("initial_lr")) for g in optimizer.param_groups],
     )
+    lrs = [_lr(g.get("lr")) for g in optimizer.param_groups]
+    initial_lrs = [_lr(g.get("initial_lr")) for g in optimizer.param_groups]
+    site = st.backward_site
+
+    def emit(host: list[Any]) -> None:
+        maxabs = _assemble(len(grad_tensors), groups, host[: len(maxabs_parts)])
+        zero = [n for (n, _), m in zip(with_grad, maxabs) if m == 0.0]
+        bad = [n for (n, _), m in zip(with_grad, maxabs) if not math.isfinite(m)]
+        norm = _l2(host[len(maxabs_parts):]) if with_grad else 0.0
+        grads = {
+            "params": len(params),
+            "none": len(params) - len(with_grad),
+            "zero": len(zero),
+            "nonfinite": len(bad),
+            "norm": _float(norm),
+            "max_abs": _float(max(maxabs)) if maxabs else 0.0,
+            "numel": int(sum(p.numel() for _, p in params)),
+        }
+        if bad:
+            _nonfinite(probe, st, "grad", step=step, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params),
+                       site=site)
+        probe.emit("train_step", **fields, grads=grads, zero_grads=zero[:NAMES_SHOWN], hand_reduced=hand, lrs=lrs,
+                   initial_lrs=initial_lrs)
+
+    st.reader.read(maxabs_parts + l2_parts, emit, where="train_step")
     st.reset_step()
 
 
@@ -373,10 +418,6 @@ def _after_step(probe: Probe, st: _State, optimizer: Any) -> None:
     from torch.nn.modules.batchnorm import _NormBase
 
     params = _optimizer_params(probe, st, optimizer)
-    maxabs = _max_abs([p for _, p in params])
-    bad = [n for (n, _), m in zip(params, maxabs) if not math.isfinite(m)]
-    if bad:
-        _nonfinite(probe, st, "param", step=probe.steps, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params))
     buffers: list[tuple[str, str, Any]] = []
     for rec in probe.registry.live_ddps():
         for name, m in rec.module.named_modules():
@@ -385,14 +426,25 @@ def _after_step(probe: Probe, st: _State, optimizer: Any) -> None:
                     t = getattr(m, what, None)
                     if t is not None:
                         buffers.append((what, f"{name}.{what}" if name else what, t))
-    if not buffers:
-        return
-    maxabs = _max_abs([t for _, _, t in buffers])
-    for what in ("running_var", "running_mean"):
-        names = [n for (w, n, _), m in zip(buffers, maxabs) if w == what and not math.isfinite(m)]
-        if names:
-            total = sum(1 for w, _, _ in buffers if w == what)
-            _nonfinite(probe, st, what, step=probe.steps, names=names[:NAMES_SHOWN], count=len(names), total=total)
+    param_groups, param_parts = _max_abs([p for _, p in params])
+    buffer_groups, buffer_parts = _max_abs([t for _, _, t in buffers])
+    step = probe.steps
+
+    def check(host: list[Any]) -> None:
+        maxabs = _assemble(len(params), param_groups, host[: len(param_parts)])
+        bad = [n for (n, _), m in zip(params, maxabs) if not math.isfinite(m)]
+        if bad:
+            _nonfinite(probe, st, "param", step=step, names=bad[:NAMES_SHOWN], count=len(bad), total=len(params))
+        if not buffers:
+            return
+        maxabs = _assemble(len(buffers), buffer_groups, host[len(param_parts):])
+        for what in ("running_var", "running_mean"):
+            names = [n for (w, n, _), m in zip(buffers, maxabs) if w == what and not math.isfinite(m)]
+            if names:
+                total = sum(1 for w, _, _ in buffers if w == what)
+                _nonfinite(probe, st, what, step=step, names=names[:NAMES_SHOWN], count=len(names), total=total)
+
+    st.reader.read(param_parts + buffer_parts, check, where="params after step")
 
 
 # ------------------------------------------------------------------------------------------------ hand reductions

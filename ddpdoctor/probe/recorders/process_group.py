@@ -17,6 +17,7 @@ from typing import Any
 from ddpdoctor.probe import launch_check
 from ddpdoctor.probe.patching import wrap_everywhere
 from ddpdoctor.probe.session import Probe, is_user_file
+from ddpdoctor.world import place_from_env
 
 NAME = "process_group"
 
@@ -100,8 +101,8 @@ def install(probe: Probe) -> None:
                 init_method=_literal(bound.arguments.get("init_method")),
                 rank_arg=_literal(bound.arguments.get("rank")),
                 world_size_arg=_literal(bound.arguments.get("world_size")),
-                env_rank=os.environ.get("RANK"),
-                env_world_size=os.environ.get("WORLD_SIZE"),
+                env_rank=_launcher_value("rank"),
+                env_world_size=_launcher_value("world_size"),
             )
             if probe.role in ("rank", "attached"):  # RANK in a child's environment is its parent's, not its own
                 overridden = probe.safely("pg_init override", _override, bound) or {}
@@ -137,9 +138,16 @@ def _arguments(signature: inspect.Signature | None, args: tuple, kwargs: dict) -
     return bound
 
 
+def _launcher_value(name: str) -> str | None:
+    """The launcher's rank / world size for this process, as text: torchrun's RANK/WORLD_SIZE, else SLURM's
+    SLURM_PROCID/SLURM_NTASKS (srun without torchrun), else Open MPI's (ddpdoctor.world)."""
+    value = getattr(place_from_env(os.environ), name)
+    return None if value is None else str(value)
+
+
 def _override(bound: inspect.BoundArguments) -> dict[str, list[Any]]:
-    """Use the launcher's RANK / WORLD_SIZE where the script passed a different literal value."""
-    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    """Use the launcher's rank / world size where the script passed a different literal value."""
+    env_rank, env_world = _launcher_value("rank"), _launcher_value("world_size")
     if env_rank is None or env_world is None or bound.arguments.get("store") is not None:
         return {}
     out: dict[str, list[Any]] = {}

@@ -1,9 +1,13 @@
 """DD103 replicas-diverged: model parameters differ across ranks after optimizer steps.
 
-What it does: compares, step by step, the bit-exact digest of every rank's parameters recorded after each
-optimizer step, reports the first step where the replicas disagree, and measures how far apart they are: the
-largest absolute difference at each step (on a fixed sample of positions) and at the end (on the whole parameter
-vector, or a strided sample of it for large models).
+What it does: compares, step by step, the bit-exact digest of every rank's parameters recorded before the first
+optimizer step (step 0: the initial weights) and after each step, reports the first step where the replicas
+disagree, and measures how far apart they are: the largest absolute difference at each step (on a fixed sample of
+positions) and at the end (on the whole parameter vector, or a strided sample of it for large models).
+
+Replicas are the models of a DDP wrapper (torch's or apex's), or, with Horovod, the parameters of the
+DistributedOptimizer every rank steps (`grad_averaging`). Replicas that already differ at step 0 never started
+equal: nothing broadcast the initial weights (Horovod without `hvd.broadcast_parameters`).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ def analyze(ctx: RunContext) -> list[Finding]:
 
     if not any(e.get("ok") for _, e in ctx.run.events("pg_init")):
         return []  # no process group: DD903 says the processes never synchronised
+    # only a data-parallel model is a replica: without DDP or Horovod's averaging optimizer (FSDP, ZeRO, a
+    # hand-rolled scheme) ranks may hold different shards or states by design
+    horovod = bool(list(ctx.run.events("grad_averaging")))
+    sources = ("ddp", "optimizer") if horovod else ("ddp",)
     by_rank: dict[int, dict[int, dict[str, Any]]] = {}
     for r, p in ctx.ranks.items():
-        # only a DDP model is a replica: without DDP (FSDP, ZeRO, a hand-rolled scheme) ranks may hold different
-        # shards or states by design
-        by_rank[r] = {int(e["step"]): e for e in p.of("params") if e.get("source") == "ddp"}
+        by_rank[r] = {int(e["step"]): e for e in p.of("params") if e.get("source") in sources}
     ranks = sorted(r for r, v in by_rank.items() if v)
     if len(ranks) < 2:
         return []
@@ -63,13 +69,33 @@ def analyze(ctx: RunContext) -> list[Finding]:
             final_diff = None
     size = final_diff if final_diff is not None else max(t["max_abs_diff_sampled"] for t in trace)
     diverged = sorted({ref, *differing})
+    when = (
+        "before the first optimizer step (the initial weights)" if first_step == 0
+        else f"from optimizer step {first_step} on"
+    )
     message = (
-        f"model parameters differ across {fmt_ranks(diverged)} from optimizer step {first_step} on "
+        f"model parameters differ across {fmt_ranks(diverged)} {when} "
         f"({sum(1 for t in trace if t['ranks_differing'])} of {len(common)} steps compared); "
         f"max parameter difference {fmt_num(size)}"
         + (" at the end" if final_diff is not None else "")
         + ": the replicas are training different models"
     )
+    fix_detail = None
+    site = None
+    if first_step == 0:
+        broadcasts = [e for _, e in ctx.run.events("hvd_broadcast") if e.get("what") == "parameters"]
+        if horovod and not broadcasts:
+            site = next((e.get("site") for _, e in ctx.run.events("grad_averaging")), None)
+            message += (
+                "; the script never calls hvd.broadcast_parameters, so each rank keeps its own random initial "
+                "weights and averaging gradients never brings them together"
+            )
+            fix_detail = (
+                "Call hvd.broadcast_parameters(model.state_dict(), root_rank=0) (and "
+                "hvd.broadcast_optimizer_state(optimizer, root_rank=0)) before the first step."
+            )
+        else:
+            message += "; nothing made the initial weights equal before training"
     evidence = {
         "first_step": first_step,
         "steps_compared": len(common),
@@ -79,11 +105,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "digest_source": by_rank[ref][common[0]].get("source"),
         "digest_sampled": any(by_rank[ref][s].get("sampled") for s in common),
     }
+    if horovod:
+        evidence["replicas_of"] = "horovod.torch.DistributedOptimizer"
     return [
         ctx.finding(
             CODE,
             message=message,
-            fix_variant="probe",
+            fix_variant=None if horovod else "probe",
+            fix_detail=fix_detail,
+            site=site,
             ranks=diverged,
             evidence=evidence,
             magnitude=size,

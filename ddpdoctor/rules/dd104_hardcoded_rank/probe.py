@@ -18,6 +18,12 @@ def analyze(ctx: RunContext) -> list[Finding]:
     begins: list[tuple[Any, dict[str, Any]]] = list(ctx.run.events("pg_init_begin"))
     if not begins:
         return []
+    # a world size that is the node's torch.cuda.device_count() is DD109's (measured there), not a literal
+    begins = [
+        (p, {**e, "overridden": {k: v for k, v in e["overridden"].items() if k != "world_size"}})
+        if e.get("overridden") and ctx.world_size_from_device_count(p, e) else (p, e)
+        for p, e in begins
+    ]
     overridden = [(p, e) for p, e in begins if e.get("overridden")]
     if overridden:
         given_rank = sorted({e["overridden"]["rank"][0] for _, e in overridden if "rank" in e["overridden"]})

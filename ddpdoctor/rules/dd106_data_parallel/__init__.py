@@ -11,9 +11,6 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD106"
 
-# SPEC's table lists a probe half for this rule that was never built (there is no probe.py): the probe would record
-# DataParallel constructions and whether the wrapped module contains BatchNorm layers. Until it exists the rule
-# says it is found by static analysis only; tests/test_catalog.py lists the half as pending.
 RULE = Rule(
     package=__name__,
     code=CODE,
@@ -24,6 +21,15 @@ RULE = Rule(
         """
         Static analysis looks for `nn.DataParallel(...)` (through any import alias), alone or inside a
         DistributedDataParallel script.
+
+        The probe runs a script that trains with DataParallel and never forms a process group the way it runs
+        on a GPU machine: one process (`python train.py`), N GPUs (emulated on CPU: the batch is split into
+        chunks, each replica runs its chunk, replica 0 is the module itself). It measures whether DataParallel
+        actually split the batch (how many replicas, how many samples each), how many samples every BatchNorm
+        layer normalised over per replica, and how far the statistics of replica 0's chunk (the only ones that
+        reach the running statistics) were from those of the whole batch the optimizer steps on. The severity
+        follows: medium when BatchNorm normalised chunks smaller than DD202's threshold, low when the chunks are
+        large, when the model has no BatchNorm (only speed is lost) or when DataParallel never split a batch.
         """
     ),
     why=prose(

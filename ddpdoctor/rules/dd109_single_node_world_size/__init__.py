@@ -21,7 +21,10 @@ RULE = Rule(
         """
         Static analysis looks for `torch.cuda.device_count()` used as the world size: passed as
         `init_process_group(world_size=...)`, as DistributedSampler's `num_replicas`, or in the learning-rate
-        or batch-size arithmetic of a distributed script.
+        or batch-size arithmetic of a distributed script. The probe measures it where it matters: a process
+        that passes `init_process_group` a world size equal to its node's `device_count()` while the
+        launcher started a different number of processes (several nodes, or `--nproc_per_node` unlike the
+        GPU count); the probe then uses the launcher's WORLD_SIZE and goes on measuring.
         """
     ),
     why=prose(

@@ -6,8 +6,14 @@ across nodes every node believes it is the whole world. When the script also rea
 (RANK/LOCAL_RANK/WORLD_SIZE), the launcher decides the world size and device_count disagrees with it as soon as
 `--nproc_per_node` differs from the GPU count: medium.
 
+Also flagged: the per-process batch of a distributed script's DataLoader computed from device_count() (a node's
+batch divided by its GPUs) — the batch each rank trains on then depends on how many GPUs the machine has, not on how
+many processes the job runs. A Horovod script (`hvd.init()`) has its world size from its launcher (`hvd.size()`),
+so every use of device_count() as the world is medium there.
+
 What stays silent: `mp.spawn(nprocs=ngpus_per_node)` with `world_size = ngpus_per_node * args.world_size` (the
-multi-node ImageNet recipe), WORLD_SIZE from the environment, `dist.get_world_size()`.
+multi-node ImageNet recipe), WORLD_SIZE from the environment, `dist.get_world_size()`, `hvd.size()`, and a
+DataParallel script's batch scaled by device_count() (one process drives every GPU).
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     for ev in script.of("sampler"):
         if _only_device_count(ev.data["obj"].props.get("num_replicas")):
             sinks.append(_Sink("DistributedSampler num_replicas", "", ev))
+    if script.distributed:
+        for ev in script.of("loader"):
+            if _only_device_count(ev.data["obj"].props.get("batch_size")):
+                sinks.append(_Sink("per-process batch size of the DataLoader", "device_count", ev))
     if not sinks:
         return
     sinks.sort(key=lambda s: s.event.seq)
@@ -66,6 +76,19 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             if e.data.get("var") in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
         }
     )
+    horovod = any(e.data.get("via") == "horovod.torch.init" for e in script.of("init_pg"))
+    if horovod:
+        yield script.finding(
+            CODE,
+            line=ev.line,
+            message=f"the {first.what} at line {ev.line} comes from torch.cuda.device_count() (the GPUs this machine "
+            f"has) in a Horovod job, whose size is hvd.size(): they disagree as soon as horovodrun -np differs from "
+            f"the GPU count or the job spans several nodes",
+            confidence=confidence,
+            evidence={**evidence, "horovod": True},
+            severity=Severity.MEDIUM,
+        )
+        return
     if launcher_env:
         yield script.finding(
             CODE,
@@ -78,11 +101,21 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             severity=Severity.MEDIUM,
         )
         return
+    if first.what.startswith("per-process batch"):
+        message = (
+            f"the {first.what} at line {ev.line} is computed from torch.cuda.device_count() (the machine's batch "
+            f"split over its GPUs): the global batch then follows the GPUs per machine, not the world size — "
+            f"correct on one node with one process per GPU"
+        )
+    else:
+        message = (
+            f"the {first.what} at line {ev.line} is torch.cuda.device_count(): correct on one node, but on several "
+            f"nodes each believes it is the whole world"
+        )
     yield script.finding(
         CODE,
         line=ev.line,
-        message=f"the {first.what} at line {ev.line} is torch.cuda.device_count(): correct on one node, but on several "
-        f"nodes each believes it is the whole world",
+        message=message,
         confidence=confidence,
         evidence=evidence,
     )

@@ -81,8 +81,27 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     worst = max(rows, key=lambda r: r["max"])
     bypass = sum(1 for _, _e in ctx.run.events("forward_bypass"))
-    if broadcast is None:
+    wrapper = ddps[0].get("wrapper") if ddps else None
+    fix_detail = None
+    if broadcast is None and any(True for _ in ctx.run.events("grad_averaging")):
+        fix_detail = (
+            "With Horovod: build the model with hvd.SyncBatchNorm, or average the buffers before evaluating and "
+            "saving (for b in model.buffers(): hvd.allreduce_(b) for floating-point buffers)."
+        )
+        why = (
+            "Horovod's DistributedOptimizer averages gradients only, never buffers, so every rank keeps the "
+            "statistics of its own batches and rank 0's checkpoint carries rank 0's"
+        )
+    elif broadcast is None:
         why = "these layers are not inside a DDP model, so nothing reconciles the ranks' statistics"
+    elif wrapper:
+        if wrapper.startswith("apex."):
+            fix_detail = ("With apex: model = apex.parallel.convert_syncbn_model(model) before the optimizer is "
+                          "built (it clones weight and bias).")
+        why = (
+            f"{wrapper} never broadcasts buffers (unlike torch's DDP), so nothing reconciles them: every rank "
+            "evaluates with statistics of its own batches, and rank 0's checkpoint carries rank 0's"
+        )
     elif not broadcast:
         why = (
             "with broadcast_buffers=False nothing reconciles them: every rank evaluates with statistics of its own "
@@ -130,6 +149,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ranks=bn.ranks,
             evidence=evidence,
             magnitude=worst["max"],
+            fix_detail=fix_detail,
         )
     ]
 

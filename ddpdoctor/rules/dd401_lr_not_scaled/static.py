@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.rules.dd401_lr_not_scaled import CODE
-from ddpdoctor.static import names as N
+from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached, lower
 from ddpdoctor.static.semantic import WORLD_TAGS, Event, Obj, Value, constant_values, is_constant, tags_of
 

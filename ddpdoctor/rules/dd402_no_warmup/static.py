@@ -16,7 +16,7 @@ from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd402_no_warmup import CODE
-from ddpdoctor.static import names as N
+from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 

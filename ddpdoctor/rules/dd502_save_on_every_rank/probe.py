@@ -37,6 +37,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         for e in p.of("checkpoint_save"):
             path = e.get("abspath")
             if path and not e.get("error"):
+                if e.get("local_rank") is None:  # srun without torchrun: LOCAL_RANK unset, SLURM_LOCALID says
+                    e = {**e, "local_rank": ctx.local_rank_of(p)}
                 files.setdefault(path, []).append((r, e, p.host))
     _note_written(ctx, files)
     findings = []
@@ -46,11 +48,16 @@ def analyze(ctx: RunContext) -> list[Finding]:
             continue
         hosts = {h for _, _, h in saves}
         local = {e.get("local_rank") for _, e, _ in saves}
+        # nodes as the launcher numbered them (GROUP_RANK, SLURM_NODEID), else hosts: two launchers on one
+        # machine are two nodes
+        node_of = {r: ctx.node_of(ctx.ranks[r]) for r in writers}
+        nodes = set(node_of.values())
         every_rank = set(writers) >= set(ctx.ranks)
-        if every_rank:
+        if every_rank and not (local == {0} and len(nodes) > 1):
             who = f"every rank ({fmt_ranks(writers)})"
-        elif local == {0} and len(hosts) > 1:
-            who = f"local rank 0 of each of {len(hosts)} nodes ({fmt_ranks(writers)})"
+        elif local == {0} and len(nodes) > 1:
+            who = (f"local rank 0 of each of {len(nodes)} nodes ({fmt_ranks(writers)}; a local-rank guard holds "
+                   "once per node)")
         else:
             who = fmt_ranks(writers)
         per_rank = {r: sum(1 for s, _, _ in saves if s == r) for r in writers}
@@ -78,6 +85,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "saves_per_rank": {str(r): n for r, n in per_rank.items()},
                     "local_ranks": sorted(x for x in local if x is not None),
                     "hosts": sorted(hosts),
+                    **({"nodes": {str(r): node_of[r] for r in writers}} if len(ctx.nodes) > 1 else {}),
                     "overlapping_writes": overlapping,
                     "bytes": first.get("bytes"),
                 },

@@ -70,7 +70,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
 
 
 def _private_target_nodes(script: ScriptModel) -> set[int]:
-    """ids of the `as` targets of `with io.BytesIO() as buf:`-style blocks: the walker binds a with-target to an
+    """ids of the `as` targets of `with io.BytesIO() as buf:`-style blocks: the interpreter binds a with-target to an
     opaque value, so the buffer is recognised from the call that made it."""
     calls = {id(ev.node) for ev in script.of("call") if ev.data.get("qual") in PRIVATE_TARGETS}
     out: set[int] = set()

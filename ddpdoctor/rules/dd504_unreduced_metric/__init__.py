@@ -22,6 +22,11 @@ RULE = Rule(
         Static analysis looks for an evaluation metric (accuracy, loss, counts accumulated in an evaluation
         loop over a distributed loader) that is printed, logged or compared for checkpoint selection without
         an `all_reduce`, `all_gather` or `reduce` on it.
+
+        The probe catches the Horovod variant: `hvd.allreduce(t)`, `hvd.allgather(t)` and `hvd.broadcast(t)`
+        return a new tensor and leave `t` alone (only `hvd.allreduce_` works in place), so a call whose result
+        is thrown away (`hvd.allreduce(loss)` as a statement) reduces nothing. It reports the value each rank
+        kept and the value the reduction returned.
         """
     ),
     why=prose(

@@ -5,6 +5,10 @@ each rank a different shard, when neither the evaluation function nor its caller
 (`dist.all_reduce`, `all_gather`, `gather_object`, a `reduce`/`gather`/`sync`-named helper such as
 `meter.all_reduce()` or `metric_logger.synchronize_between_processes()`) before the metric is printed/logged.
 
+Also flagged (low, certain from syntax): a Horovod collective that returns a new tensor — `hvd.allreduce(t)`,
+`hvd.allgather(t)`, `hvd.broadcast(t)` — called as a statement: its result is thrown away and `t` stays this
+rank's own value (only `hvd.allreduce_` works in place). Such a call is no reduction for the check above either.
+
 What stays silent: evaluation over the full set (no DistributedSampler), any reduction in the evaluation function
 or its caller, torchmetrics (its metrics sync on `compute()`).
 """
@@ -16,7 +20,7 @@ from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
-from ddpdoctor.static import names as N
+from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
@@ -25,7 +29,15 @@ _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
 def check(script: ScriptModel) -> Iterator[Finding]:
     if any(m.startswith("torchmetrics") for m in script.imported):
         return
-    reductions = [ev for ev in script.of("collective") if ev.data["op"] in N.REDUCING_COLLECTIVES]
+    collectives = script.of("collective")
+    discarded = [ev for ev in collectives if ev.data.get("discarded")]
+    yield from _discarded(script, discarded)
+    reductions = [
+        ev for ev in collectives
+        if ev.data["op"] in N.REDUCING_COLLECTIVES
+        or (ev.data.get("library") == "horovod" and not ev.data.get("discarded")
+            and _REDUCING_NAME.search(ev.data["op"]))
+    ]
     reductions += [ev for ev in script.of("call") if _REDUCING_NAME.search(ev.data.get("name") or "")]
     reports = script.of("report")
     seen: set[int] = set()
@@ -59,4 +71,24 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             f"1/world_size of the data",
             confidence=cap_unreached(Confidence.LIKELY, it, report),
             evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
+        )
+
+
+def _discarded(script: ScriptModel, events: list) -> Iterator[Finding]:  # noqa: ANN001
+    """Horovod collectives whose new tensor is thrown away (one finding per line)."""
+    seen: set[tuple[str, int]] = set()
+    for ev in events:
+        if (ev.file, ev.line) in seen:
+            continue
+        seen.add((ev.file, ev.line))
+        op = ev.data["op"]
+        arg = script.text(ev.data["args"].node(0, "tensor"))
+        yield script.finding(
+            CODE,
+            line=ev.line,
+            message=f"`{op}({arg}, ...)` at line {ev.line} returns the reduced value as a new tensor and the result "
+            f"is thrown away: `{arg}` keeps this rank's own value, so what the script reports is rank-local "
+            f"(use the result, or {op}_({arg}) which works in place)",
+            confidence=cap_unreached(Confidence.CERTAIN, ev),
+            evidence={"line": ev.line, "op": op, "argument": arg, "result_discarded": True},
         )

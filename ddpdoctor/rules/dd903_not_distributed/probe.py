@@ -1,5 +1,9 @@
 """DD903 not-distributed: the script ran to its end (or the probe's limit) without ever initialising a process
-group, or initialised one but never wrapped a model in DDP: each process trained alone."""
+group, or initialised one but never wrapped a model in DDP: each process trained alone.
+
+Silent where gradients were averaged another way — apex's DistributedDataParallel (a `ddp_init` with its
+`wrapper`), Horovod's DistributedOptimizer (`grad_averaging`) — and for a single-process DataParallel run, where
+DD106 measures what DataParallel did and gives the port to DDP."""
 
 from __future__ import annotations
 
@@ -13,6 +17,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
     procs = [p for p in ctx.run.processes if p.role in ("rank", "attached", "spawned", "main", "forked")]
     if ctx.timed_out or failures(ctx) or not procs or any(p.done is None for p in procs if p.role != "forked"):
         return []
+    if ctx.run.meta.get("mode") == "single" and any(True for _ in ctx.run.events("data_parallel_init")):
+        return []  # DD106 speaks for a DataParallel script
+    if any(True for _ in ctx.run.events("grad_averaging")):
+        return []  # Horovod's DistributedOptimizer averages the gradients
     inits = list(ctx.run.events("pg_init"))
     ddps = [e for _, e in ctx.run.events("ddp_init") if e.get("ok")]
     steps = {p.pid: len(p.of("optimizer_step")) for p in procs}

@@ -17,6 +17,9 @@ Differences (also in the README): every operation runs synchronously when called
 negotiates the order of named operations across ranks, so a script whose ranks submit them in different orders
 runs under Horovod and hangs here; `join()` is a barrier (it does not feed zeros for ranks that ran out of data);
 Adasum and elastic training are not reproduced; timelines are not written.
+
+Size: one module, as Horovod's own mpi_ops.py is one module: scripts import its names from `horovod.torch.mpi_ops`,
+and the operations share the job state, the handle table, the per-site recording and the reduction helpers.
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     elif process_sets:
         for ps in process_sets:
             add_process_set(ps)
+    if _state.owns_group:
+        _watch_default_group()
     _common.emit(
         "hvd_init",
         site=_common.user_frame_site(),
@@ -171,6 +176,60 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         cross_size=_state.cross_size,
         standin=True,
     )
+
+
+_DEFAULT_GROUP_SITES = 4  # hvd_torch_distributed events per process
+
+
+def _watch_default_group() -> None:
+    """Horovod never initialises torch.distributed; the stand-in does (the probe needs a process group). Record
+    where the script itself uses torch.distributed's default group (DistributedSampler(ds) without num_replicas,
+    dist.get_rank(), dist.all_reduce...): under horovodrun those lines raise "Default process group has not been
+    initialized". torch.distributed reaches the default group through `_get_default_group`; the uses counted are
+    those whose nearest non-torch caller is user code (not the stand-in, not the probe)."""
+    p = _common.probe()
+    if p is None:
+        return
+    c10d = dist.distributed_c10d
+    original = c10d._get_default_group
+    seen: set[tuple[str, int]] = set()
+
+    def _get_default_group():  # noqa: ANN202
+        site = None if p.recording else _nearest_caller()
+        if site is not None and len(seen) < _DEFAULT_GROUP_SITES and (site["file"], site["line"]) not in seen:
+            seen.add((site["file"], site["line"]))
+            _common.emit("hvd_torch_distributed", site=site, standin=True)
+        return original()
+
+    p.patcher.setattr(c10d, "_get_default_group", _get_default_group)
+
+
+_STANDINS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _nearest_caller() -> dict[str, Any] | None:
+    """The user line that needs the default group: user code that called a torch.distributed function or built a
+    DistributedSampler (looking through the probe's patch wrappers). Torch's own uses that first check
+    `dist.is_initialized()` (the DataLoader) are not counted: under Horovod they simply do not happen."""
+    f = sys._getframe(2)
+    entry = None  # the outermost torch frame so far: the API the caller called
+    while f is not None:
+        name = f.f_code.co_filename
+        if is_user_file(name):
+            if entry is None:
+                return None
+            api = entry.replace(os.sep, "/")
+            if "/torch/distributed/" in api or api.endswith("/torch/utils/data/distributed.py"):
+                return {"file": name, "line": f.f_lineno, "function": f.f_code.co_name}
+            return None
+        if os.path.abspath(name).startswith(_STANDINS_DIR + os.sep):
+            return None
+        if f"{os.sep}torch{os.sep}" in name:
+            entry = name
+        elif f"{os.sep}ddpdoctor{os.sep}" not in name:
+            return None
+        f = f.f_back
+    return None
 
 
 def shutdown() -> None:

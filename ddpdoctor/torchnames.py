@@ -1,10 +1,12 @@
-"""Canonical names of the PyTorch APIs the rules look for, and the naming conventions scripts use for ranks.
+"""Canonical names of the PyTorch APIs ddpdoctor looks for, and the naming conventions scripts use for ranks.
 
-Scripts reach one API through many spellings (`DDP`, `nn.parallel.DistributedDataParallel`,
-`torch.nn.parallel.distributed.DistributedDataParallel`). The walker resolves imports to a qualified name and
-`canonical()` folds the spellings into one, so a rule compares one string. Where a value's origin is not visible
-in the file (a parameter of a function nobody calls, `args.local_rank`), the conventions below say what the name
-usually holds; values known only through their name carry the `named` tag so rules can lower their confidence.
+One neutral module for the static analysis, the launch plan and the analyses (none of them imports another for
+these names). Scripts reach one API through many spellings (`DDP`, `nn.parallel.DistributedDataParallel`,
+`torch.nn.parallel.distributed.DistributedDataParallel`). The static interpreter resolves imports to a qualified
+name and `canonical()` folds the spellings into one, so a model or a rule compares one string. Where a value's
+origin is not visible in the file (a parameter of a function nobody calls, `args.local_rank`), the conventions
+below say what the name usually holds; values known only through their name carry the `named` tag so rules can
+lower their confidence.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ TORCH_SAVE = "torch.save"
 TORCH_LOAD = "torch.load"
 DEVICE_COUNT = "torch.cuda.device_count"
 SET_DEVICE = "torch.cuda.set_device"
+MP_PROCESS = "multiprocessing.Process"
+MP_GET_CONTEXT = "multiprocessing.get_context"
+
+# The variables every launcher sets (torchrun, torch.distributed.launch with --use-env, SLURM wrappers): a script
+# that reads them supports being started by one.
+LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
+# The option torch.distributed.launch passed to each process (torchrun passes LOCAL_RANK instead).
+LOCAL_RANK_OPTIONS = ("--local_rank", "--local-rank")
 
 _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(p), r)
@@ -46,13 +56,15 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^torch\.amp\.autocast$", "torch.autocast"),
         (r"^apex\.parallel\.(?:distributed|optimized_sync_batchnorm|sync_batchnorm)\.", "apex.parallel."),
         (r"^torch\.distributed\.nn\.(?:functional\.)?", "torch.distributed."),
+        (r"^horovod\.torch\.(?:mpi_ops|functions|optimizer|sync_batch_norm|compression)\.", "horovod.torch."),
     )
 )
 
 
 @lru_cache(maxsize=4096)
 def canonical(qualname: str) -> str:
-    """One spelling per API: `torch.nn.parallel.distributed.DistributedDataParallel` → `...parallel.DistributedDataParallel`."""
+    """One spelling per API: `torch.nn.parallel.distributed.DistributedDataParallel` →
+    `torch.nn.parallel.DistributedDataParallel`."""
     for pattern, repl in _REWRITES:
         qualname = pattern.sub(repl, qualname)
     return qualname
@@ -146,7 +158,8 @@ _TORCHVISION_WITHOUT_BN = re.compile(r"^(alexnet|squeezenet|vit_|swin_|convnext|
 
 
 def torchvision_model_has_bn(name: str) -> bool:
-    """Most torchvision classification models normalise with BatchNorm; the transformer/ConvNeXt/plain-VGG ones do not."""
+    """Most torchvision classification models normalise with BatchNorm; the transformer/ConvNeXt/plain-VGG ones
+    do not."""
     return not _TORCHVISION_WITHOUT_BN.match(name)
 
 
@@ -168,7 +181,9 @@ _MAIN_PREDICATE = re.compile(
     r"^is_(global|world|local)_(zero|process_zero)$|^is_rank_?(0|zero)$|^rank_?(0|zero)$|^is_world_process_zero$|"
     r"^is_local_process_zero$|^is_global_zero$"
 )
-_RANK_ZERO_DECORATOR = re.compile(r"^(rank_?zero_only|rank_?0_only|master_only|main_process_only|on_main_process|main_only)$")
+_RANK_ZERO_DECORATOR = re.compile(
+    r"^(rank_?zero_only|rank_?0_only|master_only|main_process_only|on_main_process|main_only)$"
+)
 _ENV_LOCAL_RANK = re.compile(r"LOCAL_?RANK$|LOCALID$|LOCALRANKID$")
 _ENV_WORLD = re.compile(r"WORLD_SIZE$|NTASKS$|^PMI_SIZE$|^OMPI_COMM_WORLD_SIZE$|^NPROCS$")
 _ENV_RANK = re.compile(r"RANK$|PROCID$")

@@ -1,0 +1,127 @@
+"""Models of argparse: the options a script declares (`parser.add_argument`) and the namespace it parses.
+
+`args.local_rank` is an attribute of the parsed namespace: it carries what its option's default carries (a default
+read from LOCAL_RANK is the local rank) and a reference to its `CliArg`. When the interpreter is told which values
+the command line gives (`TorchState(assume={"options": ...})`, the launch plan), an option read gives that
+value as a constant.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
+from ddpdoctor.static.engine.support import Args
+from ddpdoctor.static.semantic import PER_RANK_TAGS, Obj, Value, tags_of
+
+
+@dataclass
+class CliArg:
+    """One `parser.add_argument(...)` of the script."""
+
+    flags: tuple[str, ...]
+    dest: str
+    default: Value | None
+    line: int
+    node: ast.AST
+    args: Args | None = None
+
+
+class Unknown:
+    """An option value the command line does not settle (a custom `type=`, a computed default)."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Any = Unknown()
+
+
+def _parser(w: TorchState, c: Call) -> Value:
+    return (w.new("parser", c.node),)
+
+
+CALLS = {"argparse.ArgumentParser": _parser}
+
+
+def _add_argument(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+    if not args.pos:
+        return None
+    flags = tuple(x.value for v in args.pos for x in v if x.kind == "const" and isinstance(x.value, str))
+    if flags:
+        dest_v = args.get(None, "dest")
+        dest = None
+        if dest_v:
+            dv = [x.value for x in dest_v if x.kind == "const"]
+            dest = dv[0] if dv else None
+        if dest is None:
+            longs = [f for f in flags if f.startswith("--")]
+            dest = (longs[0] if longs else flags[0]).lstrip("-").replace("-", "_")
+        arg = CliArg(flags=flags, dest=dest, default=args.get(None, "default"), line=node.lineno, node=node, args=args)
+        w.cli_args[dest] = arg
+        w.emit("add_argument", node, arg=arg)
+    return (w.unknown(node),)
+
+
+def _group(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("parser", node),)
+
+
+def _parse_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("cli_args", node, label="args"),)
+
+
+def _parse_known_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("tuple", node, items=((w.new("cli_args", node, label="args"),), (w.unknown(node),))),)
+
+
+def _set_defaults(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("set_defaults", node, args=args)
+    return (w.const(None, node),)
+
+
+LATE_METHODS = {
+    "add_argument": method(_add_argument),
+    **{
+        name: method(_group)
+        for name in ("add_argument_group", "add_mutually_exclusive_group", "add_subparsers", "add_parser")
+    },
+    "parse_args": method(_parse_args),
+    "parse_known_args": method(_parse_known_args),
+    "set_defaults": method(_set_defaults),
+}
+
+
+def attribute_facts(
+    w: TorchState, base: Obj, ident: str | None, tags: frozenset[str], props: dict[str, Any]
+) -> frozenset[str]:
+    """`args.<option>`: what the option's default carries, and the option itself."""
+    if base.kind == "cli_args" and ident in w.cli_args:
+        default = w.cli_args[ident].default
+        props["cli_arg"] = w.cli_args[ident]
+        if default is not None:
+            tags = tags | (tags_of(default) - {"rank_cond"})
+            props["rank_direct"] = props["rank_direct"] or any(o.props.get("rank_direct") for o in default)
+    return tags
+
+
+def given_option(w: TorchState, base: Obj, name: str, node: ast.AST | None) -> Value | None:
+    """`args.<option>` as the command line sets it, when the interpreter was told (the launch plan)."""
+    options = w.assume.get("options")
+    if options is None or base.kind != "cli_args" or name in base.fields or name not in options:
+        return None
+    value = options[name]
+    if value is UNKNOWN:
+        return None
+    obj = w.const(value, node)
+    obj.props["cli_option"] = name
+    if name in w.cli_args:
+        obj.props["cli_arg"] = w.cli_args[name]
+    base.fields[name] = (obj,)
+    return (obj,)
+
+
+__all__ = ["PER_RANK_TAGS", "UNKNOWN", "CliArg"]

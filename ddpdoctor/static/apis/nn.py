@@ -1,0 +1,385 @@
+"""Models of torch.nn: modules and the model families they form, DDP/DataParallel wrappers, SyncBatchNorm, module
+methods (moves, train/eval, parameters, state dicts, forward) and model factories (torchvision, timm, hub).
+
+A *family* (`semantic.Family`) is one model whichever handle the script holds: the module and every wrapper around
+it share train/eval mode, BatchNorm presence and SyncBN conversion.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpdoctor import torchnames as N
+from ddpdoctor.static.apis.registry import Call, method
+from ddpdoctor.static.apis.state import TorchState
+from ddpdoctor.static.engine.support import Args, dotted, first_const_str
+from ddpdoctor.static.semantic import EMPTY, Family, Obj, Value, union
+
+CONVERT_NAMES = ("convert_sync_batchnorm", "convert_syncbn_model")
+
+
+def family_of(w: TorchState, obj: Obj) -> Family:
+    if obj.family is None:
+        obj.family = Family(mode="train" if w.reached else None, members=[obj])
+    return obj.family
+
+
+def merge_families(w: TorchState, objs: list[Obj]) -> Family:
+    fams: list[Family] = []
+    for o in objs:
+        f = family_of(w, o)
+        if f not in fams:
+            fams.append(f)
+    main = fams[0]
+    for other in fams[1:]:
+        for m in other.members:
+            m.family = main
+            if m not in main.members:
+                main.members.append(m)
+        if main.has_bn is None or other.has_bn:
+            main.has_bn = other.has_bn if main.has_bn is None else (main.has_bn or bool(other.has_bn))
+        main.syncbn_line = main.syncbn_line or other.syncbn_line
+        if main.mode != other.mode:
+            main.mode = None
+    return main
+
+
+def new_module(w: TorchState, node: ast.AST, qual: str | None, label: str, has_bn: bool | None) -> Obj:
+    m = w.new("module", node, qual=qual, label=label)
+    m.family = Family(mode="train" if w.reached else None, has_bn=has_bn, members=[m])
+    return m
+
+
+# ---------------------------------------------------------------------- wrappers and SyncBN
+
+
+def wrap(w: TorchState, node: ast.Call, args: Args, wrapper: str, qual: str, heuristic: bool = False) -> Value:
+    inner = args.get(0, "module") or EMPTY
+    obj = w.new(
+        "wrapper",
+        node,
+        qual=qual,
+        label="DDP" if wrapper == "ddp" else "DataParallel",
+        props={
+            "wrapper": wrapper,
+            "inner": inner,
+            "args": args,
+            "arg_node": args.node(0, "module"),
+            "heuristic": heuristic,
+        },
+    )
+    objs = [o for o in inner if o.kind not in ("const",)]
+    fam = merge_families(w, objs) if objs else Family(mode="train" if w.reached else None)
+    obj.family = fam
+    fam.members.append(obj)
+    w.emit("wrap", node, wrapper=obj, inner=inner, wrapper_kind=wrapper, args=args, heuristic=heuristic)
+    return (obj,)
+
+
+def convert_syncbn(w: TorchState, node: ast.Call, args: Args, qual: str, heuristic: bool) -> Value:
+    target = args.get(0, "module") or EMPTY
+    for o in target:
+        if o.kind in ("const", "qual"):
+            continue
+        fam = family_of(w, o)
+        fam.has_bn = True if fam.has_bn is None else fam.has_bn or True
+        fam.syncbn_line = fam.syncbn_line or node.lineno
+    w.emit("convert_syncbn", node, target=target, arg_node=args.node(0, "module"), qual=qual, heuristic=heuristic)
+    return tuple(o for o in target if o.kind not in ("const",)) or (w.unknown(node),)
+
+
+def _ddp(w: TorchState, c: Call) -> Value:
+    return wrap(w, c.node, c.args, "ddp", c.qual, c.heuristic)
+
+
+def _data_parallel(w: TorchState, c: Call) -> Value:
+    return wrap(w, c.node, c.args, "dp", c.qual, c.heuristic)
+
+
+def _convert(w: TorchState, c: Call) -> Value:
+    return convert_syncbn(w, c.node, c.args, c.qual, c.heuristic)
+
+
+def _convert_by_name(w: TorchState, c: Call) -> Value:
+    return convert_syncbn(w, c.node, c.args, c.qual, True)
+
+
+def _syncbn_layer(w: TorchState, c: Call) -> Value:
+    m = w.new("module", c.node, qual=c.qual, label="SyncBatchNorm")
+    m.family = Family(mode="train" if w.reached else None, has_bn=True, syncbn_line=c.node.lineno, members=[m])
+    w.emit("syncbn_layer", c.node, obj=m)
+    return (m,)
+
+
+def _nn_class(w: TorchState, c: Call) -> Value:
+    if c.last.endswith("Loss"):
+        return (w.new("loss", c.node, qual=c.qual, label=c.last),)
+    has_bn: bool | None = "BatchNorm" in c.last
+    if c.last in ("Sequential", "ModuleList", "ModuleDict"):
+        members = [o for o in c.args.all() if o.family is not None]
+        has_bn = any(bool(o.family and o.family.has_bn) for o in members) or (None if c.args.opaque else False)
+    return (new_module(w, c.node, c.qual, c.last, has_bn),)
+
+
+def _torchvision_model(w: TorchState, c: Call) -> Value:
+    name = c.last if c.last != "get_model" else first_const_str(c.args) or ""
+    return (new_module(w, c.node, c.qual, c.last, N.torchvision_model_has_bn(name)),)
+
+
+def _model_factory(w: TorchState, c: Call) -> Value:
+    return (new_module(w, c.node, c.qual, c.last, None),)
+
+
+def _compile(w: TorchState, c: Call) -> Value:
+    return c.args.get(0, "model") or (w.unknown(c.node),)
+
+
+def _deepcopy(w: TorchState, c: Call) -> Value:
+    out: list[Obj] = []
+    for s in c.args.get(0, None) or EMPTY:
+        if s.is_module:
+            m = w.new("module", c.node, label=s.label, props={"copy_of": s, "class": s.props.get("class")})
+            fam = family_of(w, s)
+            m.family = Family(mode=fam.mode, has_bn=fam.has_bn, members=[m])
+            out.append(m)
+    return tuple(out) or (w.unknown(c.node),)
+
+
+def _strip_prefix(w: TorchState, c: Call) -> Value:
+    w.emit("strip_prefix", c.node)
+    return (w.const(None, c.node),)
+
+
+CALLS = {
+    N.DDP: _ddp,
+    N.APEX_DDP: _ddp,
+    N.DATA_PARALLEL: _data_parallel,
+    N.CONVERT_SYNC_BN: _convert,
+    N.APEX_CONVERT_SYNC_BN: _convert,
+    N.SYNC_BN: _syncbn_layer,
+    N.APEX_SYNC_BN: _syncbn_layer,
+    "timm.create_model": _model_factory,
+    "timm.models.create_model": _model_factory,
+    "torch.hub.load": _model_factory,
+    "torch.compile": _compile,
+    "copy.deepcopy": _deepcopy,
+}
+
+PATTERNS = (
+    (lambda q, last: last in CONVERT_NAMES, _convert_by_name),
+    (lambda q, last: q.startswith("torch.nn.") and q.count(".") == 2 and last[:1].isupper(), _nn_class),
+    (
+        lambda q, last: (
+            q.startswith(("torchvision.models.", "models."))
+            and last[:1].islower()
+            and last not in ("get_model_weights", "list_models")
+        ),
+        _torchvision_model,
+    ),
+    (lambda q, last: last == "from_pretrained", _model_factory),
+    (lambda q, last: last == "consume_prefix_in_state_dict_if_present", _strip_prefix),
+)
+
+
+# ---------------------------------------------------------------------- module methods
+
+
+def _move(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("move", node, target=modules, method=name, args=args)
+    return modules
+
+
+def _mode(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    mode: str | None = "eval" if name == "eval" else "train"
+    if name == "train":
+        flag = args.get(0, "mode")
+        if flag is not None:
+            vals = [o.value for o in flag if o.kind == "const"]
+            mode = ("train" if vals[0] else "eval") if len(vals) == len(flag) == 1 else None
+    for m in modules:
+        family_of(w, m).mode = mode
+    w.emit("mode", node, target=modules, mode=mode)
+    return modules
+
+
+def _parameters(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("params", node, props={"owner": modules, "named": name == "named_parameters"}),)
+
+
+def _state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("state_dict", node, props={"owner": modules}),)
+
+
+def emit_load(w: TorchState, target: Value, node: ast.Call, args: Args) -> None:
+    w.emit(
+        "load_state_dict",
+        node,
+        target=target,
+        state=args.get(0, "state_dict") or EMPTY,
+        strict=args.get(1, "strict"),
+        strict_node=args.node(1, "strict"),
+        result_used=id(node) not in w._bare_calls,
+    )
+
+
+def _load_state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    emit_load(w, modules, node, args)
+    return (w.unknown(node, label="load_state_dict()"),)
+
+
+def _forward(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return forward(w, modules, node, args)
+
+
+def _call_inner(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
+    inner = union(*(m.props.get("inner", EMPTY) for m in modules if m.kind == "wrapper"))
+    return w.call_value(inner, node, args) if inner else None
+
+
+def _ctx(kind: str):
+    def handler(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+        return (w.new("ctx", node, props={"ctx": kind, "owner": modules}),)
+
+    return handler
+
+
+def _same(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return modules
+
+
+MODULE_METHODS = {
+    **dict.fromkeys(N.MODULE_MOVES, _move),
+    "train": _mode,
+    "eval": _mode,
+    "parameters": _parameters,
+    "named_parameters": _parameters,
+    "state_dict": _state_dict,
+    "load_state_dict": _load_state_dict,
+    "forward": _forward,
+    "module": _call_inner,
+    "no_sync": _ctx("no_sync"),
+    "join": _ctx("join"),
+    **dict.fromkeys(("zero_grad", "apply", "requires_grad_", "share_memory", "compile"), _same),
+}
+
+
+def module_method(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    """A method called on objects that are models (`model.eval()`, `model.module.state_dict()`)."""
+    handler = w.registry.module_methods.get(name)
+    if handler is not None:
+        result = handler(w, modules, name, node, args)
+        if result is not None:
+            return result
+    out: list[Obj] = []
+    rest: list[Obj] = []
+    for m in modules:
+        if m.props.get("class") is not None:
+            found = w._attr_from_class(m, name)
+            if found is not None:
+                out.extend(w.call_value(found, node, args))
+                continue
+        if name in m.fields:
+            out.extend(w.call_value(m.fields[name], node, args))
+            continue
+        rest.append(m)
+    if rest:
+        out.extend(w.generic_call(rest[0], name, node, args))
+    return tuple(out)
+
+
+def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
+    """Calling a model: a `forward` event with the modes its families are in, then the module's own forward."""
+    modes = []
+    for m in modules:
+        fam = family_of(w, m)
+        if fam.mode not in modes:
+            modes.append(fam.mode)
+    detached = id(node) in w._detached_calls
+    ev = w.emit(
+        "forward",
+        node,
+        target=modules,
+        modes=tuple(modes),
+        args=args,
+        detached=detached,
+        inside_forward=w._forward_depth > 0,
+    )
+    out: list[Obj] = []
+    w._forward_depth += 1
+    try:
+        for m in modules:
+            inner = m.props.get("inner", EMPTY) if m.kind == "wrapper" else (m,)
+            for im in inner:
+                if im.props.get("class") is not None and im.kind == "module":
+                    fwd = w._attr_from_class(im, "forward")
+                    if fwd:
+                        out.extend(w.call_value(fwd, node, args))
+    finally:
+        w._forward_depth -= 1
+    result = w.new("tensor", node, props={"forward": ev})
+    return union(out, (result,)) if out else (result,)
+
+
+# ---------------------------------------------------------------------- methods on other objects
+
+
+def _convert_method(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return convert_syncbn(w, node, args, name, True)
+
+
+def _ctx_of(kind: str):
+    def handler(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+        return (w.new("ctx", node, props={"ctx": kind, "owner": (o,)}),)
+
+    return handler
+
+
+def _obj_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (w.new("state_dict", node, props={"owner": (o,)}),)
+
+
+def _obj_load_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    emit_load(w, (o,), node, args)
+    return (w.unknown(node),)
+
+
+def _unresolved_mode(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("mode", node, target=(o,), mode="eval" if name == "eval" else None, unresolved=True)
+    return (o,)
+
+
+METHODS = {name: method(_convert_method) for name in CONVERT_NAMES}
+LATE_METHODS = {
+    "no_sync": method(_ctx_of("no_sync")),
+    "accumulate": method(_ctx_of("accumulate")),
+    "state_dict": method(_obj_state_dict),
+    "load_state_dict": method(_obj_load_state_dict),
+    "eval": method(_unresolved_mode, "unknown"),
+    "train": method(_unresolved_mode, "unknown"),
+}
+
+
+# ---------------------------------------------------------------------- classes of the file
+
+
+def class_has_bn(w: TorchState, cls_node: ast.AST) -> bool:
+    """Whether an nn.Module class of this file builds BatchNorm layers (directly, or through its own helpers)."""
+    memo = w._has_bn_memo
+    if cls_node in memo:
+        return memo[cls_node]
+    memo[cls_node] = False
+    found = False
+    for n in ast.walk(cls_node):
+        ident = n.id if isinstance(n, ast.Name) else (n.attr if isinstance(n, ast.Attribute) else None)
+        if ident is None:
+            continue
+        if "BatchNorm" in ident or ident in CONVERT_NAMES:
+            found = True
+        elif isinstance(n, ast.Attribute) and dotted(n).startswith(("models.", "torchvision.models.")):
+            found = N.torchvision_model_has_bn(ident)
+        elif ident in w._defs_by_name and isinstance(n, ast.Name):
+            found = any(class_has_bn(w, d) for d in w._defs_by_name[ident] if d is not cls_node)
+        if found:
+            break
+    memo[cls_node] = found
+    return found

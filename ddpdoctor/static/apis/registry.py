@@ -1,0 +1,111 @@
+"""Where a library call finds its model: handlers keyed by canonical name, and by method name.
+
+A call to an imported API is folded to its canonical name (`ddpdoctor.torchnames.canonical`) and looked up here:
+first among the exact names, then among the patterns (families of names: every `torch.nn.<Module>`, every
+`torch.optim.<Optimizer>`), in the order the API modules list them. A handler returns the call's Value, or None to
+let the next candidate (finally the interpreter's generic call) have it.
+
+Methods of objects the models made are keyed by method name (`set_epoch`, `step`, `add_argument`), optionally
+restricted to receiver kinds. Each API module declares its own tables (`CALLS`, `PATTERNS`, `METHOD_EVENTS`,
+`METHODS`, `LATE_METHODS`, `MODULE_METHODS`, `BUILTINS`); `ddpdoctor.static.apis` lists the modules once, in order.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import NamedTuple
+
+from ddpdoctor.static.apis.state import TorchState
+from ddpdoctor.static.engine.support import Args
+from ddpdoctor.static.semantic import Obj, Value
+
+
+class Call(NamedTuple):
+    """One call to an imported API: its canonical name, the name's last part, the call node, its arguments, and
+    whether the name was guessed (a bare `DDP` never imported)."""
+
+    qual: str
+    last: str
+    node: ast.Call
+    args: Args
+    heuristic: bool
+
+
+CallHandler = Callable[[TorchState, Call], Value | None]
+Pattern = Callable[[str, str], bool]
+# (interpreter, receiver, method name, call node, arguments) -> Value or None
+MethodHandler = Callable[[TorchState, Obj, str, ast.Call, Args], Value | None]
+# (interpreter, receivers that are models, method name, call node, arguments) -> Value or None
+GroupHandler = Callable[[TorchState, Value, str, ast.Call, Args], Value | None]
+EventHandler = Callable[[TorchState, Obj, str, ast.Call, Args], bool]
+BuiltinHandler = Callable[[TorchState, str, ast.Call, Args], Value | None]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method model: `kinds` restricts the receivers (None: any)."""
+
+    handler: MethodHandler
+    kinds: frozenset[str] | None = None
+
+
+def method(handler: MethodHandler, *kinds: str) -> Method:
+    return Method(handler, frozenset(kinds) if kinds else None)
+
+
+class Registry:
+    """The models of every API module, merged (see the module docstring)."""
+
+    def __init__(self, modules: Iterable[ModuleType]) -> None:
+        self.calls: dict[str, CallHandler] = {}
+        self.patterns: list[tuple[Pattern, CallHandler]] = []
+        self.method_events: dict[str, list[EventHandler]] = {}
+        self.methods: dict[str, list[Method]] = {}
+        self.late_methods: dict[str, list[Method]] = {}
+        self.late_fallbacks: list[MethodHandler] = []
+        self.module_methods: dict[str, GroupHandler] = {}
+        self.builtins: dict[str, BuiltinHandler] = {}
+        for module in modules:
+            self._merge(self.calls, getattr(module, "CALLS", {}), module)
+            self.patterns.extend(getattr(module, "PATTERNS", ()))
+            for name, handler in getattr(module, "METHOD_EVENTS", {}).items():
+                self.method_events.setdefault(name, []).append(handler)
+            for table, own in ((self.methods, "METHODS"), (self.late_methods, "LATE_METHODS")):
+                for name, m in getattr(module, own, {}).items():
+                    table.setdefault(name, []).extend(m if isinstance(m, (list, tuple)) else [m])
+            self.late_fallbacks.extend(getattr(module, "LATE_FALLBACKS", ()))
+            self._merge(self.module_methods, getattr(module, "MODULE_METHODS", {}), module)
+            self._merge(self.builtins, getattr(module, "BUILTINS", {}), module)
+
+    @staticmethod
+    def _merge(into: dict, table: dict, module: ModuleType) -> None:
+        for name, handler in table.items():
+            if name in into:
+                raise ValueError(f"{module.__name__}: {name!r} is modelled twice")
+            into[name] = handler
+
+    def call(self, w: TorchState, call: Call) -> Value | None:
+        handler = self.calls.get(call.qual)
+        if handler is not None:
+            result = handler(w, call)
+            if result is not None:
+                return result
+        for matches, handler in self.patterns:
+            if matches(call.qual, call.last):
+                result = handler(w, call)
+                if result is not None:
+                    return result
+        return None
+
+    def method(
+        self, table: dict[str, list[Method]], w: TorchState, o: Obj, name: str, node: ast.Call, args: Args
+    ) -> Value | None:
+        for m in table.get(name, ()):
+            if m.kinds is None or o.kind in m.kinds:
+                result = m.handler(w, o, name, node, args)
+                if result is not None:
+                    return result
+        return None

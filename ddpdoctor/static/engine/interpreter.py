@@ -1,0 +1,515 @@
+"""A Python interpreter over abstract values that walks a script in execution order and records events.
+
+Why an interpreter rather than pattern matching: the bugs ddpdoctor looks for live in the relation between
+statements — a model built in one function, wrapped in another and trained in a method of a class; a sampler
+reached through `loader.sampler`; a save inside a helper that only rank 0 calls. So the walk follows the script the
+way it runs: the module body first; calls to functions, classes and methods entered at their call sites with
+arguments bound to parameters; both sides of every branch taken (and the variables merged afterwards); loop bodies
+walked once. Values are tuples of abstract objects (`semantic.Obj`); what happens to them becomes an ordered list of
+`Event`s, each with the context it happened in (branches, loops, the call stack).
+
+Functions the walk never reaches (a Trainer used from another file, a callback handed to a library) are walked
+afterwards on their own with unknown arguments; their events carry `reached=False`.
+
+This package knows Python and nothing else. What library calls mean (a DDP wrap, a sampler, argparse, os.environ)
+is decided by the *hooks* — the methods of `hooks.Hooks`, which a subclass overrides — and by the handlers that
+subclass registers (`ddpdoctor.static.apis`). The walk never executes user code and never imports anything.
+
+The interpreter is one class assembled from four parts: this module (driver, contexts, statements), `binding`
+(names, scopes, assignment targets), `expressions` (expression evaluation) and `calls` (attributes, functions,
+classes, calls).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from typing import Any
+
+from ddpdoctor.static.engine.binding import BindingMixin
+from ddpdoctor.static.engine.calls import CallsMixin
+from ddpdoctor.static.engine.expressions import ExpressionsMixin
+from ddpdoctor.static.engine.hooks import Hooks
+from ddpdoctor.static.engine.support import VISIT_BUDGET, SourceFile, is_main_guard, merge_env, target_ident
+from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
+
+EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
+VALUE_CAP = 12
+
+
+class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
+    """Walks one parsed file and records its events (see the module docstring)."""
+
+    def __init__(self, source: SourceFile) -> None:
+        self.source = source
+        self.tree = source.tree
+        index = source.index
+        self.events: list[Event] = []
+        self.ctx: list[Ctx] = []
+        self.frames: list[Frame] = []
+        self.errors: list[str] = []
+        self.truncated = False
+        self.reached = True
+        self._seq = itertools.count()
+        self._frame_ids = itertools.count(1)
+        self._visits = 0
+        self._active: list[ast.AST] = []
+        self._walked: set[ast.AST] = set()
+        self._function_objs: dict[ast.AST, Obj] = {}
+        self._classes: dict[ast.AST, Obj] = {}
+        self._instances: dict[ast.AST, list[Obj]] = {}
+        self._placeholders: dict[str, Obj] = {}
+        self._guard: tuple[str, Any, int, str | None, Value] | None = None  # (kind, info, branch, scope, test)
+        self._cond_keys: dict[int, tuple[str, int]] = {}
+        self._texts: dict[int, str] = {}
+        self._inlined: dict[ast.AST, int] = {}
+        self._summaries: dict[ast.AST, Value] = {}
+        self._defs_by_name = index.defs_by_name
+        self._bound_names = index.bound_names
+        self._functions = index.functions
+        self._method_class = index.method_class
+        self._bare_calls: set[int] = set()  # calls whose result is thrown away (`model.load_state_dict(sd)`)
+        self.module_frame = Frame(
+            id=next(self._frame_ids), name="<module>", locals={}, lexical=None, node=self.tree, file=source.path
+        )
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> None:
+        self.frames.append(self.module_frame)
+        try:
+            self.block(self.tree.body)
+        finally:
+            self.frames.pop()
+        self.reached = False
+        self._walk_unreached()
+
+    def _walk_unreached(self) -> None:
+        """Walk what the module body never called, callers before callees: a helper that the file calls
+        (`self._save_snapshot(epoch)` under `if self.local_rank == 0` in a Trainer used from another file) is then
+        entered at its call sites, with their rank guards and arguments, rather than on its own with neither."""
+        called = self.source.index.called_names
+        defs = sorted(self._functions, key=lambda n: (n.name in called, n.lineno, n.col_offset))
+        self.frames.append(self.module_frame)
+        try:
+            for d in defs:
+                if d in self._walked:
+                    continue
+                if self._visits > VISIT_BUDGET:
+                    self.truncated = True
+                    break
+                depth = (len(self.ctx), len(self.frames), len(self._active))
+                try:
+                    self._walk_entry(d)
+                except RecursionError:
+                    self.errors.append(f"line {d.lineno}: nesting too deep")
+                except Exception as exc:  # a bug here must not cost the user the rest of the analysis
+                    self.errors.append(f"line {d.lineno}: {type(exc).__name__}: {exc}")
+                finally:
+                    del self.ctx[depth[0] :]
+                    del self.frames[depth[1] :]
+                    del self._active[depth[2] :]
+        finally:
+            self.frames.pop()
+
+    def _walk_entry(self, d: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        parent = self._method_class.get(d)
+        self_obj: Value | None = None
+        fobj = self._function_objs.get(d)
+        if parent is not None:
+            cls = self._classes.get(parent)
+            if cls is None:
+                self.stmt(parent)
+                cls = self._classes.get(parent)
+            if cls is None:
+                return
+            fobj = fobj or self._lookup_class_attr_objs(cls, d.name)
+            instances = self._instances.get(parent)
+            if not instances:
+                inst = self.make_instance(cls, d)
+                self._instances.setdefault(parent, []).append(inst)
+                init = self._lookup_class_attr_objs(cls, "__init__")
+                if init is not None and init.props["node"] not in self._walked and d.name != "__init__":
+                    self.call_function(init, self.no_args(), init.props["node"], self_obj=(inst,))
+                instances = [inst]
+            self_obj = tuple(instances)
+        if fobj is None or fobj.kind != "function":
+            fobj = self._define_function(d, self.module_frame, cls=None, evaluate_defaults=True)
+        if fobj.props.get("staticmethod"):
+            self_obj = None
+        self.call_function(fobj, self.no_args(), d, self_obj=self_obj)
+
+    # ------------------------------------------------------------------ infrastructure
+
+    @property
+    def frame(self) -> Frame:
+        return self.frames[-1]
+
+    def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
+        obj = Obj(
+            kind=kind,
+            line=getattr(node, "lineno", 0) or 0,
+            node=node,
+            file=self.frames[-1].file if self.frames else self.source.path,
+            **kw,
+        )
+        if self.ctx and kind in self.PATH_KINDS:
+            path = self._path()
+            if path:
+                obj.props["path"] = path
+        return obj
+
+    def _cond_key(self, c: Ctx) -> tuple[str, int] | None:
+        """(test text, side) of a branch, `not x` folded into x: the same test seen twice is one condition."""
+        test = getattr(c.node, "test", None)
+        if c.kind != "cond" or test is None:
+            return None
+        key = self._cond_keys.get(id(test))
+        if key is None:
+            negated, inner = 0, test
+            while isinstance(inner, ast.UnaryOp) and isinstance(inner.op, ast.Not):
+                inner, negated = inner.operand, negated ^ 1
+            key = (ast.unparse(inner), negated)
+            self._cond_keys[id(test)] = key
+        return (key[0], c.branch ^ key[1])
+
+    def _path(self) -> tuple[tuple[str, int], ...]:
+        return tuple(k for k in (self._cond_key(c) for c in self.ctx) if k is not None)
+
+    def _on_path(self, value: Value) -> Value:
+        """Drop objects created on the other side of a test the current code is on: with
+        `if ddp: model = DDP(model)`, `raw = model.module if ddp else model` sees only the plain model in `else`."""
+        if not self.ctx or len(value) < 2:
+            return value
+        here = set(self._path())
+        if not here:
+            return value
+        kept = tuple(o for o in value if not any((t, 1 - b) in here for t, b in o.props.get("path", ())))
+        return kept or value
+
+    def const(self, value: Any, node: ast.AST | None = None) -> Obj:
+        return self.new("const", node, const=True, value=value)
+
+    def unknown(
+        self, node: ast.AST | None, label: str | None = None, tags: frozenset[str] = frozenset(), **props: Any
+    ) -> Obj:
+        return self.new("unknown", node, label=label, tags=tags, props=props)
+
+    def emit(self, kind: str, node: ast.AST, **data: Any) -> Event:
+        frames = self.frames
+        ev = Event(
+            kind=kind,
+            node=node,
+            line=getattr(node, "lineno", 0) or 0,
+            seq=next(self._seq),
+            ctx=tuple(self.ctx),
+            frames=tuple(f.id for f in frames),
+            func=frames[-1].name,
+            reached=self.reached,
+            data=data,
+            file=frames[-1].file,
+            chain=tuple(f.call_site for f in frames if f.call_site is not None),
+        )
+        self.events.append(ev)
+        return ev
+
+    def text(self, node: ast.AST | None, limit: int = 60) -> str:
+        if node is None:
+            return "?"
+        cached = self._texts.get(id(node))
+        if cached is None:
+            try:
+                cached = ast.unparse(node)
+            except Exception:  # pragma: no cover - unparse handles every node the parser makes
+                cached = "?"
+            self._texts[id(node)] = cached
+        return cached if len(cached) <= limit else cached[: limit - 1] + "…"
+
+    def capped(self, value: Value) -> Value:
+        """Keep every object of interest a variable may hold, but only a few plain numbers and unknowns: a
+        counter updated in a loop that runs in many calls would otherwise grow without bound."""
+        if len(value) <= VALUE_CAP:
+            return value
+        plain_kinds = self.PLAIN_KINDS
+        keep = [o for o in value if o.kind not in plain_kinds]
+        plain = [o for o in value if o.kind in plain_kinds]
+        return tuple(keep + plain[: max(0, VALUE_CAP - len(keep))])
+
+    def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
+        return merge_env(a, b, self.capped)
+
+    def _conditional_here(self) -> bool:
+        return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])
+
+    # ------------------------------------------------------------------ statements
+
+    def block(self, stmts: list[ast.stmt]) -> bool:
+        """Walk statements in order; True when the block always ends in return/raise/break/continue/exit."""
+        pushed = 0
+        try:
+            for st in stmts:
+                self._guard = None
+                if self.stmt(st):
+                    return True
+                guard, self._guard = self._guard, None
+                if guard is not None:
+                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4]))
+                    pushed += 1
+            return False
+        finally:
+            if pushed:
+                del self.ctx[len(self.ctx) - pushed :]
+
+    def stmt(self, st: ast.stmt) -> bool:
+        self._visits += 1
+        handler = getattr(self, "st_" + type(st).__name__, None)
+        if handler is None:
+            return False
+        depth = (len(self.ctx), len(self.frames), len(self._active), self.save_state())
+        try:
+            return bool(handler(st))
+        except RecursionError:
+            self.errors.append(f"line {getattr(st, 'lineno', 0)}: nesting too deep")
+        except Exception as exc:  # one statement the interpreter does not understand must not end the analysis
+            self.errors.append(f"line {getattr(st, 'lineno', 0)}: {type(exc).__name__}: {exc}")
+        del self.ctx[depth[0] :]
+        del self.frames[depth[1] :]
+        del self._active[depth[2] :]
+        self.restore_state(depth[3])
+        return False
+
+    def st_Expr(self, st: ast.Expr) -> bool:
+        if isinstance(st.value, ast.Call):
+            self._bare_calls.add(id(st.value))
+        self.eval(st.value)
+        return isinstance(st.value, ast.Call) and self.text(st.value.func) in EXIT_CALLS
+
+    def st_Assign(self, st: ast.Assign) -> None:
+        value = self.eval(st.value)
+        for target in st.targets:
+            self.bind(target, value)
+            self._note_assignment(target, value, st)
+
+    def st_AnnAssign(self, st: ast.AnnAssign) -> None:
+        if st.value is not None:
+            value = self.eval(st.value)
+            self.bind(st.target, value)
+            self._note_assignment(st.target, value, st)
+
+    def st_AugAssign(self, st: ast.AugAssign) -> None:
+        current = self.eval(st.target)
+        rhs = self.eval(st.value)
+        value = (self._binop_value(st, type(st.op), current, rhs),)
+        self.bind(st.target, value)
+        self._note_assignment(st.target, value, st)
+
+    def _note_assignment(self, target: ast.AST, value: Value, st: ast.stmt) -> None:
+        ident = target_ident(target)
+        if ident is not None:
+            self.on_assign(ident, target, value, st)
+
+    def st_Return(self, st: ast.Return) -> bool:
+        value = self.eval(st.value) if st.value is not None else (self.const(None, st),)
+        self.frame.returns.append(value)
+        return True
+
+    def st_Raise(self, st: ast.Raise) -> bool:
+        return True
+
+    def st_Continue(self, st: ast.Continue) -> bool:
+        return True
+
+    def st_Break(self, st: ast.Break) -> bool:
+        return True
+
+    def st_Global(self, st: ast.Global) -> None:
+        self.frame.globals_declared.update(st.names)
+
+    def st_Nonlocal(self, st: ast.Nonlocal) -> None:
+        self.frame.nonlocal_declared.update(st.names)
+
+    def st_Import(self, st: ast.Import) -> None:
+        for alias in st.names:
+            if alias.asname:
+                self.bind_name(alias.asname, (self.new("qual", st, qual=alias.name, label=alias.asname),))
+            else:
+                top = alias.name.split(".")[0]
+                self.bind_name(top, (self.new("qual", st, qual=top, label=top),))
+
+    def st_ImportFrom(self, st: ast.ImportFrom) -> None:
+        module = "." * (st.level or 0) + (st.module or "")
+        for alias in st.names:
+            if alias.name == "*":
+                continue
+            q = f"{module}.{alias.name}" if module and not module.endswith(".") else f"{module}{alias.name}"
+            name = alias.asname or alias.name
+            self.bind_name(name, (self.new("qual", st, qual=q, label=name),))
+
+    def st_FunctionDef(self, st: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        frame = self.frame
+        cls = frame.cls if frame.is_class_body else None
+        closure = frame.lexical if frame.is_class_body else frame
+        fobj = self._define_function(st, closure or self.module_frame, cls=cls, evaluate_defaults=True)
+        self.bind_name(st.name, (fobj,))
+
+    st_AsyncFunctionDef = st_FunctionDef
+
+    def st_ClassDef(self, st: ast.ClassDef) -> None:
+        bases = [self.eval(b) for b in st.bases]
+        cls = self.new("class", st, label=st.name, props={"node": st, "bases": bases})
+        cls.props.update(self.class_facts(bases, st))
+        self._classes[st] = cls
+        frame = Frame(
+            id=next(self._frame_ids),
+            name=st.name,
+            locals={},
+            lexical=self.frame,
+            node=st,
+            cls=cls,
+            is_class_body=True,
+            ctx_base=len(self.ctx),
+            file=self.frame.file,
+        )
+        self.frames.append(frame)
+        try:
+            self.block(st.body)
+        finally:
+            self.frames.pop()
+        cls.fields = dict(frame.locals)
+        self.bind_name(st.name, (cls,))
+
+    def st_If(self, st: ast.If) -> bool:
+        test = self.eval(st.test)
+        scope = None
+        if is_main_guard(st.test):
+            kind, info, else_info = None, None, None
+        else:
+            kind, info, else_info, scope = self.classify_branch(test, st.test)
+        frame = self.frame
+        before = dict(frame.locals)
+        if kind:
+            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test))
+        try:
+            ended_body = self.block(st.body)
+        finally:
+            if kind:
+                self.ctx.pop()
+        after_body = frame.locals
+        frame.locals = dict(before)
+        if kind:
+            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test))
+        try:
+            ended_else = self.block(st.orelse)
+        finally:
+            if kind:
+                self.ctx.pop()
+        after_else = frame.locals
+        if ended_body and ended_else:
+            frame.locals = self.merge(after_body, after_else)
+            return True
+        if ended_body:
+            frame.locals = after_else
+            if kind and not st.orelse:
+                self._guard = (kind, else_info, 1, scope, test)
+        elif ended_else:
+            frame.locals = after_body
+            if kind:
+                self._guard = (kind, info, 0, scope, test)
+        else:
+            frame.locals = self.merge(after_body, after_else)
+        return False
+
+    def st_For(self, st: ast.For | ast.AsyncFor) -> None:
+        iterable = self.eval(st.iter)
+        info = self.loop_info(st, iterable)
+        element = self.element_of(iterable, st)
+        frame = self.frame
+        before = dict(frame.locals)
+        self.ctx.append(Ctx("loop", st, info, frame.id))
+        try:
+            self.bind(st.target, element)
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        frame.locals = self.merge(before, frame.locals)
+        self.block(st.orelse)
+
+    st_AsyncFor = st_For
+
+    def st_While(self, st: ast.While) -> None:
+        test = self.eval(st.test)
+        frame = self.frame
+        before = dict(frame.locals)
+        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test))
+        try:
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        frame.locals = self.merge(before, frame.locals)
+        self.block(st.orelse)
+
+    def st_With(self, st: ast.With | ast.AsyncWith) -> bool:
+        pushed = 0
+        try:
+            for item in st.items:
+                value = self.eval(item.context_expr)
+                kinds_here: set[str] = set()
+                for o in value:
+                    entered = self.context_of(o)
+                    if entered is not None and (o.kind != "ctx" or entered[0] not in kinds_here):
+                        if o.kind == "ctx":
+                            kinds_here.add(entered[0])
+                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id))
+                        pushed += 1
+                if item.optional_vars is not None:
+                    self.bind(
+                        item.optional_vars, (self.unknown(item.optional_vars, label=self.text(item.optional_vars)),)
+                    )
+            return self.block(st.body)
+        finally:
+            if pushed:
+                del self.ctx[len(self.ctx) - pushed :]
+
+    st_AsyncWith = st_With
+
+    def st_Try(self, st: ast.Try) -> bool:
+        frame = self.frame
+        self.ctx.append(Ctx("try", st, None, frame.id))
+        try:
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        after_body = frame.locals
+        for handler in st.handlers:
+            frame.locals = dict(after_body)
+            if handler.name:
+                self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
+            self.ctx.append(Ctx("try", handler, None, frame.id))
+            try:
+                self.block(handler.body)
+            finally:
+                self.ctx.pop()
+            after_body = self.merge(after_body, frame.locals)
+        frame.locals = after_body
+        self.block(st.orelse)
+        return self.block(st.finalbody)
+
+    st_TryStar = st_Try
+
+    def st_Match(self, st: ast.Match) -> None:
+        self.eval(st.subject)
+        frame = self.frame
+        before = dict(frame.locals)
+        merged = dict(before)
+        for i, case in enumerate(st.cases):
+            frame.locals = dict(before)
+            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i))
+            try:
+                self.block(case.body)
+            finally:
+                self.ctx.pop()
+            merged = self.merge(merged, frame.locals)
+        frame.locals = merged
+
+
+__all__ = ["EMPTY", "Interpreter"]

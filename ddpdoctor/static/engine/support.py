@@ -1,0 +1,218 @@
+"""What the interpreter stands on: call arguments, environment merging, and the one pass over a file's tree.
+
+Nothing here knows about PyTorch: these are pieces of a Python interpreter over abstract values.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ddpdoctor.static.semantic import Obj, Value, union
+
+MAX_DEPTH = 24
+# A helper called from many call sites is entered at each of the first few, then summarised by what it returned:
+# training scripts call their helpers a handful of times, while library-style code can fan out exponentially.
+MAX_INLINE_PER_FUNCTION = 16
+# A safety net for pathological inputs (deep mutual calls in a huge file): past this many visited nodes, calls are
+# no longer entered and the model says it was truncated. Real scripts of a few thousand lines use a few percent.
+VISIT_BUDGET = 400_000
+
+
+@dataclass
+class Args:
+    """The arguments of one call, evaluated."""
+
+    pos: list[Value] = field(default_factory=list)
+    pos_nodes: list[ast.AST] = field(default_factory=list)
+    kw: dict[str, Value] = field(default_factory=dict)
+    kw_nodes: dict[str, ast.AST] = field(default_factory=dict)
+    opaque: bool = False  # *args / **kwargs whose content is not known
+
+    def get(self, index: int | None, name: str | None) -> Value | None:
+        if name is not None and name in self.kw:
+            return self.kw[name]
+        if index is not None and index < len(self.pos):
+            return self.pos[index]
+        return None
+
+    def node(self, index: int | None, name: str | None) -> ast.AST | None:
+        if name is not None and name in self.kw_nodes:
+            return self.kw_nodes[name]
+        if index is not None and index < len(self.pos_nodes):
+            return self.pos_nodes[index]
+        return None
+
+    def all(self) -> Value:
+        return union(*self.pos, *self.kw.values())
+
+
+class SourceIndex:
+    """Facts about one file's tree gathered in a single walk, shared by the interpreter, the semantic model and
+    the rules (each used to walk the whole tree again; on a 4,000-line script each walk cost as much as the
+    interpretation itself).
+
+    The walk is breadth-first (`ast.walk` order), so `words` keeps the order it always had.
+    """
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.defs_by_name: dict[str, list[ast.AST]] = {}
+        self.bound_names: set[str] = set()
+        self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        self.method_class: dict[ast.AST, ast.ClassDef] = {}
+        self.called_names: set[str] = set()
+        self.with_items: list[ast.withitem] = []
+        self.imports: set[str] = set()
+        self.strings: set[str] = set()
+        parts: list[str] = []
+        docstrings: set[int] = set()
+        append = parts.append
+        for node in ast.walk(tree):
+            t = type(node)
+            if t is ast.Name:
+                append(node.id)
+                if type(node.ctx) is ast.Store:
+                    self.bound_names.add(node.id)
+            elif t is ast.Attribute:
+                append(node.attr)
+            elif t is ast.Call:
+                func = node.func
+                if type(func) is ast.Name:
+                    self.called_names.add(func.id)
+                elif type(func) is ast.Attribute:
+                    self.called_names.add(func.attr)
+            elif t is ast.Constant:
+                if isinstance(node.value, str):
+                    self.strings.add(node.value)
+                    if id(node) not in docstrings:
+                        append(node.value[:200])
+            elif t is ast.Expr:
+                if type(node.value) is ast.Constant:
+                    docstrings.add(id(node.value))
+            elif t is ast.FunctionDef or t is ast.AsyncFunctionDef or t is ast.ClassDef:
+                append(node.name)
+                self.defs_by_name.setdefault(node.name, []).append(node)
+                self.bound_names.add(node.name)
+                if t is ast.ClassDef:
+                    for item in node.body:
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            self.method_class[item] = node
+                else:
+                    self.functions.append(node)
+            elif t is ast.arg:
+                append(node.arg)
+                self.bound_names.add(node.arg)
+            elif t is ast.keyword:
+                if node.arg:
+                    append(node.arg)
+            elif t is ast.alias:
+                self.bound_names.add((node.asname or node.name).split(".")[0])
+            elif t is ast.Import:
+                self.imports.update(a.name for a in node.names)
+            elif t is ast.ImportFrom:
+                if node.module:
+                    self.imports.add(node.module)
+            elif t is ast.withitem:
+                self.with_items.append(node)
+        self._parts = parts
+
+    @cached_property
+    def words(self) -> str:
+        """Every identifier, attribute and string constant (not docstrings) of the file, lower-cased."""
+        return " ".join(self._parts).lower()
+
+
+@dataclass(eq=False)
+class SourceFile:
+    """One parsed file: its path as reported in findings, its text, its tree, and the index of its tree."""
+
+    path: str
+    source: str
+    tree: ast.Module
+
+    @cached_property
+    def index(self) -> SourceIndex:
+        return SourceIndex(self.tree)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.source.splitlines()
+
+
+def merge_env(a: dict[str, Value], b: dict[str, Value], cap: Any) -> dict[str, Value]:
+    """The variables after two paths join: each name holds what either path left in it."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = cap(union(out[k], v)) if k in out and out[k] is not v else v
+    return out
+
+
+def const_key(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)):
+        return node.value
+    return None
+
+
+def is_main_guard(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )
+
+
+def target_ident(target: ast.AST) -> str | None:
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if (
+        isinstance(target, ast.Subscript)
+        and isinstance(target.slice, ast.Constant)
+        and isinstance(target.slice.value, str)
+    ):
+        return target.slice.value
+    return None
+
+
+def dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{dotted(node.value)}.{node.attr}"
+    if isinstance(node, ast.Call):
+        return dotted(node.func)
+    return ""
+
+
+def dotted_last(node: ast.AST) -> str | None:
+    d = dotted(node)
+    return d.rsplit(".", 1)[-1] if d else None
+
+
+def first_const_str(args: Args) -> str | None:
+    for v in args.pos:
+        for o in v:
+            if o.kind == "const" and isinstance(o.value, str):
+                return o.value
+    return None
+
+
+__all__ = [
+    "Args",
+    "Obj",
+    "SourceFile",
+    "SourceIndex",
+    "const_key",
+    "dotted",
+    "dotted_last",
+    "first_const_str",
+    "is_main_guard",
+    "merge_env",
+    "target_ident",
+]
