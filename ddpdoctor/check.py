@@ -229,7 +229,7 @@ def report_run(
     as the one `check` printed; options given here override those recorded with the run. A run recorded per node
     (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
-    from ddpdoctor.analyses import analyze_run, load_static_findings
+    from ddpdoctor.analyses import analyze_run, load_static
 
     dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
     if not dirs:
@@ -248,8 +248,9 @@ def report_run(
         if v is not None
     }
     analysis = analyze_run(dirs, overrides=overrides)
+    static = load_static(dirs)
     merged, cleared = merge_static_and_probe(
-        load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+        list(static.findings), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
     kept = filter_findings(
         merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources
@@ -259,7 +260,7 @@ def report_run(
         args=tuple(analysis.args),
         environment=analysis.environment,
         findings=tuple(kept),
-        notes=(*analysis.notes, *cleared),
+        notes=(*static.notes, *analysis.notes, *cleared),
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )

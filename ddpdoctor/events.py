@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
+
 SCHEMA = "ddpdoctor.events/1"
 META_FILE = "meta.json"
 STATIC_FILE = "static.json"
@@ -79,6 +81,8 @@ META_KEYS = {
     "python": "Python version of the launcher",
     "host": "host name",
     "started": "start time (seconds since the epoch)",
+    "keep_run": "where `check --keep-run` kept the run, or null when the run directory was temporary (removed after "
+    "the report); absent in attach mode",
 }
 
 
@@ -882,19 +886,19 @@ class RunData:
     """Everything in a run directory, read once."""
 
     path: Path
-    meta: dict[str, Any]
-    launcher: dict[str, Any] | None
+    meta: RunMeta
+    launcher: LaunchRecord | None
     processes: list[ProcessLog]
-    static: list[dict[str, Any]] | None = None
+    static: StaticRecord | None = None
     # a run recorded in several directories (attach mode, one per node): each directory and its own meta.json;
     # empty for a run in one directory (then `path` is the only part)
-    parts: tuple[tuple[Path, dict[str, Any]], ...] = ()
+    parts: tuple[tuple[Path, RunMeta], ...] = ()
     # blob file name → the directory whose events/ holds it (several parts)
     blob_dirs: dict[str, Path] = field(default_factory=dict, repr=False)
     _blob_cache: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
-    def directories(self) -> list[tuple[Path, dict[str, Any]]]:
+    def directories(self) -> list[tuple[Path, RunMeta]]:
         """(directory, its meta.json) of every part of the run: one, or one per node."""
         return list(self.parts) or [(self.path, self.meta)]
 
@@ -1054,7 +1058,13 @@ def read_run(path: Path) -> RunData:
                          "damaged")
     processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
     _check_blobs(events_dir, processes)
-    return RunData(path=path, meta=meta, launcher=launcher, processes=processes, static=static)
+    return RunData(
+        path=path,
+        meta=RunMeta.from_json(meta),
+        launcher=LaunchRecord.from_json(launcher) if isinstance(launcher, dict) else None,
+        processes=processes,
+        static=StaticRecord.from_json(static) if isinstance(static, (list, dict)) else None,
+    )
 
 
 def _blob_refs(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
@@ -1158,9 +1168,9 @@ def read_runs(paths: Sequence[Path]) -> RunData:
             names[p.name] = run.path
     # the directory of rank 0 (its meta.json, static findings and launcher record) speaks for the run
     lead = next((run for run in runs if 0 in run.rank_processes), runs[0])
-    meta = dict(lead.meta)
-    meta["nproc"] = max((int(r.meta.get("nproc") or 0) for r in runs), default=0) or meta.get("nproc")
-    starts = [r.meta["started"] for r in runs if isinstance(r.meta.get("started"), (int, float))]
+    meta = lead.meta.to_json()
+    meta["nproc"] = max((int(r.meta.nproc or 0) for r in runs), default=0) or lead.meta.nproc
+    starts = [r.meta.started for r in runs if isinstance(r.meta.started, (int, float))]
     if starts:
         meta["started"] = min(starts)
     meta["parts"] = [str(r.path) for r in runs]
@@ -1168,7 +1178,7 @@ def read_runs(paths: Sequence[Path]) -> RunData:
     processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
     return RunData(
         path=lead.path,
-        meta=meta,
+        meta=RunMeta.from_json(meta),
         launcher=lead.launcher,
         processes=processes,
         static=next((r.static for r in [lead, *runs] if r.static is not None), None),

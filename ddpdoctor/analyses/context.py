@@ -15,6 +15,7 @@ from ddpdoctor.errors import PEER_ERROR_MARKERS
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
+from ddpdoctor.records import LaunchRecord
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.world import Place, place_from_env
 
@@ -189,8 +190,8 @@ class RunContext:
         return bool(given) and isinstance(count, int) and given[0] == count
 
     @property
-    def launcher(self) -> dict[str, Any]:
-        return self.run.launcher or {}
+    def launcher(self) -> LaunchRecord:
+        return self.run.launcher if self.run.launcher is not None else LaunchRecord.from_json({})
 
     @property
     def timed_out(self) -> bool:

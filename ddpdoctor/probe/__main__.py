@@ -28,9 +28,10 @@ from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
-from ddpdoctor.world import place_from_env
+from ddpdoctor.records import RunMeta, StaticRecord
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.sourcefile import check_source_path
+from ddpdoctor.world import place_from_env
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,13 +90,14 @@ def _write_once(path: Path, data: object) -> None:
         json.dump(data, fh, indent=1, default=str)
 
 
-def _static_findings(script: Path) -> list[dict] | None:
+def _static_findings(script: Path) -> dict | None:
+    """static.json of an attached run (StaticRecord), or None when static analysis is unavailable or failed."""
     try:
         from ddpdoctor.static import analyze_file
     except ImportError:
         return None
     try:
-        return [{**f.to_json(), "magnitude": f.magnitude} for f in analyze_file(script)]
+        return StaticRecord(findings=tuple(analyze_file(script))).to_json()
     except Exception:
         return None
 
@@ -129,29 +131,26 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
         sources = snapshot(out, [os.path.abspath(script), str(script.resolve())], cwd=os.getcwd())
     _write_once(
         out / META_FILE,
-        {
-            "schema": SCHEMA,
-            "mode": "attach",
-            "script": str(script),
-            "script_abs": str(script.resolve()),
-            "args": list(ns.args),
-            "cwd": os.getcwd(),
-            "nproc": world,
-            "epochs": ns.epochs if limited else 0,
-            "steps": ns.steps if limited else 0,
-            "timeout": ns.timeout,
-            "device": ns.device,
-            "base_lr": None,
-            "base_batch": None,
-            "lr_scaling": "auto",
-            "small_bn_batch": SMALL_BN_BATCH,
-            "legacy_local_rank_arg": None,
-            "plan": plan.to_json(),
-            "sources": sources,
-            "python": sys.version.split()[0],
-            "host": default_host(),
-            "started": time.time(),
-        },
+        RunMeta(
+            schema=SCHEMA,
+            mode="attach",
+            script=str(script),
+            script_abs=str(script.resolve()),
+            args=tuple(ns.args),
+            cwd=os.getcwd(),
+            nproc=world,
+            epochs=ns.epochs if limited else 0,
+            steps=ns.steps if limited else 0,
+            timeout=ns.timeout,
+            device=ns.device,
+            lr_scaling="auto",
+            small_bn_batch=SMALL_BN_BATCH,
+            plan=plan.to_json(),
+            sources=sources,
+            python=sys.version.split()[0],
+            host=default_host(),
+            started=time.time(),
+        ).to_json(without=("keep_run",)),  # attach mode never removes its run directory: nothing to keep
     )
     if (place.rank or 0) == 0 and not (out / STATIC_FILE).exists():
         static = _static_findings(script)

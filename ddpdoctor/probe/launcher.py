@@ -65,6 +65,7 @@ from ddpdoctor.probe.sources import snapshot, snapshot_run
 from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
 from ddpdoctor.probe.usertree import changes as tree_changes
 from ddpdoctor.probe.usertree import fingerprint
+from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
 from ddpdoctor.world import WORLD_ENV
 
 STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
@@ -98,30 +99,30 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> dict[str, Any]:
-    return {
-        "keep_run": str(cfg.keep_run) if cfg.keep_run is not None else None,
-        "schema": SCHEMA,
-        "mode": mode,
-        "script": str(cfg.script),
-        "script_abs": str(Path(cfg.script).resolve()),
-        "args": list(cfg.script_args),
-        "cwd": os.getcwd(),
-        "nproc": cfg.nproc,
-        "epochs": cfg.epochs,
-        "steps": cfg.steps,
-        "timeout": cfg.timeout,
-        "device": cfg.device,
-        "base_lr": cfg.base_lr,
-        "base_batch": cfg.base_batch,
-        "lr_scaling": cfg.lr_scaling,
-        "small_bn_batch": cfg.small_bn_batch,
-        "legacy_local_rank_arg": plan.local_rank_option,
-        "plan": plan.to_json(),
-        "python": sys.version.split()[0],
-        "host": default_host(),
-        "started": time.time(),
-    }
+def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> RunMeta:
+    return RunMeta(
+        keep_run=str(cfg.keep_run) if cfg.keep_run is not None else None,
+        schema=SCHEMA,
+        mode=mode,
+        script=str(cfg.script),
+        script_abs=str(Path(cfg.script).resolve()),
+        args=tuple(cfg.script_args),
+        cwd=os.getcwd(),
+        nproc=cfg.nproc,
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        timeout=cfg.timeout,
+        device=cfg.device,
+        base_lr=cfg.base_lr,
+        base_batch=cfg.base_batch,
+        lr_scaling=cfg.lr_scaling,
+        small_bn_batch=cfg.small_bn_batch,
+        legacy_local_rank_arg=plan.local_rank_option,
+        plan=plan.to_json(),
+        python=sys.version.split()[0],
+        host=default_host(),
+        started=time.time(),
+    )
 
 
 def _require_cuda(timeout: float = 120.0) -> None:
@@ -221,7 +222,7 @@ def _collect_logs(run_dir: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> LaunchRecord:
     mode = settings.mode
     port = free_port()
     if mode in SINGLE_LAUNCH:
@@ -291,28 +292,25 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
             agent = None
         agent_file.unlink(missing_ok=True)
     returncode = stopped["returncodes"][0]
-    record = {
-        "mode": mode,
-        "command": cmd,
-        "port": port,
-        "rendezvous_port": settings.rendezvous_port,
-        "returncode": returncode,
-        # the launched process was still running when the probe stopped the run (timeout, Ctrl-C, finished
-        # ranks): its return code is the probe's SIGKILL, not its own outcome
-        "stopped_by_probe": stopped["pids"][0] in stopped.get("killed", ()),
-        "timed_out": timed_out,
-        "interrupted": interrupted,
-        "timeout": cfg.timeout,
-        "started": started,
-        "ended": time.time(),
-        "wall_seconds": round(time.monotonic() - t0, 3),
-        "stack_dumps": dumped,
-        "agent_stopped_after_ranks_exited": finished_early,
-        "killed": stopped.get("killed", []),
-        "supervisor": {k: stopped.get(k) for k in ("reason", "subreaper")},
-        "agent": agent,
-    }
-    return record
+    return LaunchRecord(
+        mode=mode,
+        command=tuple(cmd),
+        port=port,
+        rendezvous_port=settings.rendezvous_port,
+        returncode=returncode,
+        stopped_by_probe=stopped["pids"][0] in stopped.get("killed", ()),
+        timed_out=timed_out,
+        interrupted=interrupted,
+        timeout=cfg.timeout,
+        started=started,
+        ended=time.time(),
+        wall_seconds=round(time.monotonic() - t0, 3),
+        stack_dumps=tuple(dumped),
+        agent_stopped_after_ranks_exited=finished_early,
+        killed=tuple(stopped.get("killed", ())),
+        supervisor={k: stopped.get(k) for k in ("reason", "subreaper")},
+        agent=agent,
+    )
 
 
 def _last_event(log: Path) -> dict[str, Any] | None:
@@ -346,19 +344,19 @@ def _ranks_exited(run_dir: Path, nproc: int) -> bool:
     return exited >= nproc
 
 
-def _port_clash(record: dict[str, Any], run_dir: Path) -> bool:
+def _port_clash(record: LaunchRecord, run_dir: Path) -> bool:
     """The rendezvous port was taken between choosing it and binding it (nothing ran yet)."""
-    error = str((record.get("agent") or {}).get("error") or "")
+    error = str((record.agent or {}).get("error") or "")
     if any((run_dir / EVENTS_DIR).glob("*.jsonl")):
         return False
     return "address already in use" in error.lower() or "EADDRINUSE" in error
 
 
-def _relaunch_request(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def _relaunch_request(run_dir: Path, record: LaunchRecord) -> dict[str, Any] | None:
     """The main process of a single launch asked for torchrun (ddpdoctor.probe.launch_check): its decision."""
     from ddpdoctor.probe.launch_check import RELAUNCH_EXIT_CODE
 
-    if record["returncode"] != RELAUNCH_EXIT_CODE or record["timed_out"] or record["interrupted"]:
+    if record.returncode != RELAUNCH_EXIT_CODE or record.timed_out or record.interrupted:
         return None
     for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
         try:
@@ -384,21 +382,27 @@ def _clear_attempt(run_dir: Path) -> None:
 
 
 def run_probe(
-    cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = (), claim: RunDirClaim | None = None
+    cfg: CheckConfig,
+    run_dir: Path,
+    static_findings: Sequence[Finding] = (),
+    claim: RunDirClaim | None = None,
+    static_notes: Sequence[str] = (),
 ) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
-    `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here."""
+    `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here.
+    `static_findings`/`static_notes`: the check's static analysis, kept in static.json for `ddpdoctor report`."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     own_claim = claim is None
     claim = claim or claim_for_check(Path(run_dir))
     try:
-        return _run_probe(cfg, claim.path.resolve(), static_findings, deadline)
+        static = StaticRecord(findings=tuple(static_findings), notes=tuple(static_notes))
+        return _run_probe(cfg, claim.path.resolve(), static, deadline)
     finally:
         if own_claim:
             claim.release()
 
 
-def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding], deadline: float) -> ProbeOutcome:
+def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: float) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
@@ -419,11 +423,11 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
     meta = meta_for(cfg, plan, plan.mode)
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
     script_as_run = os.path.abspath(cfg.script)
-    meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
-    write_json(run_dir / META_FILE, meta)
-    write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
+    meta = meta.updated(sources=snapshot(run_dir, [script_as_run, meta.script_abs], cwd=meta.cwd))
+    write_json(run_dir / META_FILE, meta.to_json())
+    write_json(run_dir / STATIC_FILE, static.to_json())
     # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
-    roots = [meta["cwd"], os.path.dirname(script_as_run)]
+    roots = [meta.cwd, os.path.dirname(script_as_run)]
     before = fingerprint(roots, skip=[str(run_dir)])
     record = _launch(cfg, run_dir, settings, deadline)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
@@ -432,33 +436,37 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
         first = record
         _clear_attempt(run_dir)
         settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
-        meta["mode"] = "torchrun"
-        meta["legacy_local_rank_arg"] = plan.local_rank_declared
-        meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
-        write_json(run_dir / META_FILE, meta)
+        meta = meta.updated(
+            mode="torchrun",
+            legacy_local_rank_arg=plan.local_rank_declared,
+            plan={**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch},
+        )
+        write_json(run_dir / META_FILE, meta.to_json())
         record = _launch(cfg, run_dir, settings, deadline)
-        record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
-        record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
-    if not record["interrupted"]:
+        record = record.updated(
+            first_launch={"mode": first.mode, "returncode": first.returncode, "wall_seconds": first.wall_seconds},
+            wall_seconds=round(float(record.wall_seconds or 0.0) + float(first.wall_seconds or 0.0), 3),
+        )
+    if not record.interrupted:
         # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
-        meta["sources"] = snapshot_run(run_dir, cwd=meta["cwd"], script=script_as_run, taken=meta["sources"])
-        write_json(run_dir / META_FILE, meta)
-    record["user_tree"] = tree_changes(before, skip=[str(run_dir)])
-    write_json(run_dir / LAUNCHER_FILE, record)
-    if record["interrupted"]:
+        meta = meta.updated(sources=snapshot_run(run_dir, cwd=meta.cwd, script=script_as_run, taken=meta.sources))
+        write_json(run_dir / META_FILE, meta.to_json())
+    record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)]))
+    write_json(run_dir / LAUNCHER_FILE, record.to_json())
+    if record.interrupted:
         raise KeyboardInterrupt
     return ProbeOutcome(
         run_dir=run_dir,
         mode=settings.mode,
-        returncode=record["returncode"],
-        timed_out=record["timed_out"],
-        wall_seconds=record["wall_seconds"],
+        returncode=record.returncode,
+        timed_out=record.timed_out,
+        wall_seconds=record.wall_seconds,
     )
 
 
-def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> LaunchRecord:
     for _attempt in range(2):
         record = _launch_once(cfg, run_dir, settings, deadline)
-        if not _port_clash(record, run_dir) or record["interrupted"]:
+        if not _port_clash(record, run_dir) or record.interrupted:
             break
     return record

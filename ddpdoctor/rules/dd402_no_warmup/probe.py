@@ -46,11 +46,9 @@ def lr_trace(ctx: RunContext) -> dict[str, Any] | None:
     return None
 
 
-def _static_scaled(ctx: RunContext) -> dict[str, Any] | None:
-    for f in ctx.run.static or []:
-        if f.get("rule") == CODE:
-            return f
-    return None
+def _static_scaled(ctx: RunContext) -> Finding | None:
+    """The static DD402 of the check that recorded the run: where the script scales its lr with the world size."""
+    return next((f for f in (ctx.run.static.findings if ctx.run.static else ()) if f.rule == CODE), None)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -73,7 +71,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         reference = f"{fmt_num(ratio)}× the reference recipe's lr {fmt_num(base)} (--base-lr)"
     elif static is not None:
         ratio = None
-        reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
+        reference = f"an lr scaled with the world size ({ctx.path(static.file)}:{static.line})"
     else:
         return []
     steps = len(trace)
