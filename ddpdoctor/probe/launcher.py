@@ -255,7 +255,9 @@ def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch_once(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> dict[str, Any]:
     mode = settings.mode
     port = free_port()
     if mode in SINGLE_LAUNCH:
@@ -299,6 +301,8 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                 # teardown, ~1 s) tells us nothing more
                 finished_early = True
                 break
+            if progress is not None:
+                progress.update()
             time.sleep(0.05)
     except (KeyboardInterrupt, _Stopped):
         interrupted = True
@@ -418,21 +422,37 @@ def _clear_attempt(run_dir: Path) -> None:
 
 
 def run_probe(
-    cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = (), claim: RunDirClaim | None = None
+    cfg: CheckConfig,
+    run_dir: Path,
+    static_findings: Sequence[Finding] = (),
+    progress: Any = None,
+    arm: dict[str, Any] | None = None,
+    claim: RunDirClaim | None = None,
 ) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
-    `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here."""
+    `progress` (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch
+    is over. `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here.
+
+    `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
+    also kept in meta.json `arm`."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     own_claim = claim is None
     claim = claim or claim_for_check(Path(run_dir))
     try:
-        return _run_probe(cfg, claim.path.resolve(), static_findings, deadline)
+        return _run_probe(cfg, claim.path.resolve(), static_findings, deadline, progress, arm)
     finally:
         if own_claim:
             claim.release()
 
 
-def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding], deadline: float) -> ProbeOutcome:
+def _run_probe(
+    cfg: CheckConfig,
+    run_dir: Path,
+    static_findings: Sequence[Finding],
+    deadline: float,
+    progress: Any,
+    arm: dict[str, Any] | None,
+) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
@@ -450,7 +470,11 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
         launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
         launcher=plan.launcher,
     )
+    if arm:
+        settings = replace(settings, **arm)
     meta = meta_for(cfg, plan, plan.mode)
+    if arm:
+        meta["arm"] = dict(arm)
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
     script_as_run = os.path.abspath(cfg.script)
     meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
@@ -459,18 +483,20 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
     # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
     roots = [meta["cwd"], os.path.dirname(script_as_run)]
     before = fingerprint(roots, skip=[str(run_dir)])
-    record = _launch(cfg, run_dir, settings, deadline)
+    record = _launch(cfg, run_dir, settings, deadline, progress)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record
         _clear_attempt(run_dir)
-        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
+        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
         meta["mode"] = "torchrun"
-        meta["legacy_local_rank_arg"] = plan.local_rank_declared
+        meta["legacy_local_rank_arg"] = plan.local_rank_option
         meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
         write_json(run_dir / META_FILE, meta)
-        record = _launch(cfg, run_dir, settings, deadline)
+        if progress is not None:
+            progress.relaunched()
+        record = _launch(cfg, run_dir, settings, deadline, progress)
         record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
         record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
     if not record["interrupted"]:
@@ -479,6 +505,8 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
         write_json(run_dir / META_FILE, meta)
     record["user_tree"] = tree_changes(before, skip=[str(run_dir)])
     write_json(run_dir / LAUNCHER_FILE, record)
+    if progress is not None:
+        progress.close(timed_out=bool(record["timed_out"]), interrupted=bool(record["interrupted"]))
     if record["interrupted"]:
         raise KeyboardInterrupt
     return ProbeOutcome(
@@ -490,9 +518,11 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Findin
     )
 
 
-def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> dict[str, Any]:
+def _launch(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> dict[str, Any]:
     for _attempt in range(2):
-        record = _launch_once(cfg, run_dir, settings, deadline)
+        record = _launch_once(cfg, run_dir, settings, deadline, progress)
         if not _port_clash(record, run_dir) or record["interrupted"]:
             break
     return record
