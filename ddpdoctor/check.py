@@ -145,6 +145,9 @@ def run_check(cfg: CheckConfig) -> Report:
     notes: list[str] = []
     if cfg.static_only:
         base = cfg.exclude_base or Path.cwd()
+        for named in (cfg.script, *cfg.paths):  # a file named on the command line must be a script ddpdoctor reads
+            if not Path(named).is_dir():
+                validate_script(Path(named))
         analysis = analyze_paths([cfg.script, *cfg.paths], exclude=cfg.exclude, base=base)
     else:
         analysis = analyze_script(validate_script(cfg.script))
