@@ -59,27 +59,31 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
 
-    def _is_rank(self, pid: str) -> bool:
+    def _classify(self, pid: str) -> bool | None:
+        """True: a rank; False: never one (its command line does not name the workload); None: not yet — a
+        process just forked by the agent still shows the agent's command line and environment until it execs."""
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 if self.needle not in fh.read():
                     return False
             with open(f"/proc/{pid}/environ", "rb") as fh:
-                return b"\0LOCAL_RANK=" in b"\0" + fh.read()
+                return True if b"\0LOCAL_RANK=" in b"\0" + fh.read() else None
         except OSError:
             return False
 
     def _run(self) -> None:
         ranks: set[str] = set()
-        seen: set[str] = set()
+        others: set[str] = set()
         while not self._stop.is_set():
             for pid in os.listdir("/proc"):
-                if not pid.isdigit():
+                if not pid.isdigit() or pid in others:
                     continue
-                if pid not in seen:
-                    seen.add(pid)
-                    if self._is_rank(pid):
+                if pid not in ranks:
+                    kind = self._classify(pid)
+                    if kind is True:
                         ranks.add(pid)
+                    elif kind is False:
+                        others.add(pid)
                 if pid in ranks:
                     try:
                         with open(f"/proc/{pid}/status", "rb") as fh:
@@ -193,6 +197,8 @@ def main() -> int:
         if not ns.no_check:
             runs["check"].append(check(ns.nproc))
     load_after = os.getloadavg()
+    if min(rss["bare"] + rss["probe"]) == 0:
+        sys.exit("a run's ranks were never seen in /proc: the RSS and CPU samples are incomplete")
     lo, med = min, statistics.median
     assert shape is not None
     print(f"workload: {WORKLOAD}: {shape['params']:,} parameters, {shape['bn_layers']} BN layers, "

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
 from ddpdoctor.events import META_FILE
@@ -100,6 +101,7 @@ def output_guards(cfg: CheckConfig, pyproject: Path | None = None) -> tuple[list
     """What `--output` must never overwrite in a check: the script, files given to it as arguments, the pyproject
     its options come from; and the run directory (ddpdoctor.output)."""
     protect: list[tuple[Path, str]] = [(Path(cfg.script), "the script being analysed")]
+    protect += [(Path(p), "a file being analysed") for p in getattr(cfg, "paths", ()) if Path(p).is_file()]
     for arg in cfg.script_args:
         for value in (arg, arg.split("=", 1)[-1]):
             if value and Path(value).is_file():
@@ -138,14 +140,22 @@ def validate_script(script: Path) -> Path:
 
 
 def run_check(cfg: CheckConfig) -> Report:
-    from ddpdoctor.static import analyze_file
+    from ddpdoctor.static import analyze_paths, analyze_script
 
-    script = validate_script(cfg.script)
-    static: list[Finding] = list(analyze_file(script))
+    notes: list[str] = []
+    if cfg.static_only:
+        base = cfg.exclude_base or Path.cwd()
+        for named in (cfg.script, *cfg.paths):  # a file named on the command line must be a script ddpdoctor reads
+            if not Path(named).is_dir():
+                validate_script(Path(named))
+        analysis = analyze_paths([cfg.script, *cfg.paths], exclude=cfg.exclude, base=base)
+    else:
+        analysis = analyze_script(validate_script(cfg.script))
+    static: list[Finding] = list(analysis.findings)
+    notes.extend(analysis.notes)
     probe: list[Finding] = []
     clearances: tuple[Clearance, ...] = ()
     environment: dict = {"nproc": cfg.nproc}
-    notes: list[str] = []
     tables: dict = {}
     if not cfg.static_only:
         require_torch("the probe")
@@ -163,7 +173,16 @@ def run_check(cfg: CheckConfig) -> Report:
         try:
             # locked from the launch to the end of the analysis: a second run cannot clear it meanwhile
             with claim_for_check(run_dir) as claim:
-                run_probe(cfg, run_dir, static_findings=static, claim=claim)
+                progress = None if cfg.quiet else progress_display(cfg, run_dir)
+                try:
+                    run_probe(cfg, run_dir, static_findings=static, claim=claim, progress=progress)
+                except KeyboardInterrupt:
+                    if progress is not None:
+                        progress.close(interrupted=True)
+                    raise
+                finally:
+                    if progress is not None:
+                        progress.discard()  # closed by run_probe unless it failed: then the error says it all
                 analysis = analyze_run(run_dir)
         finally:
             if guard is not None:
@@ -178,11 +197,9 @@ def run_check(cfg: CheckConfig) -> Report:
         environment = {"nproc": cfg.nproc, "static_only": True}
     merged, cleared = merge_static_and_probe(static, probe, clearances, select=cfg.select, ignore=cfg.ignore)
     notes.extend(cleared)
-    kept = filter_findings(
-        merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()
-    )
+    kept = fold_consequences(filter_findings(merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()))
     return Report(
-        script=str(cfg.script),
+        script=" ".join(str(p) for p in (cfg.script, *cfg.paths)),
         args=cfg.script_args,
         environment=environment,
         findings=tuple(kept),
@@ -191,6 +208,13 @@ def run_check(cfg: CheckConfig) -> Report:
         base_dir=Path.cwd(),
     )
 
+
+def progress_display(cfg: CheckConfig, run_dir: Path):  # noqa: ANN201 - ddpdoctor.probe.progress.ProgressDisplay
+    """The live progress of the probe on stderr (ddpdoctor.probe.progress); `--quiet` goes without."""
+    from ddpdoctor.probe.progress import ProgressDisplay
+
+    return ProgressDisplay(run_dir, script=str(cfg.script), nproc=cfg.nproc, epochs=cfg.epochs, steps=cfg.steps,
+                           timeout=cfg.timeout)
 
 
 def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
@@ -252,8 +276,8 @@ def report_run(
     merged, cleared = merge_static_and_probe(
         list(static.findings), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
-    kept = filter_findings(
-        merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources
+    kept = fold_consequences(
+        filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)
     )
     return Report(
         script=analysis.script,

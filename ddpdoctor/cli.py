@@ -68,11 +68,17 @@ def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, prote
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def check(
-    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script: Path = typer.Argument(..., help="The training script to diagnose (with --static: files or directories)."),
     script_args: Optional[List[str]] = typer.Argument(
-        None, help="Arguments for the script, after `--`.", show_default=False
+        None, help="Arguments for the script, after `--`; with --static, more files or directories before it.",
+        show_default=False,
     ),
-    static: bool = typer.Option(False, "--static", help="AST analysis only: never imports torch or runs the script."),
+    static: bool = typer.Option(
+        False,
+        "--static",
+        help="AST analysis only (the script and the project modules it imports): never imports torch or runs "
+        "anything. Takes several files or directories, as a pre-commit hook passes them.",
+    ),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
     epochs: int = typer.Option(2, "--epochs", min=1, help="Epochs observed."),
     steps: int = typer.Option(4, "--steps", min=1, help="Steps kept per epoch."),
@@ -87,8 +93,13 @@ def check(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
 ) -> None:
-    """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report."""
+    """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report.
+
+    `check --static PATH...` lints files and directories (recursively, .py files, minus `exclude` in
+    [tool.ddpdoctor]): each entry script with the project modules it imports.
+    """
     from ddpdoctor.check import findings_files, output_guards, run_check
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
     from ddpdoctor.output import check_output
@@ -98,6 +109,10 @@ def check(
     dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
+    extra_paths, script_args = _paths_and_script_args(static, list(script_args or ()))
+    for p in extra_paths:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
     opts = resolve_options(
         script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
         lr_scaling=lr_scaling,
@@ -117,7 +132,11 @@ def check(
         select=opts.select,
         ignore=opts.ignore,
         keep_run=keep_run,
+        quiet=quiet,
         small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        paths=tuple(extra_paths),
+        exclude=opts.exclude,
+        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
     )
     validate_config(cfg)
     protect, run_dirs = output_guards(cfg, opts.pyproject)
@@ -126,6 +145,68 @@ def check(
     report = run_check(cfg)
     _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
                      run_dirs=run_dirs)
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def triage(
+    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`.", show_default=False
+    ),
+    arms: Optional[str] = typer.Option(
+        None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."
+    ),
+    group_size: Optional[int] = typer.Option(None, "--group-size", min=1, help="Ranks per SyncBN subgroup (arm G)."),
+    seed: int = typer.Option(0, "--seed", help="Seed every arm starts from (seed + rank), for scripts that set none."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs observed per arm (default 3)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Steps kept per epoch (default 10)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for each arm's probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
+) -> None:
+    """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+    from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
+
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    dev = _choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    opts = resolve_options(
+        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(script_args or ()),
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs or DEFAULT_EPOCHS,
+        steps=steps or DEFAULT_STEPS,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=keep_run,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+    )
+    if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
+        raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple "
+                         "of G (SyncBN over subgroups smaller than the world)")
+    report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
+    _render_and_exit(report, fmt, output, opts.fail_on)
 
 
 @app.command()
@@ -157,6 +238,17 @@ def report(
     protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
+    from ddpdoctor.triage.run import is_triage_dir, report_triage
+
+    if len(run_dirs) == 1 and run_dirs[0].is_dir() and is_triage_dir(run_dirs[0]):  # `triage --keep-run DIR`
+        from ddpdoctor.config import CheckConfig
+
+        cfg = CheckConfig(script=Path("-"), select=opts.select, ignore=opts.ignore)
+        overrides = {k: v for k, v in (("base_lr", opts.base_lr), ("base_batch", opts.base_batch),
+                                       ("lr_scaling", opts.lr_scaling), ("small_bn_batch", opts.small_bn_batch))
+                     if v is not None}
+        _render_and_exit(report_triage(run_dirs[0], cfg, overrides), fmt, output, opts.fail_on, protect=protect,
+                         run_dirs=run_dirs)
     rep = report_run(
         list(run_dirs),
         select=opts.select,
@@ -268,10 +360,24 @@ def _click_exception(exc: Exception) -> int:
     return _fail(f"internal error: {kind}: {exc}")
 
 
+_RAW_ARGS: list[str] = []
+
+
+def _paths_and_script_args(static: bool, positional: list[str]) -> tuple[list[Path], list[str]]:
+    """Split `check`'s positional arguments after SCRIPT: what follows `--` is for the script; with --static, what
+    comes before it is more paths to lint (click does not say where `--` was, so the raw arguments do)."""
+    after = _RAW_ARGS[_RAW_ARGS.index("--") + 1 :] if "--" in _RAW_ARGS else []
+    before = positional[: len(positional) - len(after)] if after else positional
+    if not static:
+        return [], positional
+    return [Path(p) for p in before], positional[len(before) :]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input."""
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
+    _RAW_ARGS[:] = args
     try:
         rv = command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
         # non-standalone click returns (not raises) the code of Exit, and turns Ctrl-C into 130

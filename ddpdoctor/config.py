@@ -44,6 +44,7 @@ PYPROJECT_KEYS = {
     "lr_scaling",
     "nproc",
     "small_bn_batch",
+    "exclude",
 }
 
 
@@ -63,6 +64,7 @@ class Options:
     lr_scaling: str | None = None
     small_bn_batch: int | None = None
     pyproject: Path | None = None  # where the table came from, for messages
+    exclude: tuple[str, ...] = ()  # globs of files `check --static` skips, relative to the pyproject's directory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +85,13 @@ class CheckConfig:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
+    quiet: bool = False  # no progress display on stderr while probing
     small_bn_batch: int = SMALL_BN_BATCH
+    # `check --static PATH...`: the paths after the first (files or directories), the globs that drop files, and
+    # the directory the globs are relative to
+    paths: tuple[Path, ...] = ()
+    exclude: tuple[str, ...] = ()
+    exclude_base: Path | None = None
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -120,6 +128,13 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
             kind = "an integer" if types == (int,) else "a number" if float in types else "a string"
             raise UsageError(f"{pyproject}: [tool.ddpdoctor] {key} must be {kind}, not {value!r}")
+    if "exclude" in table:
+        value = table["exclude"]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{pyproject}: [tool.ddpdoctor] exclude must be a list of glob patterns")
+        table["exclude"] = value
     for key in ("select", "ignore"):
         if key in table:
             value = table[key]
@@ -210,6 +225,7 @@ def resolve_options(
             lr_scaling=choice(scaling, LR_SCALINGS, "--lr-scaling") if scaling is not None else None,
             small_bn_batch=int(small) if small is not None else None,
             pyproject=pyproject,
+            exclude=tuple(table.get("exclude", ())),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None

@@ -39,6 +39,8 @@ class Finding:
     ranks: tuple[int, ...] = ()
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     magnitude: float = 0.0
+    # findings this one explains (ddpdoctor.causes): folded under it, never ranked on their own
+    consequences: tuple["Consequence", ...] = field(default=(), hash=False, compare=False)
 
     def __post_init__(self) -> None:
         for src in self.sources:
@@ -63,7 +65,7 @@ class Finding:
         return f"{self.file}:{self.line}" if self.line else self.file
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "rule": self.rule,
             "name": self.name,
             "severity": self.severity.label,
@@ -78,6 +80,9 @@ class Finding:
             "fix": self.fix,
             "magnitude": self.magnitude,
         }
+        if self.consequences:
+            out["consequences"] = [c.to_json() for c in self.consequences]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Finding":
@@ -93,7 +98,23 @@ class Finding:
             ranks=tuple(data.get("ranks") or ()),
             evidence=dict(data.get("evidence") or {}),
             magnitude=float(data.get("magnitude") or 0.0),
+            consequences=tuple(Consequence.from_json(c) for c in data.get("consequences") or ()),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consequence:
+    """A finding explained by another one (its cause), and why this run's evidence says so."""
+
+    finding: Finding
+    because: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.finding.to_json(), "because": self.because}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Consequence":
+        return cls(finding=Finding.from_json(data), because=str(data.get("because") or ""))
 
 
 def new_finding(
@@ -172,6 +193,19 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     probe = [f for f in findings if "probe" in f.sources]
     out: list[Finding] = []
     used_static: set[int] = set()
+    # A probe finding that recorded the user call chain of what it saw (`call_sites`: a save made through the
+    # script's own helper) is the same cause as the static findings of its rule on any of those lines.
+    for k, p in enumerate(probe):
+        places = {(c.get("file"), c.get("line")) for c in p.evidence.get("call_sites") or () if isinstance(c, dict)}
+        hits = [i for i, s in enumerate(static) if i not in used_static and s.rule == p.rule
+                and (s.file, s.line) in places]
+        if hits:
+            used_static.update(hits)
+            merged = _merge_pair(static[hits[0]], p)
+            if len(hits) > 1:
+                merged = replace(merged, evidence={**merged.evidence,
+                                                   "static_lines": [static[i].line for i in hits]})
+            probe[k] = merged
     pending_probe: list[Finding] = []
     for p in probe:
         match = next(
@@ -207,7 +241,40 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
         if key not in seen:
             seen.add(key)
             unique.append(f)
-    return rank_findings(unique)
+    return rank_findings(merge_same_site(unique))
+
+
+def merge_same_site(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per cause: findings of one rule at the same place (file and line) are the same cause seen
+    several times (a save on every rank writing one file per epoch, a check firing once per checkpoint). The
+    best-ranked one stays, with the count and the others' differing evidence; the ranks are the union."""
+    groups: dict[tuple, list[Finding]] = {}
+    order: list[tuple] = []
+    for f in rank_findings(findings):
+        key = (f.rule, f.file, f.line) if f.file is not None and f.line else (f.rule, id(f))
+        if key not in groups:
+            order.append(key)
+        groups.setdefault(key, []).append(f)
+    out: list[Finding] = []
+    for key in order:
+        first, *rest = groups[key]
+        if not rest:
+            out.append(first)
+            continue
+        others = [
+            {k: v for k, v in g.evidence.items() if first.evidence.get(k) != v} | {"message": g.message}
+            for g in rest
+        ]
+        n = len(rest) + 1
+        out.append(replace(
+            first,
+            message=f"{first.message} (the same at this place {len(rest)} more time{'s' if len(rest) > 1 else ''})",
+            sources=tuple(src for src in SOURCES if any(src in g.sources for g in groups[key])),
+            ranks=tuple(sorted({r for g in groups[key] for r in g.ranks})),
+            evidence={**first.evidence, "occurrences": n, "other_occurrences": others},
+            magnitude=max(g.magnitude for g in groups[key]),
+        ))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -104,6 +104,7 @@ class RunMeta(_Record):
     host: str = ""
     started: float | None = None
     keep_run: str | None = None  # where --keep-run kept the run (None: a temporary directory)
+    arm: dict[str, Any] | None = None  # `ddpdoctor triage` runs: the arm's probe settings
     extra: dict[str, Any] = field(default_factory=dict)
     present: frozenset[str] | None = None
 

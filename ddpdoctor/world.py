@@ -1,9 +1,10 @@
 """Who is who in a multi-process launch, read from the launcher's environment variables.
 
 torchrun's contract first (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK = node, GROUP_WORLD_SIZE =
-nodes, TORCHELASTIC_RUN_ID), then horovodrun's (HOROVOD_RANK, ..., HOROVOD_CROSS_RANK = node), then SLURM's for a script started by `srun` without torchrun (SLURM_PROCID,
-SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE, SLURM_NODEID, SLURM_NNODES,
-SLURM_JOB_ID.SLURM_STEP_ID), then Open MPI's (`mpirun`: OMPI_COMM_WORLD_*; no node index, the host stands in).
+nodes, TORCHELASTIC_RUN_ID), then horovodrun's (HOROVOD_RANK, ..., HOROVOD_CROSS_RANK = node), then SLURM's for
+a script started by `srun` without torchrun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_TASKS_PER_NODE /
+SLURM_NTASKS_PER_NODE, SLURM_NODEID, SLURM_NNODES, SLURM_JOB_ID.SLURM_STEP_ID), then Open MPI's (`mpirun`:
+OMPI_COMM_WORLD_*; no node index, the host stands in).
 
 The probe uses it inside the ranks (attach mode's world size, which process writes the static findings, the
 launcher values a hard-coded rank is replaced with, the node of a checkpoint), and the analyses use it on the

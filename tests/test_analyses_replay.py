@@ -103,11 +103,21 @@ def test_dd104_hardcoded_rank() -> None:
     assert "passes rank=0" in f.message and "launcher's RANK/WORLD_SIZE" in f.message
 
 
-def test_dd108_legacy_local_rank() -> None:
+def test_dd108_legacy_local_rank_measured_as_under_torchrun() -> None:
     found = _probe("legacy_local_rank")
     f = found["DD108"]
-    assert f.line == 14 and f.evidence["per_rank"]["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
-    assert not any(x.severity > Severity.MEDIUM for x in found.values())
+    assert f.line == 14 and f.evidence["per_rank"]["1"] == {"default": 0, "value": 0, "LOCAL_RANK": "1"}
+    assert not f.evidence["injected_by_probe"] and "parsed --local_rank=0 and never read LOCAL_RANK" in f.message
+    assert found["DD105"].evidence["shared_device"] == "cuda:0"
+    (top, *_) = report_run(RUNS / "probe_legacy_local_rank").ranked()
+    assert top.rule == "DD108" and [c.finding.rule for c in top.consequences] == ["DD105"]
+
+
+def test_dd108_silent_when_a_helper_reads_local_rank() -> None:
+    result = analyze_run(RUNS / "probe_local_rank_from_helper")
+    assert not {"DD108", "DD105"} & {f.rule for f in result.findings}
+    (c,) = [c for c in result.clearances if c.rule == "DD108"]
+    assert "launch_helpers.py:11" in c.reason
 
 
 def test_self_spawning_run_is_read_by_rank() -> None:
@@ -307,3 +317,79 @@ def test_inline_suppressions_are_read_from_the_kept_copy(tmp_path: Path, monkeyp
     lines[dd206["line"] - 1] += "  # ddpdoctor: ignore[DD206]"
     copy.write_text("\n".join(lines) + "\n")
     assert "DD206" not in {f["rule"] for f in report_run(moved).to_json()["findings"]}
+
+
+def test_dd110_model_not_wrapped_is_the_root_cause() -> None:
+    found = _probe("model_not_wrapped")
+    f = found["DD110"]
+    assert f.severity == Severity.CRITICAL and (f.file, f.line, f.ranks) == ("fixtures/probe/model_not_wrapped.py", 24, (0, 1))
+    assert f.evidence["replicas_diverged"] is True and f.evidence["first_diverged_step"] == 1
+    assert f.evidence["data_sharded_by"] == "DistributedSampler" and f.magnitude > 1e-3
+    assert "never wrapped in DistributedDataParallel" in f.message and "differed from step 1" in f.message
+    assert "DD903" not in found and "DD103" not in found
+    report = report_run(RUNS / "probe_model_not_wrapped")
+    top = report.ranked()[0]
+    assert top.rule == "DD110" and "static" in top.sources, [g.rule for g in report.ranked()]
+    folded = {c.finding.rule for c in top.consequences}
+    assert folded and folded <= {"DD103", "DD201", "DD203"}
+    assert not folded & {f.rule for f in report.findings}
+
+
+def test_dd110_silent_when_the_script_averages_gradients_itself() -> None:
+    found = _probe("grads_averaged_by_hand")
+    assert not {"DD110", "DD903", "DD404", "DD103"} & set(found), {r: f.message for r, f in found.items()}
+
+
+def test_dd105_ranks_share_the_current_device() -> None:
+    found = _probe("device_not_bound")
+    f = found["DD105"]
+    assert f.ranks == (0, 1) and f.severity == Severity.HIGH and f.line == 15
+    assert f.evidence["shared_device"] == "cuda:0"
+    assert {r: v["params"] for r, v in f.evidence["per_rank"].items()} == {"0": "cuda:0", "1": "cuda:0"}
+    assert {v["inputs"] for v in f.evidence["per_rank"].values()} == {"cuda:0"}
+    assert "hold their DDP replica on cuda:0 and feed their batches there" in f.message
+
+
+def test_dd105_silent_and_cleared_when_each_rank_has_its_device() -> None:
+    result = analyze_run(RUNS / "probe_device_bound")
+    assert "DD105" not in {f.rule for f in result.findings}
+    (clearance,) = [c for c in result.clearances if c.rule == "DD105"]
+    assert "rank 0 cuda:0, rank 1 cuda:1" in clearance.reason
+
+
+def test_dd207_silent_on_a_momentum_encoder_and_firing_on_the_real_evaluation() -> None:
+    result = analyze_run(RUNS / "probe_momentum_encoder")
+    assert "DD207" not in {f.rule for f in result.findings}
+    assert any("momentum / EMA / teacher encoder" in n and "momentum_encoder.py:35" in n for n in result.notes)
+    assert [c.line for c in result.clearances if c.rule == "DD207"] == [35]
+
+    f = _probe("momentum_encoder_eval_bug")["DD207"]
+    assert f.line == 46 and f.ranks == (0, 1)
+    assert [s["line"] for s in f.evidence["sites"]] == [46]
+
+
+def test_dd202_message_follows_its_numbers() -> None:
+    f = _probe("small_bn_batch_uniform_data")["DD202"]
+    noise = f.evidence["batch_noise"]
+    assert noise["rank_vs_global_mean"] < 0.05 and noise["rank_vs_global_var"] < 0.05
+    assert f.severity == Severity.LOW and "noisy batch statistics in training" not in f.message
+    assert "stayed close to the global batch's" in f.message
+
+
+def test_static_lr_suspicions_are_settled_by_the_lr_the_ranks_used() -> None:
+    dd401 = report_run(RUNS / "probe_lr_set_in_loop")
+    assert "DD401" not in {f.rule for f in dd401.findings}
+    (note,) = [n for n in dd401.notes if n.startswith("static DD401")]
+    assert "never the 0.001 the optimizer was constructed with" in note and "5.00e-05 → 4.00e-04" in note
+    assert any("AdamW lr 5.00e-05 → 4.00e-04 over 8 observed steps" in n for n in dd401.notes)
+
+    dd402 = report_run(RUNS / "probe_warmup_in_loop")
+    assert "DD402" not in {f.rule for f in dd402.findings}
+    assert any(n.startswith("static DD402") and "ramps up: 0.01, 0.02" in n for n in dd402.notes)
+
+
+def test_dd207_silent_on_a_precise_bn_recalibration() -> None:
+    result = analyze_run(RUNS / "probe_precise_bn")
+    assert "DD207" not in {f.rule for f in result.findings}
+    assert any("momentum None" in n and "precise BN" in n for n in result.notes)
+    assert [c.line for c in result.clearances if c.rule == "DD207"] == [30]

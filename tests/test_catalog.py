@@ -27,6 +27,7 @@ EXPECTED = [
     ("DD107", "moved-after-wrap", "medium", True, False),
     ("DD108", "legacy-local-rank-arg", "medium", True, True),
     ("DD109", "single-node-world-size", "low", True, True),
+    ("DD110", "model-not-wrapped", "critical", True, True),
     ("DD201", "bn-stats-diverge", "medium", False, True),
     ("DD202", "small-bn-batch", "medium", False, True),
     ("DD203", "non-iid-shards", "high", False, True),
@@ -34,6 +35,15 @@ EXPECTED = [
     ("DD205", "syncbn-needs-cuda", "info", True, True),
     ("DD206", "collective-on-subset", "high", True, True),
     ("DD207", "eval-in-train-mode", "medium", True, True),
+    ("DD208", "conversion-changed-function", "critical", False, True),
+    ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
+    ("DD210", "frozen-bn-unfrozen", "high", False, True),
+    ("DD211", "syncbn-stats-wrong", "high", False, True),
+    ("DD212", "syncbn-scope", "high", False, True),
+    ("DD213", "stale-running-stats", "info", False, True),
+    ("DD214", "bn-train-test-inconsistency", "low", False, True),
+    ("DD215", "micro-batch-bn", "low", False, True),
+    ("DD216", "bn-params-not-trained", "critical", True, True),
     ("DD301", "sampler-not-reshuffled", "high", True, True),
     ("DD302", "missing-distributed-sampler", "high", True, True),
     ("DD303", "eval-sampler-padding", "low", True, True),
@@ -60,22 +70,12 @@ EXPECTED = [
 # that holds the implementation against this table treats that row as pending, not as a failure." A pending row
 # moves into EXPECTED (at its place in code order) when the rule lands in the catalog.
 PENDING = [
-    ("DD110", "model-not-wrapped", "critical", True, True),
-    ("DD208", "conversion-changed-function", "critical", False, True),
-    ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
-    ("DD210", "frozen-bn-unfrozen", "high", False, True),
-    ("DD211", "syncbn-stats-wrong", "high", False, True),
-    ("DD212", "syncbn-scope", "high", False, True),
-    ("DD213", "stale-running-stats", "info", False, True),
-    ("DD214", "bn-train-test-inconsistency", "low", False, True),
-    ("DD215", "micro-batch-bn", "low", False, True),
-    ("DD216", "bn-params-not-trained", "critical", True, True),
 ]
 
 # Halves of a row that SPEC.md's table lists and no hook implements yet: found when issue 10 derived "static" and
 # "probe" from the hooks a rule's package has (DD105 and DD106 were documented as probe rules and had no probe
 # analysis). The rule says what it really does; the column counts as pending until the hook lands.
-PENDING_HALVES = {("DD105", "probe")}
+PENDING_HALVES: set[tuple[str, str]] = set()
 
 # Where a newer issue changed a SPEC row (issues are newer than SPEC and win, SPEC says so), the deviation is
 # explicit: (code, column) -> why. SPEC's row is adjusted before the comparison.

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.cli import main
+from ddpdoctor.rules import RULES, get_rule
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:

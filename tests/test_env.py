@@ -99,4 +99,5 @@ def test_env_command_never_shows_other_variables() -> None:
 
 def test_env_rejects_an_unknown_format() -> None:
     done = _env_cli("--format", "xml", extra={})
-    assert done.returncode == 2 and done.stderr.startswith("ddpdoctor: error: --format") and "Traceback" not in done.stderr
+    assert done.returncode == 2 and done.stderr.startswith("ddpdoctor: error: --format")
+    assert "Traceback" not in done.stderr

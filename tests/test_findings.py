@@ -224,3 +224,15 @@ def test_exit_code_follows_fail_on(fail_on, expected):
     report = Report(script="train.py", findings=(make(severity=Severity.MEDIUM), make(severity=Severity.LOW)))
     assert report.exit_code(fail_on) == expected
     assert Report(script="train.py").exit_code(Severity.INFO) == 0
+
+
+def test_one_finding_per_cause_same_rule_same_place_merge_with_the_count() -> None:
+    a = make("DD502", sources=("static", "probe"), line=313, ranks=(0, 1), evidence={"path": "ckpt_0.pt", "bytes": 9})
+    b = make("DD502", sources=("probe",), line=313, ranks=(0, 1), evidence={"path": "ckpt_1.pt", "bytes": 9})
+    elsewhere = make("DD502", sources=("probe",), line=400, evidence={"path": "last.pt"})
+    merged = merge_findings([a, b, elsewhere])
+    assert [(f.rule, f.line) for f in merged] == [("DD502", 313), ("DD502", 400)]
+    f = merged[0]
+    assert f.evidence["occurrences"] == 2 and f.evidence["path"] == "ckpt_0.pt"
+    assert f.evidence["other_occurrences"] == [{"path": "ckpt_1.pt", "message": "DD502 message"}]
+    assert f.sources == ("static", "probe") and "the same at this place 1 more time" in f.message

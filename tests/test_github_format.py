@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.github import escape_data, escape_property
 from ddpdoctor.report.render import render
+from ddpdoctor.rules import get_rule
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r"^::(?P<level>error|warning|notice) (?P<props>[^:]*)::(?P<data>.*)$")

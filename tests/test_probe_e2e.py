@@ -122,7 +122,10 @@ def test_forward_through_unwrapped_model_and_diverged_replicas(probe) -> None:
         assert bypass["evidence"]["per_rank"][r]["bypass_forwards"] == 8
         assert bypass["evidence"]["per_rank"][r]["ddp_forwards"] == 0
         assert bypass["evidence"]["per_rank"][r]["steps"] == 8
-    diverged = found["DD103"]
+    # the diverged replicas are the bypass's consequence: folded under DD102, not ranked beside it
+    assert "DD103" not in found
+    diverged = next(c for c in bypass["consequences"] if c["rule"] == "DD103")
+    assert "bypassed DDP" in diverged["because"]
     # the initial weights (step 0) agree, DDP's constructor broadcast them; the unreduced first step splits them
     assert diverged["evidence"]["first_step"] == 1 and diverged["evidence"]["steps_compared"] == 9
     assert diverged["evidence"]["trace"][0] == {"step": 0, "ranks_differing": [], "max_abs_diff_sampled": 0.0}
@@ -172,13 +175,14 @@ def test_self_spawning_script_is_started_once_and_its_children_instrumented(prob
     assert roles == ["main", "spawned", "spawned"]
 
 
-def test_legacy_local_rank_script_gets_the_argument(probe) -> None:
+def test_legacy_local_rank_script_runs_as_under_torchrun(probe) -> None:
     report, _, _ = probe("legacy_local_rank")
     f = _by_rule(report)["DD108"]
     per_rank = f["evidence"]["per_rank"]
     assert per_rank["0"] == {"default": 0, "value": 0, "LOCAL_RANK": "0"}
-    assert per_rank["1"] == {"default": 0, "value": 1, "LOCAL_RANK": "1"}
-    assert f["line"] == 14 and f["evidence"]["injected_by_probe"]
+    assert per_rank["1"] == {"default": 0, "value": 0, "LOCAL_RANK": "1"}
+    assert f["line"] == 14 and not f["evidence"]["injected_by_probe"]
+    assert [c["rule"] for c in f["consequences"]] == ["DD105"]
     rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
     assert rows[0][3] == 8 and rows[1][3] == 8
     assert any("nccl→gloo" in n for n in report["notes"])

@@ -68,8 +68,11 @@ def test_plan_pool_without_process_group_is_not_self_spawning() -> None:
 
 def test_plan_legacy_local_rank_spelling() -> None:
     plan = plan_launch((FIXTURES / "legacy_local_rank.py").read_text())
-    assert plan.local_rank_option == "--local_rank" and plan.local_rank_line == 14
-    dashed = plan_launch("import argparse\np = argparse.ArgumentParser()\np.add_argument('--local-rank', type=int)\n")
+    # torchrun does not pass an optional --local_rank: neither does the probe (DD108 measures the default)
+    assert plan.local_rank_option is None and plan.local_rank_declared == "--local_rank" and plan.local_rank_line == 14
+    dashed = plan_launch(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--local-rank', type=int, required=True)\n"
+    )
     assert dashed.local_rank_option == "--local-rank"
     assert plan_launch("def broken(:\n").mode == "torchrun"
 

@@ -15,19 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Severity
 from ddpdoctor.rules import RULES as CATALOG
 from ddpdoctor.rules import hooks
 from ddpdoctor.static import analyze_file, analyze_source, build_model
-from ddpdoctor import torchnames as N
 
 RULES = hooks("static")  # each rule's static.py, in code order
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "fixtures" / "demo" / "train.py"
 SPEC_STATIC = {
-    "DD101", "DD102", "DD104", "DD105", "DD106", "DD107", "DD108", "DD109", "DD205", "DD206", "DD207",
-    "DD301", "DD302", "DD303", "DD401", "DD402", "DD403", "DD404", "DD501", "DD502", "DD503", "DD504",
+    "DD101", "DD102", "DD104", "DD105", "DD106", "DD107", "DD108", "DD109", "DD110", "DD205", "DD206", "DD207",
+    "DD209", "DD216", "DD301", "DD302", "DD303", "DD401", "DD402", "DD403", "DD404", "DD501", "DD502", "DD503",
+    "DD504",
 }  # fmt: skip
 
 

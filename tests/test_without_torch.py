@@ -13,8 +13,10 @@ PRELUDE = "import sys; sys.modules['torch'] = None\nfrom ddpdoctor.cli import ma
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    code = PRELUDE + f"rc = main({args!r})\nassert 'torch' not in sys.modules or sys.modules['torch'] is None\nsys.exit(rc)\n"
-    return subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    code = PRELUDE + (f"rc = main({args!r})\n"
+                      "assert 'torch' not in sys.modules or sys.modules['torch'] is None\nsys.exit(rc)\n")
+    return subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_static_check_report_formats_and_rules_need_no_torch() -> None:

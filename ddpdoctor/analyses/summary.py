@@ -157,7 +157,10 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             "with another job on this machine, or be out of reach of a one-machine run"
         )
     if meta.get("legacy_local_rank_arg"):
-        ctx.notes.append(f"the script declares {meta['legacy_local_rank_arg']}: each rank got it, as torch.distributed.launch passed it")
+        ctx.notes.append(
+            f"the script requires {meta['legacy_local_rank_arg']}: each rank got it, as torch.distributed.launch "
+            "passed it (torchrun does not)"
+        )
     steps = {r: len(p.of("optimizer_step")) for r, p in ctx.ranks.items()}
     if steps:
         epochs = max(_epochs(p) for p in ctx.ranks.values())

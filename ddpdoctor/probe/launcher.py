@@ -222,7 +222,9 @@ def _collect_logs(run_dir: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> LaunchRecord:
+def _launch_once(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> LaunchRecord:
     mode = settings.mode
     port = free_port()
     if mode in SINGLE_LAUNCH:
@@ -266,6 +268,8 @@ def _launch_once(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadl
                 # teardown, ~1 s) tells us nothing more
                 finished_early = True
                 break
+            if progress is not None:
+                progress.update()
             time.sleep(0.05)
     except (KeyboardInterrupt, Stopped):
         interrupted = True
@@ -385,24 +389,37 @@ def run_probe(
     cfg: CheckConfig,
     run_dir: Path,
     static_findings: Sequence[Finding] = (),
+    progress: Any = None,
+    arm: dict[str, Any] | None = None,
     claim: RunDirClaim | None = None,
     static_notes: Sequence[str] = (),
 ) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
-    `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here.
-    `static_findings`/`static_notes`: the check's static analysis, kept in static.json for `ddpdoctor report`."""
+    `progress` (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch
+    is over. `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here.
+    `static_findings`/`static_notes`: the check's static analysis, kept in static.json for `ddpdoctor report`.
+
+    `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
+    also kept in meta.json `arm`."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     own_claim = claim is None
     claim = claim or claim_for_check(Path(run_dir))
     try:
         static = StaticRecord(findings=tuple(static_findings), notes=tuple(static_notes))
-        return _run_probe(cfg, claim.path.resolve(), static, deadline)
+        return _run_probe(cfg, claim.path.resolve(), static, deadline, progress, arm)
     finally:
         if own_claim:
             claim.release()
 
 
-def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: float) -> ProbeOutcome:
+def _run_probe(
+    cfg: CheckConfig,
+    run_dir: Path,
+    static: StaticRecord,
+    deadline: float,
+    progress: Any,
+    arm: dict[str, Any] | None,
+) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
@@ -420,7 +437,11 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: 
         launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
         launcher=plan.launcher,
     )
+    if arm:
+        settings = replace(settings, **arm)
     meta = meta_for(cfg, plan, plan.mode)
+    if arm:
+        meta = meta.updated(arm=dict(arm))
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
     script_as_run = os.path.abspath(cfg.script)
     meta = meta.updated(sources=snapshot(run_dir, [script_as_run, meta.script_abs], cwd=meta.cwd))
@@ -429,20 +450,22 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: 
     # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
     roots = [meta.cwd, os.path.dirname(script_as_run)]
     before = fingerprint(roots, skip=[str(run_dir)])
-    record = _launch(cfg, run_dir, settings, deadline)
+    record = _launch(cfg, run_dir, settings, deadline, progress)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record
         _clear_attempt(run_dir)
-        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_declared or "")
+        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
         meta = meta.updated(
             mode="torchrun",
-            legacy_local_rank_arg=plan.local_rank_declared,
+            legacy_local_rank_arg=plan.local_rank_option,
             plan={**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch},
         )
         write_json(run_dir / META_FILE, meta.to_json())
-        record = _launch(cfg, run_dir, settings, deadline)
+        if progress is not None:
+            progress.relaunched()
+        record = _launch(cfg, run_dir, settings, deadline, progress)
         record = record.updated(
             first_launch={"mode": first.mode, "returncode": first.returncode, "wall_seconds": first.wall_seconds},
             wall_seconds=round(float(record.wall_seconds or 0.0) + float(first.wall_seconds or 0.0), 3),
@@ -453,6 +476,8 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: 
         write_json(run_dir / META_FILE, meta.to_json())
     record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)]))
     write_json(run_dir / LAUNCHER_FILE, record.to_json())
+    if progress is not None:
+        progress.close(timed_out=record.timed_out, interrupted=record.interrupted)
     if record.interrupted:
         raise KeyboardInterrupt
     return ProbeOutcome(
@@ -464,9 +489,11 @@ def _run_probe(cfg: CheckConfig, run_dir: Path, static: StaticRecord, deadline: 
     )
 
 
-def _launch(cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float) -> LaunchRecord:
+def _launch(
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+) -> LaunchRecord:
     for _attempt in range(2):
-        record = _launch_once(cfg, run_dir, settings, deadline)
+        record = _launch_once(cfg, run_dir, settings, deadline, progress)
         if not _port_clash(record, run_dir) or record.interrupted:
             break
     return record

@@ -16,8 +16,9 @@ arguments set them. Never imports or runs the script.
   started once, and its main process asks to be relaunched under torchrun if it reaches init_process_group (or a
   launcher variable) before starting any rank (see ddpdoctor.probe.launch_check). A guard that reads the
   launcher's variables (`if "RANK" in os.environ`) means the script supports torchrun: it gets torchrun.
-- A script whose argparse parser declares --local_rank / --local-rank gets `--local_rank=N`, as
-  torch.distributed.launch passed it (torchrun does not).
+- A script whose argparse parser declares a *required* --local_rank / --local-rank gets `--local_rank=N`, as
+  torch.distributed.launch passed it (torchrun does not, and argparse would exit); an optional one is left to its
+  default, as under torchrun, so DD108 measures what the script does with it.
 - A script that trains with nn.DataParallel and never initialises a process group (no spawn, no launcher variable
   read) is one process driving every GPU: it is started once (mode "single"), as `python train.py`, and that
   process is rank 0 of a world of one; under CUDA emulation it sees N GPUs. If it turns out to need a launcher
@@ -342,10 +343,15 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
         ev.data.get("var") in LAUNCHER_ENV and ev.data.get("how") != "setdefault" for ev in model.of("env_read")
     ) or any(ev.data.get("var") in LAUNCHER_ENV for ev in model.of("env_check"))
     local_rank: tuple[str, int] | None = None
+    local_rank_required = False
     for ev in model.of("add_argument"):
         declared = [f for f in ev.data["arg"].flags if f in LOCAL_RANK_OPTIONS]
         if declared:
             local_rank = (declared[0], ev.line)
+            local_rank_required = any(
+                kw.arg == "required" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                for kw in getattr(ev.data["arg"].node, "keywords", ())
+            )
             break
     if any(m.split(".")[0] == "horovod" for m in model.imported) and not spawns:
         return LaunchPlan(
@@ -368,6 +374,7 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
             "group: one process drives every GPU, so it was started once, as `python train.py`",
         )
     spawn_line = spawns[0].line if spawns else None
+    spawn_place = _place(spawns[0], model) if spawns else f"line {spawn_line}"
     common: dict[str, Any] = {
         "spawn_line": spawn_line,
         "reads_launcher_env": reads_env,
@@ -375,7 +382,10 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
         "local_rank_line": local_rank[1] if local_rank else None,
         "local_rank_declared": local_rank[0] if local_rank else None,
     }
-    torchrun = LaunchPlan(**common, local_rank_option=local_rank[0] if local_rank else None)
+    # torchrun never passes --local_rank: the probe passes it only where argparse would otherwise exit (a required
+    # option), so that the rest can be measured; an optional one keeps its default, as under torchrun, and DD108
+    # measures what that does (the ranks' devices, DD105).
+    torchrun = LaunchPlan(**common, local_rank_option=local_rank[0] if local_rank and local_rank_required else None)
     if not spawns or not inits:
         return torchrun
     options = script_options(model, args)
@@ -385,7 +395,7 @@ def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild
     reached: Any = False
     for ev in assumed.of("spawn", "process"):
         reached = _or(reached, reach.reach(ev))
-    where = f"its spawn call at line {spawn_line}"
+    where = f"its spawn call at {spawn_place}"
     why = "; ".join(dict.fromkeys(reach.deciding))
     spawn = {**common, "spawns_own_ranks": True, "local_rank_option": None}
     if reached is True:
@@ -418,11 +428,12 @@ def plan_launch(source: str, args: Sequence[str] = (), nproc: int = 2, filename:
 
 
 def plan_for_file(script: Path, args: Sequence[str] = (), nproc: int = 2) -> LaunchPlan:
-    from ddpdoctor.errors import UsageError
-    from ddpdoctor.sourcefile import read_source
+    """The launch plan for a script file, read with the project modules it imports (a helper may hold the spawn
+    call, the process group or the launcher variables)."""
+    from ddpdoctor.static import build_project_model
 
     try:
-        source = read_source(script)
+        model = build_project_model(script)
     except UsageError:
         return LaunchPlan()
-    return plan_launch(source, args, nproc, filename=str(script))
+    return plan_for_model(model, args, nproc, rebuild=lambda assume: build_project_model(script, assume))

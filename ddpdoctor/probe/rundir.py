@@ -108,6 +108,14 @@ def _usable_dir(path: Path, option: str) -> Path:
     return path
 
 
+def mark_folder(path: Path, option: str) -> Path:
+    """Create `path` if needed and put ddpdoctor's marker in it (a folder that holds runs, e.g. a triage's arms)."""
+    path = _usable_dir(Path(path), option)
+    if not has_marker(path):
+        _write_marker(path, _marker_data())
+    return path
+
+
 def claim_for_check(run_dir: Path) -> RunDirClaim:
     """`check --keep-run DIR` (or a fresh temporary directory): mark, lock, and clear an earlier run's files."""
     run_dir = _usable_dir(Path(run_dir), "--keep-run")

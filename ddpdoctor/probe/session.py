@@ -141,6 +141,22 @@ def install_clean_excepthook() -> None:
         sys.excepthook = excepthook
 
 
+def user_callers(depth: int = 2, limit: int = 4) -> list[dict[str, Any]]:
+    """{file, line, function} of up to `limit` frames in user code, innermost first (the call chain through the
+    script's own helpers: `save_on_master(...)` in train.py, then `torch.save(...)` in utils.py)."""
+    out: list[dict[str, Any]] = []
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return out
+    while f is not None and len(out) < limit:
+        code = f.f_code
+        if is_user_file(code.co_filename):
+            out.append({"file": code.co_filename, "line": f.f_lineno, "function": code.co_name})
+        f = f.f_back
+    return out
+
+
 def user_frame_of(tb_frames: list[traceback.FrameSummary]) -> dict[str, Any] | None:
     for fr in reversed(tb_frames):
         if is_user_file(fr.filename):
@@ -422,6 +438,9 @@ class Probe:
         self.epochs_observed = 0
         self.open_training_iterations = 0
         self.launch_decided: str | None = None  # "spawn" | "torchrun" once the main process showed which it needs
+        # > 0 while ddpdoctor runs its own forwards (in-process checks on copies of the user's layers): the
+        # recorders of the user's run ignore them
+        self.quiet = 0
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdoctor.rules import get_rule
 from ddpdoctor.findings import Finding, Severity, summarize
 from ddpdoctor.report import Report
+from ddpdoctor.rules import get_rule
 
 LEVELS = {
     Severity.CRITICAL: "error",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdoctor.rules import RULES
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps
+from ddpdoctor.rules import RULES
 
 REPORT_FORMATS = ("text", "json", "sarif", "github")
 RULES_FORMATS = ("text", "json")

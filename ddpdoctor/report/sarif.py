@@ -16,10 +16,11 @@ from typing import Any
 from urllib.parse import quote
 
 from ddpdoctor import __version__
-from ddpdoctor.rules import Rule, get_rule
+from ddpdoctor.causes import flatten
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps, json_safe
+from ddpdoctor.rules import Rule, get_rule
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -124,6 +125,9 @@ def _result(f: Finding, rule_index: int, report: Report, root: Path) -> dict[str
         if f.file is not None and f.line and f.line >= 1:
             physical["region"] = {"startLine": int(f.line)}
         result["locations"] = [{"physicalLocation": physical}]
+    related = _related(f, report, root)
+    if related:
+        result["relatedLocations"] = related
     result["properties"] = json_safe(
         {
             "name": rule.name,
@@ -134,9 +138,31 @@ def _result(f: Finding, rule_index: int, report: Report, root: Path) -> dict[str
             "ranks": list(f.ranks),
             "fix": f.fix,
             "evidence": f.evidence,
+            "consequences": [c.to_json() for c in f.consequences],
         }
     )
     return result
+
+
+def _related(f: Finding, report: Report, root: Path) -> list[dict[str, Any]]:
+    """The findings this one explains (ddpdoctor.causes), as related locations: code-scanning UIs show them with
+    the cause instead of as results of their own."""
+    out: list[dict[str, Any]] = []
+    for c in flatten([f])[1:]:
+        g = c
+        path = g.file if g.file is not None else report.script
+        if not path:
+            continue
+        physical: dict[str, Any] = {"artifactLocation": artifact_location(path, root)}
+        if g.file is not None and g.line and g.line >= 1:
+            physical["region"] = {"startLine": int(g.line)}
+        out.append({
+            "id": len(out),
+            "physicalLocation": physical,
+            "message": {"text": f"{g.rule} {get_rule(g.rule).name} ({g.severity.label}, explained by {f.rule}): "
+                                f"{g.message}"},
+        })
+    return out
 
 
 def artifact_location(path: str, root: Path) -> dict[str, Any]:

@@ -100,6 +100,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
             strict_node="node of strict=, or None",
             result_used="the returned missing/unexpected keys are used",
         ),
+        _k(
+            "bn_stats_reset",
+            "BatchNorm statistics about to be recomputed: reset_running_stats(), or `m.momentum = None` (a cumulative "
+            "average of what follows: precise BN)",
+            target="Value: the modules (or objects that may be modules)",
+            how="'reset_running_stats' or 'momentum = None'",
+        ),
         _k("strip_prefix", "consume_prefix_in_state_dict_if_present: a 'module.' prefix is removed from a state dict"),
         # --- optimisation (apis/optim.py)
         _k(
@@ -230,6 +237,13 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         ),
         _k("env_write", "os.environ[...] = value", var="the variable (None when not a literal)", value="Value written"),
         _k("env_check", 'a membership test `"RANK" in os.environ`', var="the variable, or None when not a literal"),
+        # --- paths (apis/paths.py)
+        _k(
+            "sys_path",
+            "sys.path.append / insert: a directory put on the import path",
+            dir="the directory as computed, or None when it is not a literal the interpreter can compute",
+            added="it became an import root of the project (an existing directory, not an installed one)",
+        ),
         # --- command line (apis/cli.py)
         _k(
             "add_argument",

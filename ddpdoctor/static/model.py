@@ -1,4 +1,5 @@
-"""`ScriptModel`: the semantic model of one script, built once and shared by every rule.
+"""`ScriptModel`: the semantic model of one script (with the project modules it imports), built once and shared by
+every rule.
 
 Rules ask questions in the user's vocabulary — which objects are DDP wrappers, which loop trains, was the model
 wrapped before this line — and build findings with `finding()`, which takes severity and fix text from the rule
@@ -8,14 +9,17 @@ wrapped before this line — and build findings with `finding()`, which takes se
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any
 
+from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.engine import SourceFile
-from ddpdoctor.static.semantic import Event, Family, Obj, Value, union
+from ddpdoctor.static.project import ModuleFile, Project
+from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
 
 
 @dataclass
@@ -28,22 +32,46 @@ class ScriptModel:
     errors: list[str] = field(default_factory=list)
     truncated: bool = False
     file: SourceFile | None = None
+    # every file the walk read (display path → file), the script first; notes about the ones it could not
+    sources: dict[str, SourceFile] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> "ScriptModel":
+    def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> ScriptModel:
         """Interpret the script; `assume` gives facts the source cannot (see `TorchInterpreter`)."""
         file = SourceFile(filename, source, tree)
         interp = TorchInterpreter(file, assume)
         interp.run()
+        return cls._of(interp, file)
+
+    @classmethod
+    def build_project(
+        cls, project: Project, also: tuple[ModuleFile, ...] = (), assume: dict[str, Any] | None = None
+    ) -> ScriptModel:
+        """Interpret the project's entry script, following its imports into the project's files; `also`: project
+        modules whose unreached functions are walked too (files the user named that the script imports). A script
+        that cannot be read or parsed is a UsageError."""
+        file = project.load(project.module_of(project.entry))
+        if file is None:
+            raise UsageError(project.notes[-1] if project.notes else f"{project.entry_shown}: cannot read")
+        interp = TorchInterpreter(file, assume, project=project)
+        interp.run(also)
+        return cls._of(interp, file, notes=list(project.notes))
+
+    @classmethod
+    def _of(cls, interp: TorchInterpreter, file: SourceFile, notes: list[str] | None = None) -> ScriptModel:
+        errors = [e if path == file.path else f"{path}: {e}" for path, e in interp.errors_by_file()]
         return cls(
-            filename=filename,
-            source=source,
-            tree=tree,
+            filename=file.path,
+            source=file.source,
+            tree=file.tree,
             events=interp.events,
             cli_args=interp.cli_args,
-            errors=interp.errors,
+            errors=errors,
             truncated=interp.truncated,
             file=file,
+            sources=dict(interp.sources),
+            notes=notes or [],
         )
 
     # ------------------------------------------------------------------ events
@@ -124,21 +152,38 @@ class ScriptModel:
                 out.extend(self.param_owners((o.props["base"],), depth + 1))
         return list(union(out))
 
+    @cached_property
+    def _event_at(self) -> dict[int, Event]:
+        """id of an AST node → the first event at it."""
+        out: dict[int, Event] = {}
+        for ev in self.events:
+            out.setdefault(id(ev.node), ev)
+        return out
+
+    @cached_property
+    def _last_in_loop(self) -> dict[str, dict[int, int]]:
+        """"train" / "forward" → loop node id → the last seq of a backward or step / of a forward inside it."""
+        out: dict[str, dict[int, int]] = {"train": {}, "forward": {}}
+        for key, kinds in (("train", ("backward", "opt_step")), ("forward", ("forward",))):
+            last = out[key]
+            for ev in self.of(*kinds):
+                for c in ev.ctx:
+                    if c.kind == "loop":
+                        last[id(c.node)] = max(last.get(id(c.node), -1), ev.seq)
+        return out
+
     def loop_trains(self, loop: ast.AST | None, after: int = -1) -> bool:
         """Whether a backward pass or an optimizer step happens inside this loop."""
         if loop is None:
             return False
-        for ev in self.of("backward", "opt_step"):
-            if ev.seq > after and any(c.node is loop for c in ev.loops):
-                return True
-        return False
+        return self._last_in_loop["train"].get(id(loop), -1) > after
 
     def loop_evaluates(self, loop: ast.AST | None) -> bool:
         """A loop that runs a model forward and never a backward or step: an evaluation loop (a loop that only
         moves batches, like a prefetch thread, is neither)."""
         if loop is None or self.loop_trains(loop):
             return False
-        return any(any(c.node is loop for c in ev.loops) for ev in self.of("forward"))
+        return id(loop) in self._last_in_loop["forward"]
 
     def iteration_trains(self, it: Event) -> bool:
         """Whether the batches of an `iterate` event feed training: a backward/step inside its `for` loop, or —
@@ -189,9 +234,23 @@ class ScriptModel:
 
     @cached_property
     def _scan(self) -> tuple[str, frozenset[str], frozenset[str]]:
-        """(identifiers and string constants lower-cased, string constants, imports), from the file's index."""
-        index = (self.file or SourceFile(self.filename, self.source, self.tree)).index
-        return index.words, frozenset(index.strings), frozenset(index.imports)
+        """(identifiers and string constants lower-cased, string constants, imports) of every file read."""
+        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        if len(files) == 1:
+            index = files[0].index
+            return index.words, frozenset(index.strings), frozenset(index.imports)
+        indexes = [f.index for f in files]
+        return (
+            " ".join(i.words for i in indexes),
+            frozenset().union(*(i.strings for i in indexes)),
+            frozenset().union(*(i.imports for i in indexes)),
+        )
+
+    @property
+    def with_items(self) -> list[ast.withitem]:
+        """The `with` items of every file read."""
+        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        return [item for f in files for item in f.index.with_items]
 
     @property
     def words(self) -> str:
@@ -234,7 +293,7 @@ class ScriptModel:
         self,
         code: str,
         *,
-        line: int,
+        line: int | Event | Obj,
         message: str,
         confidence: Confidence,
         evidence: dict[str, Any] | None = None,
@@ -244,7 +303,12 @@ class ScriptModel:
         fix_args: dict[str, Any] | None = None,
         fix_detail: str | None = None,
     ) -> Finding:
-        """A static finding of rule `code` at `line` of this file (`ddpdoctor.findings.new_finding`)."""
+        """A static finding of rule `code` at `line` (`ddpdoctor.findings.new_finding`): an event or an object (its
+        file and line; a place in another file than the script adds the chain of calls that led there to the
+        evidence), or a line of the script."""
+        file, at, chain = self.where(line)
+        if chain:
+            evidence = {**(evidence or {}), "call_chain": chain}
         return new_finding(
             code,
             sources=("static",),
@@ -254,11 +318,32 @@ class ScriptModel:
             fix_variant=fix_variant,
             fix_args=fix_args,
             fix_detail=fix_detail,
-            file=self.filename,
-            line=line,
+            file=file,
+            line=at,
             evidence=evidence,
             magnitude=magnitude,
         )
+
+    def where(self, at: int | Event | Obj | CliArg) -> tuple[str, int, list[str]]:
+        """(file, line, call chain as "file:line function()" strings when the place is outside the script)."""
+        if isinstance(at, int):
+            return self.filename, at, []
+        file = at.file or self.filename
+        if isinstance(at, Event):
+            chain = at.chain
+        else:  # an object or an option: the chain of the event that made it
+            made = self._event_at.get(id(at.node))
+            chain = made.chain if made is not None else ()
+        shown = [f"{f}:{line} {name}()" for f, line, name in chain] if file != self.filename else []
+        return file, at.line, shown
+
+    def place(self, at: Event | Obj | Ctx, near: Event | Obj | CliArg | None = None) -> str:
+        """How a message names a place: `line N` in the file the finding is in (the one of `near`, else the
+        script), `file:N` in another file."""
+        file = at.file or self.filename
+        line = at.line if not isinstance(at, Ctx) else getattr(at.node, "lineno", 0)
+        here = (near.file or self.filename) if near is not None else self.filename
+        return f"line {line}" if file == here else f"{file}:{line}"
 
 
 def lower(confidence: Confidence, steps: int = 1) -> Confidence:

@@ -9,8 +9,9 @@ user's vocabulary (module, wrapper, optimizer, sampler, loader…), `tags` that 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 Value = tuple["Obj", ...]
 EMPTY: Value = ()
@@ -32,10 +33,10 @@ class Family:
     mode: str | None = "train"  # "train" | "eval" | None (unknown)
     has_bn: bool | None = None
     syncbn_line: int | None = None
-    members: list["Obj"] = field(default_factory=list)
+    members: list[Obj] = field(default_factory=list)
 
     @property
-    def wrappers(self) -> list["Obj"]:
+    def wrappers(self) -> list[Obj]:
         return [m for m in self.members if m.kind == "wrapper"]
 
     @property
@@ -43,7 +44,7 @@ class Family:
         return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Obj:
     """An abstract object: what a name or expression may hold.
 
@@ -81,6 +82,10 @@ class Obj:
 
 def union(*values: Iterable[Obj]) -> Value:
     """Concatenate values, dropping repeated objects, keeping first-seen order (messages stay deterministic)."""
+    if len(values) == 1:
+        only = values[0]
+        if len(only) <= 1:
+            return tuple(only)
     seen: set[int] = set()
     out: list[Obj] = []
     for v in values:
@@ -126,10 +131,11 @@ class Ctx(NamedTuple):
     frame: int
     branch: int = 0  # which side of the `if` (0 body, 1 else) or which `case`; tells exclusive paths apart
     scope: str | None = None
-    test: "Value" = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
+    test: Value = ()  # cond/rank/while: what the test evaluated to (the launch plan reads its truth)
+    file: str = ""  # the file `node` is in
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Event:
     """Something the script does, in execution order, with the context it happens in."""
 
@@ -152,7 +158,7 @@ class Event:
     def in_ctx(self, kind: str) -> list[Ctx]:
         return [c for c in self.ctx if c.kind == kind]
 
-    def exclusive_with(self, other: "Event") -> bool:
+    def exclusive_with(self, other: Event) -> bool:
         """True when the two events sit on different sides of the same branch in the same call, so one run
         never executes both (`if distributed: model = DDP(model) else: model.cuda()`)."""
         for a in self.ctx:
@@ -180,14 +186,14 @@ class Event:
         return False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Frame:
     """The local names of one function call (or of the module body, or of a class body)."""
 
     id: int
     name: str
     locals: dict[str, Value]
-    lexical: "Frame | None"
+    lexical: Frame | None
     node: ast.AST | None = None
     returns: list[Value] = field(default_factory=list)
     globals_declared: set[str] = field(default_factory=set)
@@ -197,3 +203,8 @@ class Frame:
     is_class_body: bool = False
     file: str = ""  # the file the frame's code is in
     call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any
+    stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`
+    lazy: set[str] = field(default_factory=set)  # names bound by `from m import name` not yet resolved
+    yields: list[Value] = field(default_factory=list)  # what a generator's body yields
+    generator: bool = False  # the body yielded
+    stack: tuple[tuple[int, ...], tuple[Any, ...]] | None = None  # (frame ids, call sites) of the stack up to here

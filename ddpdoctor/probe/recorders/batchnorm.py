@@ -103,7 +103,9 @@ class _State:
         self.final_emitted = False
         self.roots: dict[int, tuple[Any, int]] = {}  # id(root module) -> (weakref, root number)
         self.no_grad_sites: dict[tuple[str, int], int] = {}  # call site -> model forwards
-        self.no_grad_first: int | None = None  # the layer whose no-grad forwards count model forwards
+        # per outermost module (a model and its EMA/teacher copy are two): the layer whose no-grad forwards count
+        # that model's forwards
+        self.no_grad_first: dict[int, int] = {}
         self.flushed_steps = 0
         self.names: set[str] = set()
 
@@ -121,7 +123,7 @@ def install(probe: Probe) -> None:
     readback.for_probe(probe)  # now, not at the first step: it adds a step hook
 
     def pre_hook(module: Any, args: Any) -> None:
-        if not isinstance(module, _BatchNorm) or not state.active or probe.ending:
+        if not isinstance(module, _BatchNorm) or not state.active or probe.ending or probe.quiet:
             return None
         probe.safely("batchnorm forward", _forward, probe, state, module, args, torch, SyncBatchNorm, call_codes)
         return None
@@ -170,19 +172,31 @@ def _forward(
         layer.train_forwards += 1
     else:
         layer.no_grad_forwards += 1
-        if state.no_grad_first in (None, layer.index):  # once per model forward: at its first such layer
-            state.no_grad_first = layer.index
+        root = layer.root_ref() if layer.root_ref is not None else None
+        root_key = id(root) if root is not None else -1
+        if state.no_grad_first.setdefault(root_key, layer.index) == layer.index:  # once per model forward
             _note_no_grad(probe, state, module, torch, call_codes)
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     samples = int(x.shape[0])
-    synced = _syncs(layer, module) if is_sync_batchnorm(module) else False
+    synced = _syncs(layer, module) if is_sync_batchnorm(module) and not _local(probe) else False
     if layer.recorded >= FORWARDS_PER_STEP or count == 0:
         layer.dropped += 1
         return
     layer.recorded += 1
     mean, var = channel_moments(x, torch)
     state.records.append(_Record(layer.index, probe.steps, grad, samples, count, synced, mean, var))
+
+
+def _local(probe: Probe) -> bool:
+    """SyncBN layers normalise with per-rank statistics here (triage arm L, or an in-process check)."""
+    if probe.settings.bn_mode == "local":
+        return True
+    try:
+        from ddpdoctor.probe.arms import local_stats_active
+    except Exception:
+        return False
+    return local_stats_active()
 
 
 def channel_moments(x: Any, torch: Any) -> tuple[Any, Any]:
@@ -335,7 +349,47 @@ def _note_no_grad(probe: Probe, state: _State, module: Any, torch: Any, call_cod
         bn_layers_in_train_mode=bn_layers,
         syncbn_layers_in_train_mode=syncbn,
         tracks_running_stats=bool(module.track_running_stats),
+        untrained_module=probe.safely("untrained module", _untrained_module, probe, call_codes),
+        # momentum None = a cumulative average over the batches since the statistics were reset: what a precise-BN
+        # recalibration sets up (recompute the running statistics over many batches), not an evaluation
+        cumulative_average=module.momentum is None,
     )
+
+
+def _trained_params(probe: Probe) -> set[int]:
+    """ids of the parameters some optimizer of this process trains (holds, with requires_grad)."""
+    out: set[int] = set()
+    for ref, _ in list(probe.registry.optimizers.values()):
+        opt = ref()
+        for group in getattr(opt, "param_groups", ()) or ():
+            out.update(id(p) for p in group.get("params", ()) if getattr(p, "requires_grad", False))
+    return out
+
+
+def _untrained_module(probe: Probe, call_codes: set) -> dict[str, Any] | None:
+    """The outermost module being called whose parameters no optimizer trains (none held with requires_grad): a
+    momentum / EMA / teacher encoder (MoCo's key encoder, BYOL's target, DINO's teacher), forwarded without
+    gradients on purpose. None when every module on the call stack is trained (an evaluation forward), or when
+    no optimizer exists yet (nothing to tell)."""
+    trained = _trained_params(probe)
+    if not trained:
+        return None
+    chain = []
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code in call_codes:
+            chain.append(f.f_locals.get("self"))
+        f = f.f_back
+    names: dict[int, str] = {}
+    outer = chain[-1] if chain else None
+    if outer is not None and hasattr(outer, "named_modules"):
+        names = {id(m): n for n, m in outer.named_modules()}
+    for m in reversed(chain):  # outermost first
+        params = list(m.parameters()) if hasattr(m, "parameters") else []
+        if params and not any(id(p) in trained for p in params):
+            return {"cls": type(m).__name__, "path": names.get(id(m), ""), "params": len(params),
+                    "requires_grad": sum(1 for p in params if p.requires_grad)}
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- after the step

@@ -126,7 +126,7 @@ def install(probe: Probe) -> None:
 
     def make_load(orig):
         def load_state_dict(self, state_dict: Any, strict: bool = True, *args: Any, **kwargs: Any) -> Any:
-            if depth["n"] or probe.ending:  # an override calling super().load_state_dict: the outer call counts
+            if depth["n"] or probe.ending or probe.quiet:  # an override calling super().load_state_dict: the outer call counts
                 return orig(self, state_dict, strict, *args, **kwargs)
             site = probe.site()
             depth["n"] += 1
@@ -149,8 +149,11 @@ def install(probe: Probe) -> None:
 def _before_save(probe: Probe, obj: Any, f: Any) -> dict[str, Any]:
     path, abspath = _path_of(f)
     existed = bool(abspath) and os.path.exists(abspath)
+    from ddpdoctor.probe.session import user_callers
+
     return {
         "site": probe.site(),
+        "callers": user_callers(1)[1:],
         "path": path,
         "abspath": abspath,
         "target": type(f).__name__,

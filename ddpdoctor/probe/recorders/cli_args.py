@@ -1,6 +1,8 @@
 """Command-line recorder: a `--local_rank` / `--local-rank` option declared with argparse (the legacy launcher's
 contract). Records where it is declared, its default and the parsed value, so DD108 can tell whether the script
-falls back to LOCAL_RANK (the default differs per rank) or would give every rank the same value under torchrun.
+falls back to LOCAL_RANK (the default differs per rank) or would give every rank the same value under torchrun;
+and the first read of LOCAL_RANK from the environment by user code (a helper module such as timm's
+`init_distributed_device` reads it after parsing), so DD108 knows the script does not depend on the option.
 Needs no torch: installed before the script starts."""
 
 from __future__ import annotations
@@ -42,6 +44,58 @@ def install(probe: Probe) -> None:
 
     probe.patcher.wrap(argparse._ActionsContainer, "add_argument", make_add)
     probe.patcher.wrap(argparse.ArgumentParser, "parse_known_args", make_parse)
+    _install_env_reads(probe)
+
+
+ENV_VARS = ("LOCAL_RANK",)
+
+
+def _install_env_reads(probe: Probe) -> None:
+    """One `env_read` event for the first read of LOCAL_RANK by user code (`os.environ[...]`, `.get`,
+    `os.getenv`, `"LOCAL_RANK" in os.environ`)."""
+    import os
+    import sys
+
+    from ddpdoctor.probe.session import is_user_file
+
+    seen: set[str] = set()
+
+    import _collections_abc
+
+    plumbing = {os.__file__, _collections_abc.__file__, __file__}
+
+    def note(key: Any, how: str) -> None:
+        if key in ENV_VARS and key not in seen and not probe.ending:
+            # the code that asked: above os.environ's own machinery (os.getenv, Mapping.get) and the probe; a read
+            # made by a library (torch) on the user's behalf is not the script reading it
+            f = sys._getframe(1)
+            while f is not None and (f.f_code.co_filename in plumbing or "ddpdoctor" in f.f_code.co_filename
+                                     and not is_user_file(f.f_code.co_filename)):
+                f = f.f_back
+            if f is None or not is_user_file(f.f_code.co_filename):
+                return
+            seen.add(key)
+            probe.emit("env_read", var=key, how=how, value=os.environ.get(key) if how != "contains" else None,
+                       site={"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name})
+
+    def make_getitem(orig):
+        def __getitem__(self: Any, key: Any) -> Any:
+            if key in ENV_VARS:
+                probe.safely("env_read", note, key, "getitem")
+            return orig(self, key)
+
+        return __getitem__
+
+    def make_contains(orig):
+        def __contains__(self: Any, key: Any) -> bool:
+            if key in ENV_VARS:
+                probe.safely("env_read", note, key, "contains")
+            return orig(self, key)
+
+        return __contains__
+
+    probe.patcher.wrap(type(os.environ), "__getitem__", make_getitem)
+    probe.patcher.wrap(type(os.environ), "__contains__", make_contains)
 
 
 def _record(probe: Probe, parser: argparse.ArgumentParser, result: Any, sites: dict[int, Any], seen: set[int]) -> None:

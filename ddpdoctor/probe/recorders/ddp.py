@@ -48,8 +48,13 @@ def install(probe: Probe) -> None:
 
         return __init__
 
+    inputs_seen: set[int] = set()
+
     def make_forward(orig):
         def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+            if id(self) not in inputs_seen and self.training and not probe.ending:
+                inputs_seen.add(id(self))
+                probe.safely("ddp_inputs", _inputs, probe, self, inputs, kwargs)
             probe.ddp_forward_depth += 1
             try:
                 out = orig(self, *inputs, **kwargs)
@@ -63,6 +68,42 @@ def install(probe: Probe) -> None:
 
     probe.patcher.wrap(DDP, "__init__", make_init)
     probe.patcher.wrap(DDP, "forward", make_forward)
+    _install_sharded(probe)
+
+
+def _install_sharded(probe: Probe) -> None:
+    """FSDP (the wrapper class) and FSDP2 (`fully_shard`) keep the ranks' models consistent without DDP: a
+    `sharded_init` event per construction, so no analysis reads "no DDP" as "each rank trains alone". Patched
+    when the script imports torch.distributed.fsdp, never imported by the probe itself."""
+    from ddpdoctor.probe.importhook import when_imported
+
+    def patch() -> None:
+        from torch.distributed import fsdp
+
+        def make_init(orig):
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                site = probe.site()
+                orig(self, *args, **kwargs)
+                probe.safely("sharded_init", probe.emit, "sharded_init", wrapper="FullyShardedDataParallel", site=site)
+
+            return __init__
+
+        def make_fully_shard(orig):
+            def fully_shard(*args: Any, **kwargs: Any) -> Any:
+                site = probe.site()
+                out = orig(*args, **kwargs)
+                probe.safely("sharded_init", probe.emit, "sharded_init", wrapper="fully_shard", site=site)
+                return out
+
+            return fully_shard
+
+        cls = getattr(fsdp, "FullyShardedDataParallel", None)
+        if cls is not None:
+            probe.patcher.wrap(cls, "__init__", make_init)
+        if callable(getattr(fsdp, "fully_shard", None)):
+            probe.patcher.wrap(fsdp, "fully_shard", make_fully_shard)
+
+    when_imported("torch.distributed.fsdp", lambda: probe.safely("fsdp patches", patch))
 
 
 def _text(value: Any) -> Any:
@@ -93,6 +134,51 @@ def _options(signature: inspect.Signature | None, self: Any, args: tuple, kwargs
     return out
 
 
+def placement(obj: Any) -> str | None:
+    """Where the script put a tensor or module, as it would be on a GPU machine: "cuda:N" (a real or an emulated
+    GPU: `.cuda()` without an index means the device current at that moment), "cpu", or None (nothing to tell)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        first = next(iter(obj.parameters()), None)
+        if first is None:
+            first = next(iter(obj.buffers()), None)
+        target: Any = first
+    else:
+        target = obj
+    if not torch.is_tensor(target):
+        return None
+    if target.device.type != "cpu":
+        return str(target.device)
+    try:
+        from ddpdoctor.probe import emulation
+    except Exception:  # noqa: BLE001 - no emulation: the CPU is where it is
+        return "cpu"
+    device = emulation.emulated_device(target) if emulation.emulation_active() else None
+    return str(device) if device is not None else "cpu"
+
+
+def _first_tensor(value: Any, depth: int = 0) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value
+    if depth < 3:
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        for v in items:
+            t = _first_tensor(v, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:
+    """The device of the first training forward's input, once per DDP (DD105: do the ranks feed one GPU?)."""
+    tensor = _first_tensor(list(inputs) + list(kwargs.values()))
+    probe.emit("ddp_inputs", ddp=probe.registry.id_of(ddp), device=placement(tensor) if tensor is not None else None,
+               params_device=placement(ddp.module), site=probe.site())
+
+
 def _constructed(
     probe: Probe, ddp: Any, site: Any, options: dict[str, Any], registered: set[int] | None = None
 ) -> None:
@@ -112,8 +198,20 @@ def _constructed(
         params=len(params),
         numel=int(sum(p.numel() for p in params)),
         world_size=world,
+        params_device=placement(ddp.module),
+        current_device=_current_device(),
         **options,
     )
+
+
+def _current_device() -> int | None:
+    """torch.cuda.current_device() (emulated or real) when CUDA is in play, else None."""
+    import torch
+
+    try:
+        return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken CUDA setup is not this recorder's finding
+        return None
 
 
 def _world_size() -> int | None:

@@ -22,7 +22,12 @@
 Cost: one isinstance check per module call (hooks), a read of the loss per backward, two foreach norms over the
 gradients per step and one over the parameters and norm buffers; per collective while a DDP model exists, a
 step over the wrapper frames to its caller (a few µs) and, for calls from user code only, a dict lookup of the
-tensor's storage. Values are read, never written; no generator is touched and no collective is added.
+tensor's storage. Values are read, never written; no generator is touched and no collective is added. Without
+DDP, the optimizers' parameters are indexed instead: a script that averages gradients itself is seen doing so
+(DD110 must not call its replicas unwrapped).
+
+Size: one module (~600 lines) because the backward, step and collective wrappers share one per-process state (the
+backward counters, the gradient index, the hand reductions of the current step) that each of them updates.
 
 On a GPU every value is reduced on the device and read through `readback` (pinned, non-blocking, delivered in
 order at a later step): no host synchronisation per backward or per step. The `train_step` event of a step is
@@ -534,18 +539,31 @@ def _build_grad_index(probe: Probe, st: _State) -> None:
 
     index: dict[int, list[tuple[Any, str]]] = {}
     names = _param_names(probe, st)
-    for rec in probe.registry.live_ddps():
+    ddps = list(probe.registry.live_ddps())
+    for rec in ddps:
         for p in rec.module.parameters():
             g = p.grad
             if id(p) in rec.registered_params and g is not None and g.layout == torch.strided:
                 index.setdefault(g.untyped_storage().data_ptr(), []).append((p, names.get(id(p), "?")))
+    if not ddps:
+        # no DDP: a script that averages gradients itself (all_reduce over each p.grad) does so on the parameters
+        # its optimizers hold; DD110 must see that as averaging
+        for ref, _ in list(probe.registry.optimizers.values()):
+            opt = ref()
+            for gi, group in enumerate(getattr(opt, "param_groups", ()) or ()):
+                for pi, p in enumerate(group.get("params", ())):
+                    g = p.grad
+                    if g is not None and g.layout == torch.strided:
+                        entry = (p, names.get(id(p)) or f"param_groups[{gi}][{pi}]")
+                        index.setdefault(g.untyped_storage().data_ptr(), []).append(entry)
     st.grad_index = index
     st.grad_index_generation = (st.backward_serial, probe.steps)
 
 
 def _ddp_grads(probe: Probe, st: _State, tensor: Any) -> list[tuple[Any, str]]:
-    """The DDP-registered parameters whose *current* `.grad` shares memory with `tensor` (the gradient itself, a
-    view of it, or a flat buffer the gradients are views of), in parameter order; [] for any other tensor."""
+    """The DDP-registered parameters (without DDP: the optimizers' parameters) whose *current* `.grad` shares
+    memory with `tensor` (the gradient itself, a view of it, or a flat buffer the gradients are views of), in
+    parameter order; [] for any other tensor."""
     import torch
 
     if not torch.is_tensor(tensor) or tensor.layout != torch.strided or tensor.numel() == 0:
@@ -586,7 +604,7 @@ def _make_collective(probe: Probe, st: _State, owners: tuple[Any, ...], op: str,
     def collective(*args: Any, **kwargs: Any) -> Any:
         # in_collective: torch.distributed.all_reduce and distributed_c10d.all_reduce may be different layers
         # (the CUDA emulation wraps one of them) that call each other; the outermost call is the user's.
-        if probe.ending or st.in_collective or st.comm_hooks or not probe.registry.ddps:
+        if probe.ending or st.in_collective or st.comm_hooks or not (probe.registry.ddps or probe.registry.optimizers):
             return fn(*args, **kwargs)
         st.in_collective = True
         try:

@@ -38,8 +38,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             converted_text = script.text(conv.data.get("arg_node"))
             yield script.finding(
                 CODE,
-                line=conv.line,
-                message=f"DDP wraps `{wrapped_text}` at line {wrap.line} but convert_sync_batchnorm is applied to "
+                line=conv,
+                message=f"DDP wraps `{wrapped_text}` at {script.place(wrap, conv)} but convert_sync_batchnorm is applied to "
                 f"`{converted_text}` at line {conv.line}, after the wrapping",
                 confidence=confidence,
                 evidence={

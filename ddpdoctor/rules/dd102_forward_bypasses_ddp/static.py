@@ -41,10 +41,11 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if hit is None or all(m == "eval" for m in fw.data["modes"]):
             continue
         obj, wrap = hit
+        fw_loops = {c.node for c in fw.loops}
         backward_after = [
             b
             for b in script.backward_events
-            if b.seq > fw.seq and (b.frame == fw.frame or set(c.node for c in b.loops) & set(c.node for c in fw.loops))
+            if b.seq > fw.seq and (b.frame == fw.frame or any(c.node in fw_loops for c in b.loops))
         ]
         ddp_forward_same_loop = [
             f
@@ -67,8 +68,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         wrapped_text = script.text(wrap.data["args"].node(0, "module"))
         yield script.finding(
             CODE,
-            line=fw.line,
-            message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at line {wrap.line} — "
+            line=fw,
+            message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at {script.place(wrap, fw)} — "
             f"instead of the DDP wrapper, so its gradients are never averaged across ranks",
             confidence=confidence,
             evidence={

@@ -50,7 +50,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             extra = f" and world_size={world_literal[0]}" if world_literal else ""
             yield script.finding(
                 CODE,
-                line=ev.line,
+                line=ev,
                 message=f"init_process_group at line {ev.line} is called with {how}{extra}, so every process claims the "
                 f"same rank instead of its own",
                 confidence=cap_unreached(confidence, ev),
@@ -60,7 +60,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if world_literal == [1]:
             yield script.finding(
                 CODE,
-                line=ev.line,
+                line=ev,
                 message=f"init_process_group at line {ev.line} is called with world_size=1, so each process forms a group "
                 f"of its own and DDP averages nothing across processes",
                 confidence=cap_unreached(Confidence.LIKELY, ev),
@@ -69,7 +69,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         elif world_literal and world_literal[0] not in spawned:
             yield script.finding(
                 CODE,
-                line=ev.line,
+                line=ev,
                 message=f"init_process_group at line {ev.line} hard-codes world_size={world_literal[0]}, so the script "
                 f"only runs with exactly that many processes whatever the launcher starts",
                 confidence=cap_unreached(Confidence.POSSIBLE, ev),

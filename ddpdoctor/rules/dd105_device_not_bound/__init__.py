@@ -11,11 +11,6 @@ from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "DD105"
 
-# SPEC's table lists a probe half for this rule that was never built (there is no probe.py): the probe would record
-# each rank's current CUDA device and the device of the model's parameters when DDP is constructed (virtual
-# devices under CPU emulation: probe.emulation.emulated_device) and fire when two ranks on one node use the same
-# device. Until it exists the rule says it is found by static analysis only; tests/test_catalog.py lists the half
-# as pending.
 RULE = Rule(
     package=__name__,
     code=CODE,
@@ -27,6 +22,11 @@ RULE = Rule(
         Static analysis looks for a CUDA DDP script (nccl backend, `.cuda()` or "cuda" devices) that neither
         calls `torch.cuda.set_device(local_rank)` nor places the model with an index derived from the local
         rank and passes `device_ids=[local_rank]` to DDP.
+
+        The probe records which device each rank's DDP replica and its first training batch are on (real GPUs,
+        or the emulated ones under CPU emulation, where `.cuda()` without an index means the current device as
+        on CUDA) and fires when two ranks of one node share a device; ranks that each hold their own device
+        clear the static suspicion.
         """
     ),
     why=prose(

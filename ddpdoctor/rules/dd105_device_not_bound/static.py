@@ -20,7 +20,7 @@ from typing import Iterator
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd105_device_not_bound import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
-from ddpdoctor.static.semantic import Obj, Value, constant_values, is_constant
+from ddpdoctor.static.semantic import Event, Obj, Value, constant_values, is_constant
 
 
 def _cuda_text(value: Value) -> bool:
@@ -65,12 +65,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         cuda_evidence.append("'cuda' strings")
         inferred_only = True
 
-    literal_zero: list[tuple[int, str]] = []
+    literal_zero: list[tuple[Event, str]] = []
     bound: list[int] = []
     for ev in script.of("set_device"):
         arg = ev.data["arg"]
         if arg and is_constant(arg):
-            literal_zero.append((ev.line, f"torch.cuda.set_device({script.text(ev.data['arg_node'])})"))
+            literal_zero.append((ev, f"torch.cuda.set_device({script.text(ev.data['arg_node'])})"))
         else:
             bound.append(ev.line)
     for ev in wraps:
@@ -79,7 +79,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             continue
         items = [o for o in _flatten(ids) if not (o.kind == "const" and o.value is None)]
         if items and all(o.const for o in items):
-            literal_zero.append((ev.line, f"device_ids={script.text(ev.data['args'].node(1, 'device_ids'))}"))
+            literal_zero.append((ev, f"device_ids={script.text(ev.data['args'].node(1, 'device_ids'))}"))
         elif items:
             bound.append(ev.line)
     for ev in moves:
@@ -98,13 +98,13 @@ def check(script: ScriptModel) -> Iterator[Finding]:
 
     wrap = wraps[0]
     if literal_zero:
-        line, what = literal_zero[0]
+        site, what = literal_zero[0]
         yield script.finding(
             CODE,
-            line=line,
-            message=f"{what} at line {line} names the same GPU in every process, so all ranks of a node share one device",
+            line=site,
+            message=f"{what} at line {site.line} names the same GPU in every process, so all ranks of a node share one device",
             confidence=cap_unreached(Confidence.CERTAIN if not bound else Confidence.LIKELY, wrap),
-            evidence={"literal_device": what, "line": line, "cuda": cuda_evidence},
+            evidence={"literal_device": what, "line": site.line, "cuda": cuda_evidence},
         )
         return
     if bound:
@@ -112,7 +112,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     confidence = Confidence.POSSIBLE if inferred_only else Confidence.LIKELY
     yield script.finding(
         CODE,
-        line=wrap.line,
+        line=wrap,
         message=f"DDP at line {wrap.line} runs on CUDA ({', '.join(cuda_evidence)}) but nothing binds each process to its "
         f"own GPU (no torch.cuda.set_device(local_rank), no device_ids=[local_rank]), so every rank uses cuda:0",
         confidence=cap_unreached(confidence, wrap),

@@ -32,7 +32,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if has_ddp and branch is not None and other_path:
             yield script.finding(
                 CODE,
-                line=ev.line,
+                line=ev,
                 message=f"nn.DataParallel wraps `{wrapped}` at line {ev.line} on the path where `{branch.info}` "
                 f"(the script uses DDP otherwise); launched that way, BatchNorm keeps only replica 0's statistics",
                 confidence=Confidence.POSSIBLE,
@@ -43,7 +43,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         confidence = Confidence.LIKELY if ev.data.get("heuristic") else Confidence.CERTAIN
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"nn.DataParallel wraps `{wrapped}` at line {ev.line}: one process splits each batch over the GPUs, "
             f"so BatchNorm normalises per-GPU slices and keeps only replica 0's running statistics",
             confidence=cap_unreached(confidence, ev),

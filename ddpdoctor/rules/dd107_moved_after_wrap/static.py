@@ -60,9 +60,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             if repeated is not None:
                 yield script.finding(
                     CODE,
-                    line=mv.line,
-                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at line {wrap.line}; it "
-                    f"repeats the move of line {repeated.line}, so it is a no-op today but breaks if they diverge",
+                    line=mv,
+                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at {script.place(wrap, mv)}; it "
+                    f"repeats the move of {script.place(repeated, mv)}, so it is a no-op today but breaks if they diverge",
                     confidence=Confidence.POSSIBLE,
                     evidence={"move_line": mv.line, "wrap_line": wrap.line, "same_as_line": repeated.line},
                     severity=Severity.LOW,
@@ -71,8 +71,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             confidence = Confidence.CERTAIN if mv.frame == wrap.frame else Confidence.LIKELY
             yield script.finding(
                 CODE,
-                line=mv.line,
-                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at line {wrap.line}; DDP's "
+                line=mv,
+                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at {script.place(wrap, mv)}; DDP's "
                 f"gradient buckets still refer to the parameters it saw when it was built",
                 confidence=cap_unreached(confidence, mv, wrap),
                 evidence={"move_line": mv.line, "wrap_line": wrap.line, "method": mv.data["method"]},

@@ -1,9 +1,13 @@
 """DD108 legacy-local-rank-arg: the script takes its local rank from a --local_rank argument that torchrun does
 not pass.
 
-What it does: the probe passes --local_rank=N as torch.distributed.launch did (so the rest can be measured) and
-records the option's default on every rank. A default equal to each rank's LOCAL_RANK means the script falls
-back to the environment (fine); a constant default means every rank would get the same value under torchrun.
+What it does: the probe runs the script as torchrun does — without --local_rank, unless the option is required
+(argparse would exit: then it passes --local_rank=N as torch.distributed.launch did, so the rest can be measured,
+and says so) — and records the option's default and parsed value on every rank, and the first read of LOCAL_RANK
+from the environment by the script or its own modules. The script falls back to the environment (no finding,
+and a static DD108 is dropped with a note) when it reads LOCAL_RANK itself (timm's and DINO's helpers do, after
+parsing) or when the option's default is each rank's LOCAL_RANK. Otherwise every rank keeps the same default:
+reported, with what the ranks did with it (their devices: DD105 folds under this finding when they shared one).
 """
 
 from __future__ import annotations
@@ -19,23 +23,36 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if not per_rank:
         return []
     injected = any(e.get("injected") for e in per_rank.values())
+    reads = {r: p.first("env_read") for r, p in ctx.ranks.items()}
+    reads = {r: e for r, e in reads.items() if e is not None and e.get("var") == "LOCAL_RANK"}
     falls_back = all(
         e.get("env_local_rank") is not None and str(e.get("default")) == str(e.get("env_local_rank"))
         for e in per_rank.values()
     )
-    if falls_back and len(per_rank) > 1:
-        return []
     first = next(iter(per_rank.values()))
     option = (first.get("option_strings") or ["--local_rank"])[0]
+    if reads and not injected:
+        read = next(iter(reads.values()))
+        ctx.clear(
+            CODE,
+            reason=f"the script reads LOCAL_RANK from the environment itself (at {ctx.at(read.get('site'))}, on "
+            f"{len(reads)} of {len(per_rank)} ranks), so {option} is only a fallback",
+            evidence={"env_read": read.get("site")},
+        )
+        return []
+    if falls_back and len(per_rank) > 1:
+        return []
     defaults = sorted({str(e.get("default")) for e in per_rank.values()})
     if first.get("required"):
         consequence = "argparse exits with an error on every rank under torchrun, which does not pass it"
     else:
         consequence = (
-            f"under torchrun, which does not pass it, every rank gets the default {defaults[0]} and the ranks share "
-            "one device"
+            f"under torchrun, which does not pass it, every rank gets the default {defaults[0]}"
+            + ("" if injected else f" (measured: {len(per_rank)} ranks parsed {option}={defaults[0]}"
+               + (" and never read LOCAL_RANK)" if not reads else ")"))
+            + " and the ranks share one device"
         )
-    how = "; the probe passed it as torch.distributed.launch did" if injected else ""
+    how = "; the probe passed it as torch.distributed.launch did, to measure the rest" if injected else ""
     message = f"the script reads its local rank from {option} (declared at {ctx.at(first.get('site'))}): {consequence}{how}"
     evidence = {
         "option_strings": first.get("option_strings"),
@@ -43,6 +60,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "per_rank": {str(r): {"default": e.get("default"), "value": e.get("value"), "LOCAL_RANK": e.get("env_local_rank")}
                      for r, e in per_rank.items()},
         "injected_by_probe": injected,
+        "reads_local_rank_env": bool(reads),
     }
     return [
         ctx.finding(

@@ -6,12 +6,17 @@ rank only through LOCAL_RANK, so the option keeps its default on every process a
 
 What stays silent: `int(os.environ.get("LOCAL_RANK", args.local_rank))`, `default=int(os.environ["LOCAL_RANK"])`,
 any read of LOCAL_RANK anywhere in the file.
+
+Confidence: certain when the script imports none of its own project's modules; likely when it does — a helper
+module can read LOCAL_RANK after parsing (timm's `init_distributed_device`, DINO's `init_distributed_mode`), and the
+probe, which sees that read, drops the finding with a note.
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
@@ -27,14 +32,27 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if any("LOCAL_RANK" in s for s in script.string_constants):
         return  # read through a helper or a variable key: the fallback exists
     opt = options[0]
+    helpers = _project_modules(script)
     yield script.finding(
         CODE,
-        line=opt.line,
+        line=opt,
         message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local rank in "
         f"the LOCAL_RANK environment variable, so every process keeps the default",
-        confidence=Confidence.CERTAIN,
-        evidence={"line": opt.line, "flags": list(opt.flags), "default": script.text(_default_node(opt.node))},
+        confidence=Confidence.LIKELY if helpers else Confidence.CERTAIN,
+        evidence={"line": opt.line, "flags": list(opt.flags), "default": script.text(_default_node(opt.node)),
+                  "project_modules": helpers[:8]},
     )
+
+
+def _project_modules(script: ScriptModel) -> list[str]:
+    """Modules the script imports that live beside it (its own project), not installed packages."""
+    base = Path(script.filename).resolve().parent
+    out = []
+    for name in sorted(script.imported):
+        top = name.split(".")[0]
+        if top and ((base / f"{top}.py").is_file() or (base / top / "__init__.py").is_file()):
+            out.append(name)
+    return out
 
 
 def _default_node(call: ast.AST) -> ast.AST | None:

@@ -80,7 +80,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if horovod:
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"the {first.what} at line {ev.line} comes from torch.cuda.device_count() (the GPUs this machine "
             f"has) in a Horovod job, whose size is hvd.size(): they disagree as soon as horovodrun -np differs from "
             f"the GPU count or the job spans several nodes",
@@ -92,7 +92,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if launcher_env:
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"the {first.what} at line {ev.line} is torch.cuda.device_count() while the ranks come from the "
             f"launcher ({', '.join(launcher_env)}); they disagree whenever the launcher starts a different number "
             f"of processes or more than one node",
@@ -114,7 +114,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         )
     yield script.finding(
         CODE,
-        line=ev.line,
+        line=ev,
         message=message,
         confidence=confidence,
         evidence=evidence,

@@ -48,11 +48,12 @@ def _where(script: ScriptModel, branch: Ctx, ev: Event) -> str:
     node = branch.node
     test = getattr(node, "test", None)
     line = getattr(node, "lineno", 0)
+    place = script.place(branch, ev)
     if test is None:
-        return f"a rank-only function (line {line})"
+        return f"a rank-only function ({place})"
     if ev.line > (getattr(node, "end_lineno", None) or line) and ev.frame == branch.frame:
-        return f"after the early exit `if {script.text(test)}` at line {line}"
-    return f"`if {script.text(test)}` at line {line}"
+        return f"after the early exit `if {script.text(test)}` at {place}"
+    return f"`if {script.text(test)}` at {place}"
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
@@ -86,7 +87,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         who = _WHO.get(branch.info, "only on some ranks")
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"dist.{op} at line {ev.line} runs {who} ({_where(script, branch, ev)}); the other ranks never join it, "
             f"so the run hangs or pairs it with a different collective",
             confidence=cap_unreached(confidence, ev),
@@ -99,7 +100,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             where = f" ({_where(script, ev.rank_ctx[-1], ev)})" if ev.rank_ctx else ""
             yield script.finding(
                 CODE,
-                line=ev.line,
+                line=ev,
                 message=f"dist.{ev.data['op']} at line {ev.line}{where} waits for a tensor that no rank of this script ever "
                 f"sends, so it never returns and the other ranks block in their next collective",
                 confidence=cap_unreached(Confidence.LIKELY, ev),
@@ -132,7 +133,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 confidence = min(confidence, Confidence.LIKELY)
             yield script.finding(
                 CODE,
-                line=fw.line,
+                line=fw,
                 message=f"the forward through the DDP wrapper `{script.text(getattr(fw.node, 'func', fw.node))}` at line "
                 f"{fw.line} runs {who} ({_where(script, branch, fw)}); {why}, so the other ranks' next collective "
                 f"pairs with it — use the unwrapped module there",
@@ -143,7 +144,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         elif syncbn and training:
             yield script.finding(
                 CODE,
-                line=fw.line,
+                line=fw,
                 message=f"the SyncBatchNorm model `{script.text(getattr(fw.node, 'func', fw.node))}` runs a training-mode "
                 f"forward at line {fw.line} {who} ({_where(script, branch, fw)}); SyncBN all-reduces batch statistics "
                 f"there and the other ranks never join",

@@ -5,7 +5,12 @@ gradients are disabled (`torch.no_grad()` / `torch.inference_mode()`), with the 
 The analysis reports the number of such forwards per site and rank, the BN layers involved, whether SyncBN
 synchronised in them, and — from the recorded update sequence and the layer's momentum — how much of the final
 running statistics those batches make up (each update's weight in the exponential moving average). Calls made
-through a library helper that recalibrates BN on purpose (torch.optim.swa_utils.update_bn) are not reported.
+through a library helper that recalibrates BN on purpose (torch.optim.swa_utils.update_bn) are not reported, and
+neither are forwards of a module whose parameters no optimizer trains (none held with requires_grad) made while
+training goes on: a momentum / EMA / teacher encoder (MoCo's key encoder, BYOL's target network, DINO's teacher)
+runs its BatchNorm in training mode without gradients by design; nor forwards whose BatchNorm layers have momentum
+None (a cumulative average: a precise-BN recalibration of the running statistics). The report notes them and
+drops a static DD207 at that call site.
 """
 
 from __future__ import annotations
@@ -20,18 +25,51 @@ from ddpdoctor.rules.dd207_eval_in_train_mode import CODE
 
 def analyze(ctx: RunContext) -> list[Finding]:
     sites: dict[tuple[str, int], dict[str, Any]] = {}
+    by_design: dict[tuple[str, int], dict[str, Any]] = {}
     for rank, p in ctx.ranks.items():
         counts = {}
         for e in p.of("bn_final"):
             for s in e.get("no_grad_sites") or ():
                 counts[(str(s.get("file")), int(s.get("line") or 0))] = int(s.get("forwards") or 0)
+        steps = ctx.steps_of(rank)
         for e in p.of("bn_train_no_grad"):
             if not e.get("direct", True):
+                continue
+            if e.get("cumulative_average"):
+                # momentum None: the running statistics are being recomputed as an exact average over these
+                # batches (precise BN), which is what train mode under no_grad is for here
+                site = e.get("site") or {}
+                by_design.setdefault((str(site.get("file")), int(site.get("line") or 0)), {"site": site,
+                                                                                         "module": None})
+                continue
+            teacher = e.get("untrained_module")
+            if teacher and int(e.get("step") or 0) < steps:
+                # a module no optimizer trains, forwarded without grad inside training (steps followed): a
+                # momentum / EMA / teacher encoder (MoCo, BYOL, DINO), whose train-mode BN is the method
+                site = e.get("site") or {}
+                by_design.setdefault((str(site.get("file")), int(site.get("line") or 0)), {"site": site,
+                                                                                         "module": teacher})
                 continue
             site = e.get("site") or {}
             key = (str(site.get("file")), int(site.get("line") or 0))
             entry = sites.setdefault(key, {"site": site, "ranks": {}, "event": e})
             entry["ranks"][rank] = counts.get(key, 1)
+    for entry in by_design.values():
+        m = entry["module"]
+        if m is None:
+            reason = (
+                f"the no-grad training-mode forwards at {ctx.at(entry['site'])} ran BatchNorm with momentum None (a "
+                "cumulative average): a recalibration of the running statistics (precise BN), not an evaluation"
+            )
+        else:
+            what = f"{m.get('cls')}{' (' + m['path'] + ')' if m.get('path') else ''}"
+            reason = (
+                f"the no-grad training-mode forward of {what} at {ctx.at(entry['site'])} runs a module whose "
+                f"{m.get('params')} parameters no optimizer trains, inside training steps: a momentum / EMA / "
+                "teacher encoder, whose train-mode BatchNorm is part of the method, not an evaluation"
+            )
+        ctx.clear(CODE, reason=reason, site=entry["site"])
+        ctx.notes.append(f"DD207 not reported: {reason}")
     if not sites:
         return []
     bn = bc.bn_for(ctx)

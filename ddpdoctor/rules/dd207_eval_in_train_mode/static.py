@@ -7,7 +7,8 @@ statistics and overwrites its running statistics with evaluation data — and Sy
 
 What stays silent: `model.eval()` (or `model.module.eval()`, or `model.train(False)`) before the evaluation, at
 any distance (another function, a loop iteration before); no_grad forwards of other models (EMA, teachers);
-models defined in the file without BatchNorm.
+models defined in the file without BatchNorm; forwards that recompute BatchNorm statistics on purpose — after
+`reset_running_stats()` or `m.momentum = None` in the same call or one around it (precise BN).
 
 Confidence: likely when the model has BatchNorm (torchvision CNNs, classes of the file with BN, SyncBN
 conversion); possible when that is unknown (timm/hub models).
@@ -24,9 +25,12 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     trained = script.trained_families
+    resets = script.of("bn_stats_reset")
     for fw in script.of("forward"):
         if fw.data["inside_forward"] or fw.grad_off is not True:
             continue
+        if any(r.seq < fw.seq and fw.frames[: len(r.frames)] == r.frames for r in resets):
+            continue  # statistics reset first, in this call or one around it: recomputing them is the point
         if tuple(fw.data["modes"]) != ("train",):
             continue
         fams = [t.family for t in fw.data["target"] if t.family is not None]
@@ -38,7 +42,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         syncbn = " and SyncBN all-reduces them across ranks" if fam.syncbn_line else ""
         yield script.finding(
             CODE,
-            line=fw.line,
+            line=fw,
             message=f"`{callee}` runs an evaluation forward under no_grad at line {fw.line} while the model is in training "
             f"mode (no .eval() before it), so BatchNorm normalises with evaluation-batch statistics and folds them "
             f"into its running stats{syncbn}",

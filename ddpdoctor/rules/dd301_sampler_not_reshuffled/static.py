@@ -7,8 +7,9 @@ permutation with `seed + epoch`; without a new epoch every epoch visits the samp
 
 What stays silent: `sampler.set_epoch(epoch)` in the loop, also as `train_loader.sampler.set_epoch(epoch)` or
 through a helper; `shuffle=False` samplers; custom samplers (a subclass that overrides `__iter__`, infinite or
-repeat-augment samplers); loaders iterated once; a `set_epoch` on an object the walk cannot resolve (it may be
-this sampler).
+repeat-augment samplers); loaders iterated once; loaders iterated only to evaluate (nothing steps the
+optimizer in their loop: the order of evaluation batches does not change the result); a `set_epoch` on an object
+the walk cannot resolve (it may be this sampler).
 
 Confidence: certain when the file never calls set_epoch at all; likely otherwise.
 """
@@ -40,7 +41,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         repeated = [
             it
             for it in script.of("iterate")
-            if it.loops and any(ld in its_loaders for ld in it.data["loaders"])
+            if it.loops and any(ld in its_loaders for ld in it.data["loaders"]) and script.iteration_trains(it)
         ]
         if not repeated:
             continue
@@ -55,11 +56,14 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         loop_line = getattr(it.loops[-1].node, "lineno", it.line)
         if in_loop:
             ev = in_loop[0]
-            why = f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` at line {ev.line}"
+            why = f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` at {script.place(ev, sampler)}"
             confidence = Confidence.CERTAIN
         elif on_this:
             ev = on_this[0]
-            why = f"set_epoch runs once at line {ev.line}, outside the loop of line {loop_line} that re-iterates it"
+            why = (
+                f"set_epoch runs once at {script.place(ev, sampler)}, outside the loop of "
+                f"{script.place(it.loops[-1], sampler)} that re-iterates it"
+            )
             confidence = Confidence.LIKELY
         else:
             why = "set_epoch is never called on it"
@@ -68,7 +72,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             confidence = Confidence.POSSIBLE
         yield script.finding(
             CODE,
-            line=sampler.line,
+            line=sampler,
             message=f"{name} (line {sampler.line}) shuffles, but {why}, so every epoch visits the "
             f"samples in the same order",
             confidence=cap_unreached(confidence, sev, it),

@@ -75,8 +75,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         )
         yield script.finding(
             CODE,
-            line=loader.line,
-            message=f"DataLoader `{name}` (line {loader.line}) feeds the training loop of line {it.line} with {how}, so every "
+            line=loader,
+            message=f"DataLoader `{name}` (line {loader.line}) feeds the training loop of {script.place(it, loader)} with {how}, so every "
             f"rank iterates the whole dataset and the ranks train on the same samples",
             confidence=cap_unreached(confidence, lev, it),
             evidence={"loader_line": loader.line, "loop_line": it.line, "shuffle": shuffles, "dataset": script.names(datasets) or None},

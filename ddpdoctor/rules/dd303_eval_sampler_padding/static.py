@@ -38,7 +38,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         name = script.sampler_name(sampler, loaders)
         yield script.finding(
             CODE,
-            line=sampler.line,
+            line=sampler,
             message=f"{name} (line {sampler.line}) splits evaluation data; unless len(dataset)"
             + (f" (= {length})" if length else "")
             + " is a multiple of the world size it pads the shards with repeated samples, which the metric counts twice",

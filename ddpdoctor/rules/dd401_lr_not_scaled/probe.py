@@ -78,14 +78,50 @@ def main_optimizer(ctx: RunContext) -> dict[str, Any] | None:
         counts = Counter(e.get("opt") for e in p.of("optimizer_step"))
         if not counts:
             continue
-        opt = inits.get(counts.most_common(1)[0][0])
+        opt_id = counts.most_common(1)[0][0]
+        opt = inits.get(opt_id)
         if not opt or not opt.get("groups"):
             continue
-        group = max(opt["groups"], key=lambda g: g.get("numel") or 0)
+        gi = max(range(len(opt["groups"])), key=lambda i: opt["groups"][i].get("numel") or 0)
+        group = opt["groups"][gi]
         lr = group.get("initial_lr", group.get("lr"))
+        used = []
+        for e in p.of("optimizer_step"):
+            lrs = e.get("lrs") or []
+            if e.get("opt") == opt_id and gi < len(lrs) and isinstance(lrs[gi], (int, float)):
+                used.append(float(lrs[gi]))
+        scheduled = [
+            (e.get("initial_lrs") or [])[gi] for e in p.of("train_step")
+            if e.get("opt") == opt_id and gi < len(e.get("initial_lrs") or [])
+        ]
         if isinstance(lr, (int, float)):
-            return {"cls": opt.get("cls"), "lr": float(lr), "site": opt.get("site"), "groups": len(opt["groups"])}
+            return {"cls": opt.get("cls"), "lr": float(lr), "site": opt.get("site"), "groups": len(opt["groups"]),
+                    "constructed_lr": group.get("lr"), "used": used,
+                    "scheduler_base": next((x for x in scheduled if isinstance(x, (int, float))), None)}
     return None
+
+
+def used_lr_text(opt: dict[str, Any]) -> str:
+    """The lr the ranks actually stepped with: one value, or the first and last of a schedule."""
+    used = opt.get("used") or []
+    if not used:
+        return f"lr {fmt_num(opt['lr'])}"
+    if max(used) - min(used) <= 1e-12 * max(1.0, abs(max(used))):
+        return f"lr {fmt_num(used[0])} at every observed step"
+    return f"lr {fmt_num(used[0])} → {fmt_num(used[-1])} over {len(used)} observed steps (peak {fmt_num(max(used))})"
+
+
+def _set_at_run_time(opt: dict[str, Any]) -> bool:
+    """No observed step used the lr the optimizer was constructed with: the script sets it itself (a per-iteration
+    schedule written in the loop, a scaling applied after construction)."""
+    built = opt.get("constructed_lr")
+    used = opt.get("used") or []
+    base = opt.get("scheduler_base")
+    if isinstance(base, (int, float)) and isinstance(built, (int, float)) and abs(base - built) <= 1e-9 * max(1.0, abs(built)):
+        return False  # a torch scheduler (warmup, decay) multiplies the constructed lr: that lr is the recipe's
+    return isinstance(built, (int, float)) and bool(used) and all(
+        abs(u - built) > 1e-9 * max(1.0, abs(built)) for u in used
+    )
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -98,9 +134,19 @@ def analyze(ctx: RunContext) -> list[Finding]:
         f" × {batch['accumulation']} accumulation step{'s' if batch['accumulation'] != 1 else ''}"
     )
     s = ctx.settings
+    if _set_at_run_time(opt):
+        ctx.clear(
+            CODE,
+            site=opt["site"],
+            reason=(
+                f"the script sets the lr itself at run time: the ranks stepped with {used_lr_text(opt)}, never the "
+                f"{fmt_num(opt['constructed_lr'])} the optimizer was constructed with"
+            ),
+            evidence={"constructed_lr": opt["constructed_lr"], "used_lr": opt["used"][:20]},
+        )
     if s.base_lr is None or s.base_batch is None:
         ctx.notes.append(
-            f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} lr {fmt_num(opt['lr'])} — pass "
+            f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} {used_lr_text(opt)} — pass "
             "--base-lr/--base-batch (the single-process recipe) to check lr scaling"
         )
         return []

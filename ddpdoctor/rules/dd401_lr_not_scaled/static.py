@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.rules.dd401_lr_not_scaled import CODE
-from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached, lower
 from ddpdoctor.static.semantic import WORLD_TAGS, Event, Obj, Value, constant_values, is_constant, tags_of
 
@@ -216,4 +216,4 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                     "of the two uses an lr tuned for the other's global batch"
                 )
         reported[text] = evidence
-        yield script.finding(CODE, line=ev.line, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence, severity=severity)
+        yield script.finding(CODE, line=ev, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence, severity=severity)

@@ -60,13 +60,26 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if peak <= 0:
         return []
     ramps = any(b > a * (1 + RAMP) for a, b in zip(trace, trace[1:])) or trace[0] < peak * (1 - 1e-3)
+    shown = ", ".join(fmt_num(x) for x in trace[:6]) + (", ..." if len(trace) > 6 else "")
     if ramps:
+        ctx.clear(CODE, site=opt["site"], reason=(
+            f"the lr the ranks stepped with ramps up: {shown} over the first {len(trace)} observed steps (peak "
+            f"{fmt_num(peak)}): a warmup, whatever implements it"
+        ), evidence={"lr_trace": trace[:20]})
+        static = _static_scaled(ctx)
+        if static is not None and static.get("file") and static.get("line"):
+            ctx.clear(CODE, site={"file": static["file"], "line": static["line"]},
+                      reason=f"the lr the ranks stepped with ramps up: {shown} (peak {fmt_num(peak)})")
         return []
     base = ctx.settings.base_lr
     static = _static_scaled(ctx)
     if base:
         ratio = peak / base
         if ratio < SCALE_THRESHOLD:
+            ctx.clear(CODE, site=opt["site"], reason=(
+                f"the peak lr {fmt_num(peak)} is {fmt_num(ratio)}× the reference recipe's {fmt_num(base)} "
+                f"(--base-lr): below the {fmt_num(SCALE_THRESHOLD)}× at which a warmup matters"
+            ))
             return []
         reference = f"{fmt_num(ratio)}× the reference recipe's lr {fmt_num(base)} (--base-lr)"
     elif static is not None:

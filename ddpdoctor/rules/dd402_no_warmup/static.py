@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd402_no_warmup import CODE
-from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 
@@ -36,7 +36,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         what = script.text(site.node)
     yield script.finding(
         CODE,
-        line=site.line,
+        line=site,
         message=f"`{what}` at line {site.line} scales the step size with the world size, but no warmup schedule ramps it "
         f"up, so the first iterations run at the full scaled lr (unstable from about 4 processes on)",
         confidence=cap_unreached(confidence, site),

@@ -45,12 +45,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             if gate is not None:
                 how = f"`if {gate.info}`"
             else:
-                how = f"the micro-step loop of line {getattr(inner.node if inner else None, 'lineno', 0)}"
+                how = f"the micro-step loop of {script.place(inner, bw)}" if inner else "the micro-step loop"
             yield script.finding(
                 CODE,
-                line=bw.line,
+                line=bw,
                 message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer steps at "
-                f"line {step.line} only after {how}, and without model.no_sync() DDP all-reduces on every micro-step",
+                f"{script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces on every micro-step",
                 confidence=cap_unreached(Confidence.LIKELY, bw, step),
                 evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None},
             )

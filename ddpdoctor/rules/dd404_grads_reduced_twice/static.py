@@ -58,8 +58,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         whose = f"`{script.name(wrapped[0])}`" if wrapped else "the model"
         yield script.finding(
             CODE,
-            line=ev.line,
-            message=f"gradients of {whose} are all-reduced by hand at line {ev.line} although DDP (line {wrap.line}) already "
+            line=ev,
+            message=f"gradients of {whose} are all-reduced by hand at line {ev.line} although DDP ({script.place(wrap, ev)}) already "
             f"averages them during backward, so each step reduces them twice",
             confidence=cap_unreached(confidence, ev),
             evidence={"reduce_line": ev.line, "op": ev.data["op"], "wrap_line": wrap.line},

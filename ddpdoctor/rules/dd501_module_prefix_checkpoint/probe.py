@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Clearance, Finding
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
 
 
@@ -22,12 +22,38 @@ def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:
     return (site or {}).get("file", "?"), (site or {}).get("line", 0)
 
 
+def _call_sites(ctx: RunContext, saves: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The save site and the user lines that called into it (a save helper), as findings show places."""
+    out: list[dict[str, Any]] = []
+    for _, e in saves:
+        for site in [e.get("site"), *(e.get("callers") or [])]:
+            file, line = ctx.where(site)
+            if site and {"file": file, "line": line} not in out:
+                out.append({"file": file, "line": line})
+    return out
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
     groups: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
+    clean: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
     for r, p in ctx.ranks.items():
         for e in p.of("checkpoint_save"):
             if prefixed_state_dicts(e):
                 groups.setdefault(_site_key(e.get("site")), []).append((r, e))
+            elif any(sd.get("keys") for sd in e.get("state_dicts") or []):
+                clean.setdefault(_site_key(e.get("site")), []).append((r, e))
+    for key, saves in clean.items():
+        if key in groups:
+            continue
+        _, e = saves[0]
+        sds = [sd for sd in e.get("state_dicts") or [] if sd.get("keys")]
+        reason = (
+            f"the probe saw what this save wrote ({e.get('path') or e.get('target')}): "
+            + ", ".join(f"{sd.get('keys')} keys{' under ' + repr(sd['key']) if sd.get('key') else ''}, "
+                        f"{sd.get('module_prefixed') or 0} starting with \"module.\"" for sd in sds[:3])
+        )
+        for place in _call_sites(ctx, saves):
+            ctx.clearances.append(Clearance(rule=CODE, reason=reason, file=place["file"], line=place["line"]))
     loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
     findings = []
     for saves in groups.values():
@@ -64,6 +90,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 site=e.get("site"),
                 ranks=sorted({r for r, _ in saves}),
                 evidence={
+                    "call_sites": _call_sites(ctx, saves),
                     "paths": sorted({str(s.get("abspath") or s.get("path") or s.get("target")) for _, s in saves}),
                     "saves": len(saves),
                     "state_dict_key": sd.get("key"),

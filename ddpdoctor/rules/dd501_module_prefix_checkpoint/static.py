@@ -63,9 +63,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         confidence = Confidence.CERTAIN if only and how == "torch.save" else Confidence.LIKELY
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
-            f"`{script.name(wrapper)}`" + (f" (line {wrap.line})" if wrap else "") + ", so every key starts with "
+            f"`{script.name(wrapper)}`" + (f" ({script.place(wrap, ev)})" if wrap else "") + ", so every key starts with "
             "\"module.\" and the plain model cannot load it",
             confidence=cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None, "saved_by": how},

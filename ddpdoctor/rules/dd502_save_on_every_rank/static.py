@@ -23,7 +23,6 @@ index, `% gpus_per_node`), possible when only a name says it is one (`args.local
 
 from __future__ import annotations
 
-import ast
 from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding, Severity
@@ -61,7 +60,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         confidence = Confidence.LIKELY if conditional else Confidence.CERTAIN
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"torch.save at line {ev.line} runs on every rank (no rank check guards it), so all processes write "
             f"the same checkpoint at once",
             confidence=cap_unreached(confidence, ev),
@@ -74,11 +73,9 @@ def _private_target_nodes(script: ScriptModel) -> set[int]:
     opaque value, so the buffer is recognised from the call that made it."""
     calls = {id(ev.node) for ev in script.of("call") if ev.data.get("qual") in PRIVATE_TARGETS}
     out: set[int] = set()
-    for node in ast.walk(script.tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)):
-            for item in node.items:
-                if item.optional_vars is not None and id(item.context_expr) in calls:
-                    out.add(id(item.optional_vars))
+    for item in script.with_items:
+        if item.optional_vars is not None and id(item.context_expr) in calls:
+            out.add(id(item.optional_vars))
     return out
 
 
@@ -95,15 +92,15 @@ def _per_node_guard(ev: Event) -> Ctx | None:
 def _per_node_finding(script: ScriptModel, ev: Event, guard: Ctx) -> Finding:
     test = getattr(guard.node, "test", None)
     if test is not None:
-        how = f"`{script.text(test)}` (line {guard.node.lineno})"
+        how = f"`{script.text(test)}` ({script.place(guard, ev)})"
         if guard.branch == 1:
             how = f"the early exit on {how}"
     else:  # a decorated or otherwise implicit guard
-        how = f"the guard at line {getattr(guard.node, 'lineno', ev.line)}"
+        how = f"the guard at {script.place(guard, ev)}"
     confidence = Confidence.LIKELY if guard.scope == "local" else Confidence.POSSIBLE
     return script.finding(
         CODE,
-        line=ev.line,
+        line=ev,
         message=f"torch.save at line {ev.line} is guarded by {how}, a node-local rank test: it runs on local rank 0 of "
         f"every node, so on a multi-node run each node writes the same checkpoint (correct on one node only)",
         confidence=cap_unreached(confidence, ev),

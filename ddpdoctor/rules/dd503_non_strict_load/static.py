@@ -35,7 +35,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         target = script.text(getattr(getattr(ev.node, "func", None), "value", None))
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"`{target}.load_state_dict(..., strict=False)` at line {ev.line} discards the list of missing and "
             f"unexpected keys, so weights whose names do not match (e.g. a \"module.\" prefix) stay at their "
             f"initial values without a word",

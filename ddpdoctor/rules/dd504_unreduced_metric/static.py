@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
-from ddpdoctor import torchnames as N
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
@@ -65,8 +65,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         name = script.name(sharded[0])
         yield script.finding(
             CODE,
-            line=report.line,
-            message=f"the evaluation loop over `{name}` (line {it.line}) sees only this rank's DistributedSampler shard, and "
+            line=report,
+            message=f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's DistributedSampler shard, and "
             f"the metric reported at line {report.line} is never reduced across ranks, so it describes "
             f"1/world_size of the data",
             confidence=cap_unreached(Confidence.LIKELY, it, report),
@@ -85,7 +85,7 @@ def _discarded(script: ScriptModel, events: list) -> Iterator[Finding]:  # noqa:
         arg = script.text(ev.data["args"].node(0, "tensor"))
         yield script.finding(
             CODE,
-            line=ev.line,
+            line=ev,
             message=f"`{op}({arg}, ...)` at line {ev.line} returns the reduced value as a new tensor and the result "
             f"is thrown away: `{arg}` keeps this rank's own value, so what the script reports is rank-local "
             f"(use the result, or {op}_({arg}) which works in place)",

@@ -1,15 +1,17 @@
 """DD903 not-distributed: the script ran to its end (or the probe's limit) without ever initialising a process
-group, or initialised one but never wrapped a model in DDP: each process trained alone.
+group, or initialised one but never built DDP and trained on at most one rank (several ranks training in a
+process group with nothing averaging their gradients is DD110).
 
 Silent where gradients were averaged another way — apex's DistributedDataParallel (a `ddp_init` with its
-`wrapper`), Horovod's DistributedOptimizer (`grad_averaging`) — and for a single-process DataParallel run, where
-DD106 measures what DataParallel did and gives the port to DDP."""
+`wrapper`), Horovod's DistributedOptimizer (`grad_averaging`), FSDP, a hand-written all-reduce of the gradients —
+and for a single-process DataParallel run, where DD106 measures what DataParallel did and gives the port to DDP."""
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.analyses.outcome import failures
 from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd110_model_not_wrapped.probe import averaging_mechanisms
 from ddpdoctor.rules.dd903_not_distributed import CODE
 
 
@@ -32,6 +34,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
             + f" ({max(steps.values(), default=0)} optimizer steps each) and nothing was synchronised"
         )
         variant = "no_process_group"
+    elif averaging_mechanisms(ctx):
+        return []  # FSDP, a gradient-averaging optimizer or hand-rolled all-reduces keep the replicas together
+    elif trained > 1:
+        return []  # ranks trained inside a process group with nothing averaging their gradients: DD110
     elif not ddps:
         message = (
             "the script initialised a process group but never built DistributedDataParallel: gradients were not "

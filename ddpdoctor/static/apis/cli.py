@@ -28,6 +28,7 @@ class CliArg:
     line: int
     node: ast.AST
     args: Args | None = None
+    file: str = ""
 
 
 class Unknown:
@@ -60,7 +61,15 @@ def _add_argument(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) 
         if dest is None:
             longs = [f for f in flags if f.startswith("--")]
             dest = (longs[0] if longs else flags[0]).lstrip("-").replace("-", "_")
-        arg = CliArg(flags=flags, dest=dest, default=args.get(None, "default"), line=node.lineno, node=node, args=args)
+        arg = CliArg(
+            flags=flags,
+            dest=dest,
+            default=args.get(None, "default"),
+            line=node.lineno,
+            node=node,
+            args=args,
+            file=w.frame.file,
+        )
         w.cli_args[dest] = arg
         w.emit("add_argument", node, arg=arg)
     return (w.unknown(node),)

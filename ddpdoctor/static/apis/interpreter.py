@@ -11,14 +11,15 @@ import ast
 from typing import Any
 
 from ddpdoctor import torchnames as N
-from ddpdoctor.static.apis import cli, data, distributed, environ, horovod, nn, optim, ranks, tensors
+from ddpdoctor.static.apis import cli, data, distributed, environ, horovod, nn, optim, paths, ranks, tensors
 from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
-from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Ctx, Family, Obj, Value
+from ddpdoctor.static.project import Project
+from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, WORLD_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
-API_MODULES = (nn, optim, data, distributed, horovod, environ, cli, tensors)
+API_MODULES = (nn, optim, data, distributed, horovod, environ, cli, tensors, paths)
 REGISTRY = Registry(API_MODULES)
 
 
@@ -32,7 +33,9 @@ class TorchInterpreter(TorchState):
     PATH_KINDS = frozenset(
         {"wrapper", "module", "sampler", "loader", "optimizer", "dataset", "state_dict", "scheduler"}
     )
-    PLAIN_KINDS = frozenset({"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device"})
+    PLAIN_KINDS = frozenset(
+        {"value", "const", "unknown", "tensor", "tuple", "dict", "batch", "range", "device", "path"}
+    )
     LABELLED_KINDS = frozenset(
         {
             "module",
@@ -53,9 +56,17 @@ class TorchInterpreter(TorchState):
     ITEM_STORE_KINDS = frozenset({"dict", "unknown", "instance", "cli_args", "state_dict"})
     CALLABLE_KINDS = frozenset({"function", "bound", "class", "qual", "builtin", "partial", "loss"})
     CONDITION_TAGS = frozenset({"rank_cond"})
+    # what a script makes only on some ranks (a checkpoint saver, a TensorBoard writer under `if rank == 0`)
+    # (and what an unmodelled call returns there: see generic_call)
+    MARKED_KINDS = frozenset({"instance", "wrapper", "module", "optimizer", "sampler", "loader"})
 
-    def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None) -> None:
-        super().__init__(source, assume, REGISTRY)
+    def __init__(
+        self, source: SourceFile, assume: dict[str, Any] | None = None, project: Project | None = None
+    ) -> None:
+        super().__init__(source, assume, REGISTRY, project)
+
+    def mark_new(self, obj: Obj) -> None:
+        ranks.mark_made_on(self, obj)
 
     def save_state(self) -> Any:
         return self._forward_depth
@@ -80,6 +91,8 @@ class TorchInterpreter(TorchState):
 
     def attribute_facts(self, base: Obj, ident: str | None) -> tuple[frozenset[str], dict[str, Any]]:
         tags = N.name_tags(ident)
+        if ident is None:  # an item of a value computed from the world size is too (`lr_schedule[it]`)
+            tags = tags | (base.tags & (WORLD_TAGS | {"rank_dep"}))
         props: dict[str, Any] = {"rank_direct": bool(tags & PER_RANK_TAGS)}
         tags = cli.attribute_facts(self, base, ident, tags, props)
         if base.props.get("loaded") or base.props.get("from_load"):
@@ -88,6 +101,7 @@ class TorchInterpreter(TorchState):
 
     def on_assign(self, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
         optim.on_assign(self, ident, target, value, st)
+        nn.on_assign(self, ident, target, value, st)
 
     # ------------------------------------------------------------------ values flowing through operations
 
@@ -101,6 +115,9 @@ class TorchInterpreter(TorchState):
         self, func: Obj | None, name: str | None, args: Args, props: dict[str, Any]
     ) -> frozenset[str]:
         return ranks.call_result_facts(func, name, args.all(), props)
+
+    def binop_model(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj | None:
+        return paths.divide(self, node, left, right) if op is ast.Div else None
 
     # ------------------------------------------------------------------ branches, comparisons, contexts
 
@@ -130,13 +147,13 @@ class TorchInterpreter(TorchState):
         for deco in fobj.props.get("decorators", []):
             for o in deco:
                 if o.kind == "ctx" and o.props["ctx"] == "grad":
-                    out.append(Ctx("grad", fnode, o.props.get("mode"), frame_id))
+                    out.append(Ctx("grad", fnode, o.props.get("mode"), frame_id, file=fobj.file))
                     break
                 if o.kind == "qual" and N.canonical(o.qual or "") in tensors.GRAD_OFF:
-                    out.append(Ctx("grad", fnode, "off", frame_id))
+                    out.append(Ctx("grad", fnode, "off", frame_id, file=fobj.file))
                     break
         if any(N.is_rank_zero_decorator(n) for n in fobj.props.get("decorator_names", ())):
-            out.append(Ctx("rank", fnode, "main", frame_id, 0, "global"))
+            out.append(Ctx("rank", fnode, "main", frame_id, 0, "global", file=fobj.file))
         return out
 
     def loop_info(self, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:
@@ -155,6 +172,8 @@ class TorchInterpreter(TorchState):
 
     def special_attr(self, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
         kind = obj.kind
+        if kind == "path":
+            return paths.special_attr(self, obj, name, node)
         if kind == "wrapper" and name == "module":
             return obj.props.get("inner") or (self._derived(obj, name, node),)
         if kind == "cli_args":
@@ -282,7 +301,9 @@ class TorchInterpreter(TorchState):
         inst = self.new(kind if kind != "wrapper" else "instance", node, label=cls.label, props={"class": cls})
         if kind == "module":
             inst.family = Family(
-                mode="train" if self.reached else None, has_bn=nn.class_has_bn(self, cls.props["node"]), members=[inst]
+                mode="train" if self.reached else None,
+                has_bn=nn.class_has_bn(self, cls.props["node"], cls.file),
+                members=[inst],
             )
         elif kind == "sampler":
             inst.props.update(

@@ -247,6 +247,27 @@ def _same(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) 
     return modules
 
 
+def _stats_reset(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("bn_stats_reset", node, target=(o,), how=name)
+    return (w.const(None, node),)
+
+
+def _modules_stats_reset(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    w.emit("bn_stats_reset", node, target=modules, how=name)
+    return (w.const(None, node),)
+
+
+def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
+    """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next (precise BN)."""
+    if (
+        ident == "momentum"
+        and isinstance(target, ast.Attribute)
+        and value
+        and all(o.kind == "const" and o.value is None for o in value)
+    ):
+        w.emit("bn_stats_reset", st, target=w.eval(target.value), how="momentum = None")
+
+
 MODULE_METHODS = {
     **dict.fromkeys(N.MODULE_MOVES, _move),
     "train": _mode,
@@ -259,6 +280,7 @@ MODULE_METHODS = {
     "module": _call_inner,
     "no_sync": _ctx("no_sync"),
     "join": _ctx("join"),
+    "reset_running_stats": _modules_stats_reset,
     **dict.fromkeys(("zero_grad", "apply", "requires_grad_", "share_memory", "compile"), _same),
 }
 
@@ -356,18 +378,20 @@ LATE_METHODS = {
     "load_state_dict": method(_obj_load_state_dict),
     "eval": method(_unresolved_mode, "unknown"),
     "train": method(_unresolved_mode, "unknown"),
+    "reset_running_stats": method(_stats_reset),
 }
 
 
 # ---------------------------------------------------------------------- classes of the file
 
 
-def class_has_bn(w: TorchState, cls_node: ast.AST) -> bool:
+def class_has_bn(w: TorchState, cls_node: ast.AST, file: str) -> bool:
     """Whether an nn.Module class of this file builds BatchNorm layers (directly, or through its own helpers)."""
     memo = w._has_bn_memo
     if cls_node in memo:
         return memo[cls_node]
     memo[cls_node] = False
+    defs = w.index_of(file).defs_by_name
     found = False
     for n in ast.walk(cls_node):
         ident = n.id if isinstance(n, ast.Name) else (n.attr if isinstance(n, ast.Attribute) else None)
@@ -377,8 +401,8 @@ def class_has_bn(w: TorchState, cls_node: ast.AST) -> bool:
             found = True
         elif isinstance(n, ast.Attribute) and dotted(n).startswith(("models.", "torchvision.models.")):
             found = N.torchvision_model_has_bn(ident)
-        elif ident in w._defs_by_name and isinstance(n, ast.Name):
-            found = any(class_has_bn(w, d) for d in w._defs_by_name[ident] if d is not cls_node)
+        elif ident in defs and isinstance(n, ast.Name):
+            found = any(class_has_bn(w, d, file) for d in defs[ident] if d is not cls_node)
         if found:
             break
     memo[cls_node] = found

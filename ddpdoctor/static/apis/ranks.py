@@ -62,7 +62,27 @@ def rank_condition(value: Value) -> str | None:
         return polarities[0] if all(p == polarities[0] for p in polarities) else "other"
     if any((o.tags & PER_RANK_TAGS) and o.props.get("rank_direct") and not o.const for o in value):
         return "nonmain"  # `if rank:` is true on every rank but 0
+    if made_on_main(value):
+        return "main"  # `if writer:` where writer is None except on the main rank
     return None
+
+
+def mark_made_on(w: TorchState, obj: Obj) -> None:
+    """An object made inside a test for the main rank exists only there (`saver = Saver()` under
+    `if is_primary():`): recorded so a later `if saver is not None:` reads as the same test."""
+    for c in reversed(w.ctx):
+        if c.kind == "rank":
+            if c.info == "main":
+                obj.props["made_on"] = c.scope or "global"
+            return
+
+
+def made_on_main(value: Value) -> bool:
+    """A variable that holds None (or False) except on the main rank, where it holds an object made only there
+    (`saver = None` ... `if is_primary(): saver = Saver()`)."""
+    made = [o for o in value if o.props.get("made_on")]
+    unset = [o for o in value if o.kind == "const" and not o.value]
+    return bool(made) and bool(unset) and len(made) + len(unset) == len(value)
 
 
 def rank_scope(value: Value) -> str:
@@ -71,6 +91,9 @@ def rank_scope(value: Value) -> str:
     conds = [o for o in value if "rank_cond" in o.tags]
     if conds:
         return combine_scopes([o.props.get("scope") or N.main_predicate_scope(o.label) for o in conds])
+    made = [o.props["made_on"] for o in value if o.props.get("made_on")]
+    if made and not any(o.tags & PER_RANK_TAGS for o in value):
+        return combine_scopes(made)
     return value_scope(value)
 
 
@@ -112,7 +135,7 @@ def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None
 def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
     ranked = [i for i, v in enumerate(operands) if is_rank_value(v)]
     if not ranked:
-        return None
+        return _made_on_main_test(w, node, operands)
     results: list[str | None] = []
     for i, op in enumerate(node.ops):
         left, right = operands[i], operands[i + 1]
@@ -134,6 +157,27 @@ def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | 
     polarity = present[0] if all(p == present[0] for p in present) else "other"
     scope = combine_scopes([value_scope(operands[i]) for i in ranked])
     return (w.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
+
+
+def _made_on_main_test(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
+    """`saver is not None` (or `is None`) where saver exists only on the main rank: a test of the rank."""
+    if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
+        return None
+    left, right = operands
+    if made_on_main(left) and _is_none(right):
+        made = left
+    elif made_on_main(right) and _is_none(left):
+        made = right
+    else:
+        return None
+    present = isinstance(node.ops[0], (ast.IsNot, ast.NotEq))
+    scope = combine_scopes([o.props["made_on"] for o in made if o.props.get("made_on")])
+    props = {"polarity": "main" if present else "nonmain", "scope": scope}
+    return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
+
+
+def _is_none(value: Value) -> bool:
+    return len(value) == 1 and value[0].kind == "const" and value[0].value is None
 
 
 _LOCAL_SCOPES = ("local_by_name", "local")  # weakest evidence first

@@ -68,6 +68,7 @@ class Registry:
         self.late_fallbacks: list[MethodHandler] = []
         self.module_methods: dict[str, GroupHandler] = {}
         self.builtins: dict[str, BuiltinHandler] = {}
+        self._candidates: dict[str, tuple[CallHandler, ...]] = {}
         for module in modules:
             self._merge(self.calls, getattr(module, "CALLS", {}), module)
             self.patterns.extend(getattr(module, "PATTERNS", ()))
@@ -88,17 +89,20 @@ class Registry:
             into[name] = handler
 
     def call(self, w: TorchState, call: Call) -> Value | None:
-        handler = self.calls.get(call.qual)
-        if handler is not None:
+        for handler in self.candidates(call.qual, call.last):
             result = handler(w, call)
             if result is not None:
                 return result
-        for matches, handler in self.patterns:
-            if matches(call.qual, call.last):
-                result = handler(w, call)
-                if result is not None:
-                    return result
         return None
+
+    def candidates(self, qual: str, last: str) -> tuple[CallHandler, ...]:
+        """The handlers that may model a call to `qual`, in the order they are tried (computed once per name)."""
+        found = self._candidates.get(qual)
+        if found is None:
+            exact = self.calls.get(qual)
+            found = ((exact,) if exact is not None else ()) + tuple(h for m, h in self.patterns if m(qual, last))
+            self._candidates[qual] = found
+        return found
 
     def method(
         self, table: dict[str, list[Method]], w: TorchState, o: Obj, name: str, node: ast.Call, args: Args

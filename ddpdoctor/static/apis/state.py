@@ -9,13 +9,20 @@ from typing import Any
 
 from ddpdoctor.static.engine.interpreter import Interpreter
 from ddpdoctor.static.engine.support import SourceFile
+from ddpdoctor.static.project import Project
 
 
 class TorchState(Interpreter):
     """The generic interpreter plus the state of the API models (see the module docstring)."""
 
-    def __init__(self, source: SourceFile, assume: dict[str, Any] | None = None, registry: Any = None) -> None:
-        super().__init__(source)
+    def __init__(
+        self,
+        source: SourceFile,
+        assume: dict[str, Any] | None = None,
+        registry: Any = None,
+        project: Project | None = None,
+    ) -> None:
+        super().__init__(source, project)
         self.registry = registry  # apis.registry.Registry
         self.assume: dict[str, Any] = dict(assume or {})
         self.cli_args: dict[str, Any] = {}  # dest → apis.cli.CliArg

@@ -15,37 +15,44 @@ class BindingMixin:
     """The naming half of `Interpreter`."""
 
     def lookup(self, name: str, node: ast.AST) -> Value:
-        frame = self.frame
+        frame = self.frames[-1]
+        module_frame = self.module_frame_of(frame.file)
         if name in frame.globals_declared:
-            chain: list[Frame] = [self.module_frame]
+            if name in module_frame.locals:
+                return self.resolve_lazy(module_frame, name)
         else:
-            chain = []
+            # the enclosing scopes (class bodies only when they are the current scope), then the module's globals
             f: Frame | None = frame
+            seen_module = False
             while f is not None:
-                if not (f.is_class_body and f is not frame):
-                    chain.append(f)
+                if (f is frame or not f.is_class_body) and name in f.locals:
+                    return self.resolve_lazy(f, name)
+                seen_module = seen_module or f is module_frame
                 f = f.lexical
-            if self.module_frame not in chain:
-                chain.append(self.module_frame)
-        for f in chain:
-            if name in f.locals:
-                return f.locals[name]
-        if name not in self._bound_names:
+            if not seen_module and name in module_frame.locals:
+                return self.resolve_lazy(module_frame, name)
+        if module_frame.stars and name not in BUILTIN_NAMES:
+            starred = self.from_stars(module_frame, name, node)
+            if starred is not None:
+                module_frame.locals[name] = starred
+                return starred
+        if name not in self.index_of(frame.file).bound_names:
             guessed = self.unbound_name(name, node)
             if guessed is not None:
                 return guessed
         if name in BUILTIN_NAMES:
             return (self.new("builtin", node, label=name),)
-        ph = self._placeholders.get(name)
+        key = (frame.file, name)
+        ph = self._placeholders.get(key)
         if ph is None:
             ph = self.named_unknown(node, name, free=True)
-            self._placeholders[name] = ph
+            self._placeholders[key] = ph
         return (ph,)
 
     def bind_name(self, name: str, value: Value) -> None:
         frame = self.frame
         if name in frame.globals_declared:
-            self.module_frame.locals[name] = value
+            self.module_frame_of(frame.file).locals[name] = value
             return
         if name in frame.nonlocal_declared:
             f = frame.lexical

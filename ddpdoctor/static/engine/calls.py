@@ -74,6 +74,8 @@ class CallsMixin:
                     props={"heuristic": obj.props.get("heuristic", False)},
                 ),
             )
+        if kind == "pymodule":
+            return self.module_attr(obj.props["module"], name, node)
         modelled = self.special_attr(obj, name, node)
         if modelled is not None:
             return modelled
@@ -225,7 +227,13 @@ class CallsMixin:
                 result = self.eval(fnode.body)
             else:
                 self.block(fnode.body)
-                result = self.capped(union(*frame.returns)) if frame.returns else (self.const(None, node),)
+                if frame.generator:
+                    # a generator: what it yields, and what it was given to iterate (`log_every(loader)`)
+                    yields = self.capped(union(*frame.yields))
+                    label = f"{fobj.props['qualname']}()"
+                    result = (self.unknown(node, label=label, call_args=args, yields=yields),)
+                else:
+                    result = self.capped(union(*frame.returns)) if frame.returns else (self.const(None, node),)
         finally:
             self._active.pop()
             self.frames.pop()
@@ -373,7 +381,10 @@ class CallsMixin:
         const = bool(qual and qual.startswith("math.") and is_constant(args.all()))
         label = (func.props.get("bound_name") or func.label) if func is not None else name
         self.emit("call", node, name=name, qual=qual, args=args, func=func)
-        return (self.new("unknown", node, label=f"{label}()" if label else None, tags=tags, const=const, props=props),)
+        result = self.new("unknown", node, label=f"{label}()" if label else None, tags=tags, const=const, props=props)
+        if self.ctx:
+            self.mark_new(result)
+        return (result,)
 
     def method_call(self, receiver: Value, name: str, node: ast.Call, args: Args) -> Value:
         result, handled = self.method_objects(receiver, name, node, args)
@@ -388,6 +399,8 @@ class CallsMixin:
         kind = o.kind
         if kind == "qual":
             return self.call_qual(f"{o.qual}.{name}", node, args, heuristic=o.props.get("heuristic", False))
+        if kind == "pymodule":
+            return self.call_value(self.module_attr(o.props["module"], name, node.func), node, args)
         emitted = self.method_events(o, name, node, args)
         if kind in ("class", "super") or o.props.get("class") is not None:
             found = self._attr_from_class(o, name)
@@ -407,6 +420,8 @@ class CallsMixin:
                 if isinstance(key, str) and key in o.fields:
                     return o.fields[key]
                 default = args.get(1, None)
+                if key is None and node.args and o.fields:  # a key only known at run time: any item, or the default
+                    return union(*o.fields.values(), default or ())
                 return default or (self._derived(o, f"[{key}]", node),)
             if name == "update":
                 for v in args.pos:
@@ -519,6 +534,8 @@ class CallsMixin:
             modelled = self.element_model(o, node)
             if modelled is not None:
                 out.extend(modelled)
+            elif o.props.get("yields"):
+                out.extend(o.props["yields"])
             elif kind == "enumerate":
                 out.append(
                     self.new(

@@ -77,16 +77,25 @@ class ExpressionsMixin:
         if node is None:
             return EMPTY
         self._visits += 1
-        handler = getattr(self, "ex_" + type(node).__name__, None)
+        handler = self._ex_handlers.get(node.__class__)
         if handler is None:
-            return (self.unknown(node),)
+            handler = getattr(self, "ex_" + node.__class__.__name__, None) or self._ex_unmodelled
+            self._ex_handlers[node.__class__] = handler
         return handler(node)
+
+    def _ex_unmodelled(self, node: ast.AST) -> Value:
+        return (self.unknown(node),)
 
     def _const_key(self, node: ast.AST) -> Any:
         return const_key(node)
 
     def ex_Constant(self, node: ast.Constant) -> Value:
-        return (self.const(node.value, node),)
+        # a literal's object is never changed by what happens to it (fields, labels and marks go to other kinds):
+        # one per literal in the source, however often it is evaluated
+        value = self._literals.get(id(node))
+        if value is None:
+            value = self._literals[id(node)] = (self.const(node.value, node),)
+        return value
 
     def ex_Name(self, node: ast.Name) -> Value:
         return self._on_path(self.lookup(node.id, node))
@@ -189,6 +198,9 @@ class ExpressionsMixin:
         return (self._binop_value(node, type(node.op), left, right),)
 
     def _binop_value(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj:
+        modelled = self.binop_model(node, op, left, right)
+        if modelled is not None:
+            return modelled
         const = is_constant(left) and is_constant(right)
         value = None
         if const and len(left) == 1 and len(right) == 1 and op in BIN_OPS:
@@ -264,7 +276,7 @@ class ExpressionsMixin:
         frame_id = self.frame.id
         sides: list[Value] = []
         for branch, part in ((0, node.body), (1, node.orelse)):
-            self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test))
+            self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test, file=self.frame.file))
             try:
                 sides.append(self.eval(part))
             finally:
@@ -332,8 +344,10 @@ class ExpressionsMixin:
         return self.eval(node.value)
 
     def ex_Yield(self, node: ast.Yield | ast.YieldFrom) -> Value:
+        self.frame.generator = True  # a function whose body yields returns a generator
         if node.value is not None:
-            self.eval(node.value)
+            value = self.eval(node.value)
+            self.frame.yields.append(self.element_of(value, node) if isinstance(node, ast.YieldFrom) else value)
         return (self.unknown(node),)
 
     ex_YieldFrom = ex_Yield

@@ -31,6 +31,12 @@ class Hooks:
     CALLABLE_KINDS: frozenset[str] = frozenset({"function", "bound", "class", "qual", "builtin", "partial"})
     # tags that mark a truth value: they do not survive arithmetic, formatting or collection into a list
     CONDITION_TAGS: frozenset[str] = frozenset()
+    # kinds of objects shown to `mark_new` when made inside some context (a branch, a loop)
+    MARKED_KINDS: frozenset[str] = frozenset()
+
+    def mark_new(self, obj: Obj) -> None:
+        """Record on an object what the contexts it is made in say about it (the ranks that make it)."""
+        return None
 
     # ------------------------------------------------------------------ state saved around a failing statement
 
@@ -75,6 +81,10 @@ class Hooks:
     def depends_tags(self, value: Value) -> frozenset[str]:
         """Tags that a value computed by an opaque function from `value` keeps (`range(world_size)`)."""
         return frozenset()
+
+    def binop_model(self, node: ast.AST, op: type, left: Value, right: Value) -> Obj | None:
+        """`left <op> right` for objects the models made (`Path(...) / "x"`), or None."""
+        return None
 
     # ------------------------------------------------------------------ branches, comparisons, contexts
 

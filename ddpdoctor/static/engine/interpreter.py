@@ -24,73 +24,129 @@ from __future__ import annotations
 
 import ast
 import itertools
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor.static.engine.binding import BindingMixin
 from ddpdoctor.static.engine.calls import CallsMixin
-from ddpdoctor.static.engine.expressions import ExpressionsMixin
+from ddpdoctor.static.engine.expressions import ExpressionsMixin, truth_of
 from ddpdoctor.static.engine.hooks import Hooks
-from ddpdoctor.static.engine.support import VISIT_BUDGET, SourceFile, is_main_guard, merge_env, target_ident
+from ddpdoctor.static.engine.imports import ImportsMixin
+from ddpdoctor.static.engine.support import (
+    VISIT_BUDGET,
+    SourceFile,
+    SourceIndex,
+    is_main_guard,
+    merge_env,
+    target_ident,
+)
+from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
 
 
-class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
+class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
     """Walks one parsed file and records its events (see the module docstring)."""
 
-    def __init__(self, source: SourceFile) -> None:
+    def __init__(self, source: SourceFile, project: Project | None = None) -> None:
         self.source = source
         self.tree = source.tree
-        index = source.index
+        self.project = project
         self.events: list[Event] = []
         self.ctx: list[Ctx] = []
         self.frames: list[Frame] = []
         self.errors: list[str] = []
+        self._error_files: list[str] = []
         self.truncated = False
         self.reached = True
         self._seq = itertools.count()
         self._frame_ids = itertools.count(1)
         self._visits = 0
+        self._ex_handlers: dict[type, Any] = {}  # node class → bound ex_/st_ method (dispatch without getattr)
+        self._st_handlers: dict[type, Any] = {}
         self._active: list[ast.AST] = []
         self._walked: set[ast.AST] = set()
         self._function_objs: dict[ast.AST, Obj] = {}
         self._classes: dict[ast.AST, Obj] = {}
         self._instances: dict[ast.AST, list[Obj]] = {}
-        self._placeholders: dict[str, Obj] = {}
+        self._placeholders: dict[tuple[str, str], Obj] = {}
         self._guard: tuple[str, Any, int, str | None, Value] | None = None  # (kind, info, branch, scope, test)
         self._cond_keys: dict[int, tuple[str, int]] = {}
         self._texts: dict[int, str] = {}
+        self._literals: dict[int, Value] = {}
         self._inlined: dict[ast.AST, int] = {}
         self._summaries: dict[ast.AST, Value] = {}
-        self._defs_by_name = index.defs_by_name
-        self._bound_names = index.bound_names
-        self._functions = index.functions
-        self._method_class = index.method_class
+        self._method_class: dict[ast.AST, ast.ClassDef] = {}
         self._bare_calls: set[int] = set()  # calls whose result is thrown away (`model.load_state_dict(sd)`)
+        # files read (display path → file), their modules, and the global scope of each module
+        self.sources: dict[str, SourceFile] = {}
+        self._module_of_file: dict[str, ModuleFile] = {}
+        self._file_frames: dict[str, Frame] = {}
+        self._module_frames: dict[Path, Frame | None] = {}
+        self._pymodules: dict[Path, Obj] = {}
+        self._resolving: set[tuple[Path, str]] = set()
+        self._import_depth = 0
+        self._module_depth: dict[Path, int] = {}  # import level of each module (the script's own imports: 1)
         self.module_frame = Frame(
             id=next(self._frame_ids), name="<module>", locals={}, lexical=None, node=self.tree, file=source.path
         )
+        entry = project.module_of(project.entry) if project is not None else None
+        self.add_source(source, entry)
+        if entry is not None:
+            self._module_frames[entry.path] = self.module_frame
+            self.module_frame.locals["__file__"] = (self.const(str(entry.path), None),)
+        self._file_frames[source.path] = self.module_frame
+
+    def add_source(self, source: SourceFile, module: ModuleFile | None) -> None:
+        self.sources[source.path] = source
+        self._method_class.update(source.index.method_class)
+        if module is not None:
+            self._module_of_file[source.path] = module
+
+    def error(self, message: str) -> None:
+        """Something the interpreter could not follow (it goes on with the next statement)."""
+        self.errors.append(message)
+        self._error_files.append(self.frames[-1].file if self.frames else self.source.path)
+
+    def errors_by_file(self) -> list[tuple[str, str]]:
+        return list(zip(self._error_files, self.errors, strict=True))
+
+    def index_of(self, file: str) -> SourceIndex:
+        return self.sources[file].index
+
+    def module_frame_of(self, file: str) -> Frame:
+        """The global scope of the module a file is."""
+        return self._file_frames.get(file) or self.module_frame
 
     # ------------------------------------------------------------------ driver
 
-    def run(self) -> None:
+    def run(self, also: list[ModuleFile] | tuple[ModuleFile, ...] = ()) -> None:
+        """Walk the script, then what nothing called in it and in the project modules `also` (files the user
+        asked about that the script imports)."""
         self.frames.append(self.module_frame)
         try:
             self.block(self.tree.body)
         finally:
             self.frames.pop()
+        for module in also:
+            self.execute_module(module)
         self.reached = False
-        self._walk_unreached()
+        self._walk_unreached(self.source.path)
+        for module in also:
+            frame = self._module_frames.get(module.path)
+            if frame is not None:
+                self._walk_unreached(frame.file)
 
-    def _walk_unreached(self) -> None:
-        """Walk what the module body never called, callers before callees: a helper that the file calls
+    def _walk_unreached(self, file: str) -> None:
+        """Walk what a module's body never called, callers before callees: a helper that the file calls
         (`self._save_snapshot(epoch)` under `if self.local_rank == 0` in a Trainer used from another file) is then
         entered at its call sites, with their rank guards and arguments, rather than on its own with neither."""
-        called = self.source.index.called_names
-        defs = sorted(self._functions, key=lambda n: (n.name in called, n.lineno, n.col_offset))
-        self.frames.append(self.module_frame)
+        index = self.index_of(file)
+        called = index.called_names
+        defs = sorted(index.functions, key=lambda n: (n.name in called, n.lineno, n.col_offset))
+        self.frames.append(self.module_frame_of(file))
         try:
             for d in defs:
                 if d in self._walked:
@@ -102,9 +158,9 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
                 try:
                     self._walk_entry(d)
                 except RecursionError:
-                    self.errors.append(f"line {d.lineno}: nesting too deep")
+                    self.error(f"line {d.lineno}: nesting too deep")
                 except Exception as exc:  # a bug here must not cost the user the rest of the analysis
-                    self.errors.append(f"line {d.lineno}: {type(exc).__name__}: {exc}")
+                    self.error(f"line {d.lineno}: {type(exc).__name__}: {exc}")
                 finally:
                     del self.ctx[depth[0] :]
                     del self.frames[depth[1] :]
@@ -113,6 +169,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
             self.frames.pop()
 
     def _walk_entry(self, d: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        module_frame = self.frame
         parent = self._method_class.get(d)
         self_obj: Value | None = None
         fobj = self._function_objs.get(d)
@@ -134,7 +191,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
                 instances = [inst]
             self_obj = tuple(instances)
         if fobj is None or fobj.kind != "function":
-            fobj = self._define_function(d, self.module_frame, cls=None, evaluate_defaults=True)
+            fobj = self._define_function(d, module_frame, cls=None, evaluate_defaults=True)
         if fobj.props.get("staticmethod"):
             self_obj = None
         self.call_function(fobj, self.no_args(), d, self_obj=self_obj)
@@ -153,10 +210,13 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
             file=self.frames[-1].file if self.frames else self.source.path,
             **kw,
         )
-        if self.ctx and kind in self.PATH_KINDS:
-            path = self._path()
-            if path:
-                obj.props["path"] = path
+        if self.ctx:
+            if kind in self.PATH_KINDS:
+                path = self._path()
+                if path:
+                    obj.props["path"] = path
+            if kind in self.MARKED_KINDS:
+                self.mark_new(obj)
         return obj
 
     def _cond_key(self, c: Ctx) -> tuple[str, int] | None:
@@ -197,18 +257,21 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
 
     def emit(self, kind: str, node: ast.AST, **data: Any) -> Event:
         frames = self.frames
+        top = frames[-1]
+        if top.stack is None:  # the frames under a frame never change while it is on the stack: computed once
+            top.stack = (tuple(f.id for f in frames), tuple(f.call_site for f in frames if f.call_site is not None))
         ev = Event(
             kind=kind,
             node=node,
             line=getattr(node, "lineno", 0) or 0,
             seq=next(self._seq),
             ctx=tuple(self.ctx),
-            frames=tuple(f.id for f in frames),
-            func=frames[-1].name,
+            frames=top.stack[0],
+            func=top.name,
             reached=self.reached,
             data=data,
-            file=frames[-1].file,
-            chain=tuple(f.call_site for f in frames if f.call_site is not None),
+            file=top.file,
+            chain=top.stack[1],
         )
         self.events.append(ev)
         return ev
@@ -238,6 +301,29 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
     def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
         return merge_env(a, b, self.capped)
 
+    def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:
+        """The truth of a test that only reads a parameter of the current call when the caller passed a literal for
+        it (or left its literal default): `if is_training:` in `create_loader(..., is_training=False)` runs one way
+        in this call. Module-level constants and unknown values keep both sides walked."""
+        negate = False
+        node = test_node
+        while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node, negate = node.operand, not negate
+        frame = self.frame
+        fnode = frame.node
+        if (
+            not isinstance(node, ast.Name)
+            or frame.call_site is None
+            or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
+            return None
+        spec = fnode.args
+        params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
+        if node.id not in params or node.id not in frame.locals:
+            return None
+        truth = truth_of(frame.locals[node.id])
+        return None if truth is None else truth != negate
+
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])
 
@@ -253,7 +339,9 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
                     return True
                 guard, self._guard = self._guard, None
                 if guard is not None:
-                    self.ctx.append(Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4]))
+                    self.ctx.append(
+                        Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4], file=self.frame.file)
+                    )
                     pushed += 1
             return False
         finally:
@@ -262,16 +350,18 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
 
     def stmt(self, st: ast.stmt) -> bool:
         self._visits += 1
-        handler = getattr(self, "st_" + type(st).__name__, None)
+        handler = self._st_handlers.get(st.__class__, False)
+        if handler is False:
+            handler = self._st_handlers[st.__class__] = getattr(self, "st_" + st.__class__.__name__, None)
         if handler is None:
             return False
         depth = (len(self.ctx), len(self.frames), len(self._active), self.save_state())
         try:
             return bool(handler(st))
         except RecursionError:
-            self.errors.append(f"line {getattr(st, 'lineno', 0)}: nesting too deep")
+            self.error(f"line {getattr(st, 'lineno', 0)}: nesting too deep")
         except Exception as exc:  # one statement the interpreter does not understand must not end the analysis
-            self.errors.append(f"line {getattr(st, 'lineno', 0)}: {type(exc).__name__}: {exc}")
+            self.error(f"line {getattr(st, 'lineno', 0)}: {type(exc).__name__}: {exc}")
         del self.ctx[depth[0] :]
         del self.frames[depth[1] :]
         del self._active[depth[2] :]
@@ -328,28 +418,11 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
     def st_Nonlocal(self, st: ast.Nonlocal) -> None:
         self.frame.nonlocal_declared.update(st.names)
 
-    def st_Import(self, st: ast.Import) -> None:
-        for alias in st.names:
-            if alias.asname:
-                self.bind_name(alias.asname, (self.new("qual", st, qual=alias.name, label=alias.asname),))
-            else:
-                top = alias.name.split(".")[0]
-                self.bind_name(top, (self.new("qual", st, qual=top, label=top),))
-
-    def st_ImportFrom(self, st: ast.ImportFrom) -> None:
-        module = "." * (st.level or 0) + (st.module or "")
-        for alias in st.names:
-            if alias.name == "*":
-                continue
-            q = f"{module}.{alias.name}" if module and not module.endswith(".") else f"{module}{alias.name}"
-            name = alias.asname or alias.name
-            self.bind_name(name, (self.new("qual", st, qual=q, label=name),))
-
     def st_FunctionDef(self, st: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         frame = self.frame
         cls = frame.cls if frame.is_class_body else None
         closure = frame.lexical if frame.is_class_body else frame
-        fobj = self._define_function(st, closure or self.module_frame, cls=cls, evaluate_defaults=True)
+        fobj = self._define_function(st, closure or self.module_frame_of(frame.file), cls=cls, evaluate_defaults=True)
         self.bind_name(st.name, (fobj,))
 
     st_AsyncFunctionDef = st_FunctionDef
@@ -380,15 +453,20 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
 
     def st_If(self, st: ast.If) -> bool:
         test = self.eval(st.test)
+        fixed = self.parameter_truth(st.test, test)
+        if fixed is not None:  # this call site fixes which way it goes
+            return self.block(st.body if fixed else st.orelse)
         scope = None
         if is_main_guard(st.test):
+            if self.frame.file != self.source.path:
+                return self.block(st.orelse)  # an imported module's `__main__` block never runs
             kind, info, else_info = None, None, None
         else:
             kind, info, else_info, scope = self.classify_branch(test, st.test)
         frame = self.frame
         before = dict(frame.locals)
         if kind:
-            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test))
+            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
         try:
             ended_body = self.block(st.body)
         finally:
@@ -397,7 +475,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
         after_body = frame.locals
         frame.locals = dict(before)
         if kind:
-            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test))
+            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
         try:
             ended_else = self.block(st.orelse)
         finally:
@@ -425,7 +503,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
         element = self.element_of(iterable, st)
         frame = self.frame
         before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, info, frame.id))
+        self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
         try:
             self.bind(st.target, element)
             self.block(st.body)
@@ -440,7 +518,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
         test = self.eval(st.test)
         frame = self.frame
         before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test))
+        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test, file=self.frame.file))
         try:
             self.block(st.body)
         finally:
@@ -459,7 +537,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
                     if entered is not None and (o.kind != "ctx" or entered[0] not in kinds_here):
                         if o.kind == "ctx":
                             kinds_here.add(entered[0])
-                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id))
+                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id, file=self.frame.file))
                         pushed += 1
                 if item.optional_vars is not None:
                     self.bind(
@@ -474,7 +552,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
 
     def st_Try(self, st: ast.Try) -> bool:
         frame = self.frame
-        self.ctx.append(Ctx("try", st, None, frame.id))
+        self.ctx.append(Ctx("try", st, None, frame.id, file=self.frame.file))
         try:
             self.block(st.body)
         finally:
@@ -484,7 +562,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
             frame.locals = dict(after_body)
             if handler.name:
                 self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
-            self.ctx.append(Ctx("try", handler, None, frame.id))
+            self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
             try:
                 self.block(handler.body)
             finally:
@@ -503,7 +581,7 @@ class Interpreter(BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
         merged = dict(before)
         for i, case in enumerate(st.cases):
             frame.locals = dict(before)
-            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i))
+            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
             try:
                 self.block(case.body)
             finally:

@@ -49,6 +49,34 @@ class Args:
         return union(*self.pos, *self.kw.values())
 
 
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def walk(tree: ast.AST) -> list[ast.AST]:
+    """Every node of a tree in `ast.walk`'s breadth-first order, without the load/store context markers: a
+    plain list built in one loop (about twice as fast as `ast.walk`, which the index was spending most time in)."""
+    out: list[ast.AST] = [tree]
+    push = out.append
+    fields_of = _CHILD_FIELDS
+    i = 0
+    while i < len(out):
+        node = out[i]
+        i += 1
+        t = type(node)
+        names = fields_of.get(t)
+        if names is None:
+            names = fields_of[t] = tuple(f for f in t._fields if f != "ctx")
+        for name in names:
+            v = getattr(node, name, None)
+            if type(v) is list:
+                for x in v:
+                    if isinstance(x, ast.AST):
+                        push(x)
+            elif isinstance(v, ast.AST):
+                push(v)
+    return out
+
+
 class SourceIndex:
     """Facts about one file's tree gathered in a single walk, shared by the interpreter, the semantic model and
     the rules (each used to walk the whole tree again; on a 4,000-line script each walk cost as much as the
@@ -65,11 +93,12 @@ class SourceIndex:
         self.called_names: set[str] = set()
         self.with_items: list[ast.withitem] = []
         self.imports: set[str] = set()
+        self.import_specs: list[tuple[str, int, tuple[str, ...]]] = []  # (module, level, names imported from it)
         self.strings: set[str] = set()
         parts: list[str] = []
         docstrings: set[int] = set()
         append = parts.append
-        for node in ast.walk(tree):
+        for node in walk(tree):
             t = type(node)
             if t is ast.Name:
                 append(node.id)
@@ -111,9 +140,11 @@ class SourceIndex:
                 self.bound_names.add((node.asname or node.name).split(".")[0])
             elif t is ast.Import:
                 self.imports.update(a.name for a in node.names)
+                self.import_specs.extend((a.name, 0, ()) for a in node.names)
             elif t is ast.ImportFrom:
                 if node.module:
                     self.imports.add(node.module)
+                self.import_specs.append((node.module or "", node.level or 0, tuple(a.name for a in node.names)))
             elif t is ast.withitem:
                 self.with_items.append(node)
         self._parts = parts
@@ -139,6 +170,35 @@ class SourceFile:
     @cached_property
     def lines(self) -> list[str]:
         return self.source.splitlines()
+
+    @cached_property
+    def top_names(self) -> tuple[frozenset[str], frozenset[str] | None]:
+        """(names the module's global scope defines, the literal `__all__` or None): what `from m import *`
+        may bind, read from the top-level statements only."""
+        names: set[str] = set()
+        exported: set[str] | None = None
+        stack: list[ast.stmt] = list(self.tree.body)
+        while stack:
+            st = stack.pop()
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(st.name)
+            elif isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            names.add(n.id)
+                            if n.id == "__all__" and isinstance(st.value, (ast.List, ast.Tuple)):
+                                exported = {e.value for e in st.value.elts if isinstance(e, ast.Constant)}
+            elif isinstance(st, (ast.Import, ast.ImportFrom)):
+                for a in st.names:
+                    if a.name != "*":
+                        names.add((a.asname or a.name).split(".")[0])
+            elif isinstance(st, (ast.If, ast.Try, ast.With)):
+                stack.extend(getattr(st, "body", []) + getattr(st, "orelse", []) + getattr(st, "finalbody", []))
+                for h in getattr(st, "handlers", []):
+                    stack.extend(h.body)
+        return frozenset(names), (frozenset(exported) if exported is not None else None)
 
 
 def merge_env(a: dict[str, Value], b: dict[str, Value], cap: Any) -> dict[str, Value]:
