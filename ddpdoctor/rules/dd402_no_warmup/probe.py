@@ -67,8 +67,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"{fmt_num(peak)}): a warmup, whatever implements it"
         ), evidence={"lr_trace": trace[:20]})
         static = _static_scaled(ctx)
-        if static is not None and static.get("file") and static.get("line"):
-            ctx.clear(CODE, site={"file": static["file"], "line": static["line"]},
+        if static is not None and static.file and static.line:
+            ctx.clear(CODE, site={"file": static.file, "line": static.line},
                       reason=f"the lr the ranks stepped with ramps up: {shown} (peak {fmt_num(peak)})")
         return []
     base = ctx.settings.base_lr
