@@ -195,3 +195,28 @@ def test_a_literal_rank_and_the_scripts_own_master_port_are_measured_past(marked
     assert "DD901" not in rules and "went on measuring" in rules["DD104"]["message"]
     steps = report["tables"]["ranks"]["rows"]
     assert [row[3] for row in steps] == [8, 8]
+
+
+def test_scratch_outlives_the_processes_until_the_caller_lets_the_supervisor_go(tmp_path: Path) -> None:
+    """compare-bn reads its ranks' results from the supervisor's scratch directory after they exit: the supervisor
+    must not remove it the moment the last process is gone (it did, and rank 1's results vanished under load)."""
+    from ddpdoctor.probe.supervisor import Command, Supervisor
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = scratch / "result.json"
+    log = str(tmp_path / "out.log")
+    code = f"open({str(result)!r}, 'w').write('{{}}')"
+    sup = Supervisor([Command(argv=[sys.executable, "-c", code], stdout=log, stderr=log)], env=dict(os.environ),
+                     cwd=str(tmp_path), tag=uuid.uuid4().hex, deadline=time.time() + 60, scratch=[str(scratch)])
+    sup.start()
+    try:
+        end = time.monotonic() + 60
+        while sup.poll()[0] is None and time.monotonic() < end:
+            time.sleep(0.02)
+        assert sup.poll() == [0]
+        time.sleep(0.5)  # the supervisor has long seen its only process exit
+        assert result.read_text() == "{}"
+    finally:
+        final = sup.stop()
+    assert final["reason"] == "exited" and not scratch.exists()

@@ -19,7 +19,8 @@ Decisions:
   supervisor's death (PR_SET_PDEATHSIG) and checks the supervisor is still its parent, so a SIGKILL of the
   supervisor itself still takes the run's top processes with it.
 - It removes the run's scratch directories (TMPDIR of the run: multiprocessing's pymp-* folders, elastic's
-  error files) after the last process is gone, also when ddpdoctor was killed. Started with no command at all
+  error files; compare-bn's result files) after the last process is gone and ddpdoctor let it go (its caller may
+  still be reading them), also when ddpdoctor was killed. Started with no command at all
   it is only that: a guard that removes its directories when ddpdoctor lets it go or dies (`guard`), which is
   how a temporary run directory never outlives a killed ddpdoctor.
 - Status goes back on a second pipe as JSON lines: `started` (index, pid), `exited` (index, returncode as
@@ -314,6 +315,7 @@ def main(argv: list[str]) -> int:
             return True
 
     children: dict[int, int] = {}  # pid -> command index
+    deadline = float(spec.get("deadline") or 0)
     reason = "released"
     killed: list[int] = []
     try:
@@ -322,7 +324,6 @@ def main(argv: list[str]) -> int:
                 pid = _spawn(command, spec["cwd"], me)
                 children[pid] = index
                 report({"event": "started", "index": index, "pid": pid})
-            deadline = float(spec.get("deadline") or 0)
             while True:
                 while children:
                     try:
@@ -353,6 +354,11 @@ def main(argv: list[str]) -> int:
                 except ChildProcessError:
                     continue
             report({"event": "exited", "index": children.pop(pid), "returncode": _returncode(st)})
+        if reason == "exited" and spec.get("scratch"):
+            # the caller may still read what its processes left in a scratch directory (compare-bn's results):
+            # those go when it lets us go or dies, not the moment the last process exits
+            while not released(1.0) and not (deadline and time.time() > deadline):
+                pass
         for path in spec.get("scratch") or ():
             shutil.rmtree(path, ignore_errors=True)
     report({"event": "stopped", "reason": reason, "killed": killed, "subreaper": subreaper})
