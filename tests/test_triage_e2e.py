@@ -36,6 +36,7 @@ CASES = {
     "accumulation4": (("likely", "DD215", None), set(), []),
     "clean": (None, set(), []),
     "plain_bn_small": (("ruled_out", "DD204", "syncbn"), set(), []),
+    "port_checkpoint": (("both_arms", "DD501", None), set(), []),
 }
 SPEC_CAUSE_KEYS = {"cause", "rule", "verdict", "favours", "measured", "message", "fix"}
 
@@ -81,6 +82,10 @@ def test_triage_fixture_verdict(tmp_path: Path, name: str) -> None:
         assert (first["verdict"], first["rule"]) == (verdict, rule), [(c["verdict"], c["rule"]) for c in tri["causes"]]
         if favours is not None:
             assert first["favours"] == favours
+    if first["verdict"] == "both_arms":  # a port cause ranks as a row; the headline answers the SyncBN question first
+        assert tri["headline"].startswith("No SyncBN-specific defect found"), tri["headline"]
+        answer_ends = min(i for i in (tri["headline"].find(";"), tri["headline"].find(":")) if i > 0)
+        assert tri["headline"].index(first["rule"]) > answer_ends, tri["headline"]
     if name in ("torch_syncbn_unequal", "naive_syncbn"):
         verdicts = applied_verdicts(keep / "arm-A")
         assert verdicts and all(v.measured_channels > 0 for v in verdicts)
