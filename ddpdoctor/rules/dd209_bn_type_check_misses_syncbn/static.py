@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn import CODE
+from ddpdoctor.static.engine.support import walk
 from ddpdoctor.static.model import ScriptModel
 
 EXACT = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
@@ -84,11 +85,11 @@ def _strings(node: ast.AST) -> list[str] | None:
 def _converters(tree: ast.Module) -> set[int]:
     """ids of the nodes inside functions that build SyncBatchNorm (converters select the plain layers)."""
     inside: set[int] = set()
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-            isinstance(n, ast.Call) and _class_name(n.func) == "SyncBatchNorm" for n in ast.walk(fn)
+            isinstance(n, ast.Call) and _class_name(n.func) == "SyncBatchNorm" for n in walk(fn)
         ):
-            inside |= {id(n) for n in ast.walk(fn)}
+            inside |= {id(n) for n in walk(fn)}
     return inside
 
 
@@ -97,7 +98,7 @@ def exact_class_tests(tree: ast.Module) -> Iterator[tuple[int, str]]:
     constants = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
                  for t in n.targets if isinstance(t, ast.Name)}
     skip = _converters(tree)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if id(node) in skip:
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \

@@ -22,13 +22,14 @@ from collections.abc import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
+from ddpdoctor.static.engine.support import walk
 from ddpdoctor.static.model import ScriptModel
 
 APEX = "convert_syncbn_model"
 
 
 def _builds_syncbn(fn: ast.FunctionDef) -> bool:
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if isinstance(n, ast.Call):
             f = n.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
@@ -39,7 +40,7 @@ def _builds_syncbn(fn: ast.FunctionDef) -> bool:
 
 def _reuses_weight(fn: ast.FunctionDef) -> bool:
     """`x.weight = y.weight` somewhere in the body (torch's and timm's way)."""
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if isinstance(n, ast.Assign) and len(n.targets) == 1:
             t, v = n.targets[0], n.value
             if (isinstance(t, ast.Attribute) and t.attr == "weight" and isinstance(v, ast.Attribute)
@@ -49,7 +50,7 @@ def _reuses_weight(fn: ast.FunctionDef) -> bool:
 
 
 def cloning_converters(tree: ast.Module) -> set[str]:
-    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _builds_syncbn(n)
+    return {n.name for n in walk(tree) if isinstance(n, ast.FunctionDef) and _builds_syncbn(n)
             and not _reuses_weight(n)}
 
 
@@ -59,17 +60,31 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _chain(node: ast.AST) -> str | None:
+    """`a.b.c` for a chain of attributes on a name (what ast.unparse gives for it, without unparsing), else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
 def _optimizer_over(node: ast.AST) -> set[str]:
     """Names whose .parameters()/.named_parameters() an optimizer construction takes."""
     if not isinstance(node, ast.Call):
         return set()
     f = node.func
-    dotted = ast.unparse(f)
+    dotted = _chain(f)
+    if dotted is None:
+        dotted = ast.unparse(f)
     if not (dotted.startswith(("torch.optim.", "optim.")) or (isinstance(f, ast.Name) and f.id in (
             "SGD", "Adam", "AdamW", "RMSprop", "LARS", "LAMB", "Adagrad"))):
         return set()
     out = set()
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
                 "parameters", "named_parameters"):
             root = _root(n.func.value)
@@ -92,22 +107,30 @@ def _conversion(node: ast.AST, local: set[str]) -> tuple[str, str] | None:
 
 def _bodies(tree: ast.Module) -> Iterator[list[ast.stmt]]:
     yield tree.body
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield n.body
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     local = cloning_converters(script.tree)
+    # a statement's calls are looked at once per body that holds it (a method's in the class's module body too):
+    # what each call is, is worked out once
+    optimizers: dict[int, set[str]] = {}
+    conversions: dict[int, tuple[str, str] | None] = {}
     for body in _bodies(script.tree):
         optimised: dict[str, int] = {}
         for stmt in body:
-            for node in ast.walk(stmt):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                    continue
-                for name in _optimizer_over(node):
+            for node in walk(stmt):
+                if type(node) is not ast.Call:
+                    continue  # both tests below look at calls only
+                key = id(node)
+                if key not in optimizers:
+                    optimizers[key] = _optimizer_over(node)
+                    conversions[key] = _conversion(node, local)
+                for name in optimizers[key]:
                     optimised.setdefault(name, node.lineno)
-                conv = _conversion(node, local)
+                conv = conversions[key]
                 if conv is None or conv[0] not in optimised:
                     continue
                 name, converter = conv
