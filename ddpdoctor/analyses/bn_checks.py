@@ -324,7 +324,9 @@ def effective_samples(samples: np.ndarray, total_var: np.ndarray, between_var: n
 
 def effective_samples_interval(samples: np.ndarray, total_var: np.ndarray, between_var: np.ndarray,
                                draws: int = 200, seed: int = 0) -> tuple[float, float, float]:
-    """(median over channels of n_eff, 5% and 95% bootstrap quantiles of it, resampling forwards)."""
+    """(median over channels of n_eff, 5% and 95% bootstrap quantiles of it, resampling forwards). The draws are
+    computed together (one array per chunk of draws, not a Python loop): triage reads this for every layer of
+    every rank."""
     samples = np.asarray(samples, dtype=np.float64)
     tv, bv = np.asarray(total_var, dtype=np.float64), np.asarray(between_var, dtype=np.float64)
     point = float(np.median(effective_samples(samples, tv, bv)))
@@ -332,12 +334,20 @@ def effective_samples_interval(samples: np.ndarray, total_var: np.ndarray, betwe
     if f < 3:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
+    idx = rng.integers(0, f, (draws, f))
+    weighted = samples[:, None] * tv  # [f, c]
+    chunk = max(1, BOOTSTRAP_VALUES // max(f * tv.shape[1], 1))
     boots = []
-    for _ in range(draws):
-        idx = rng.integers(0, f, f)
-        boots.append(float(np.median(effective_samples(samples[idx], tv[idx], bv[idx]))))
-    lo, hi = np.quantile(boots, [0.05, 0.95])
+    for start in range(0, draws, chunk):
+        rows = idx[start: start + chunk]
+        num, den = weighted[rows].sum(1), bv[rows].sum(1)  # [draws, c]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boots.append(np.median(1.0 + np.where(den > 0, num / den, np.inf), axis=1))
+    lo, hi = np.quantile(np.concatenate(boots), [0.05, 0.95])
     return point, float(lo), float(hi)
+
+
+BOOTSTRAP_VALUES = 4_000_000  # float64 values one chunk of bootstrap draws may hold (32 MB)
 
 
 @dataclass
@@ -374,8 +384,9 @@ def sample_moments(run: RunData) -> list[SampleLayer]:
     return list(layers.values())
 
 
-def layer_effective_samples(layer: SampleLayer) -> dict[int, dict[str, float]]:
-    """rank → {n_eff, lo, hi, samples, values} for one layer (median over channels, bootstrap interval)."""
+def layer_effective_samples(layer: SampleLayer, interval: bool = True) -> dict[int, dict[str, float]]:
+    """rank → {n_eff, lo, hi, samples, values} for one layer (median over channels, bootstrap interval; lo and hi
+    are NaN with `interval=False`, for an arm whose point estimate only is compared)."""
     out: dict[int, dict[str, float]] = {}
     for rank, rec in layer.per_rank.items():
         if not rec["samples"]:
@@ -383,7 +394,11 @@ def layer_effective_samples(layer: SampleLayer) -> dict[int, dict[str, float]]:
         channels = {t.size for t in rec["tv"]}
         if len(channels) != 1:
             continue
-        point, lo, hi = effective_samples_interval(np.array(rec["samples"]), np.stack(rec["tv"]), np.stack(rec["bv"]))
+        samples, tv, bv = np.array(rec["samples"]), np.stack(rec["tv"]), np.stack(rec["bv"])
+        if interval:
+            point, lo, hi = effective_samples_interval(samples, tv, bv)
+        else:
+            point, lo, hi = float(np.median(effective_samples(samples, tv, bv))), float("nan"), float("nan")
         out[rank] = {"n_eff": point, "lo": lo, "hi": hi, "samples": float(np.median(rec["samples"])),
                      "values": float(np.median(rec["count"]))}
     return out

@@ -53,7 +53,8 @@ def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool, g_arm: Arm |
         rows.append({"layer": layer.name, "group": g, "samples": samples, "values": values, "n_eff": local,
                      "n_eff_lo": lo, "n_eff_hi": hi, "n_eff_sync": local * g})
     if p is not None:
-        p_rows = {lay.name: bn_checks.layer_effective_samples(lay) for lay in bn_checks.sample_moments(p.ctx.run)}
+        p_rows = {lay.name: bn_checks.layer_effective_samples(lay, interval=False)
+                  for lay in bn_checks.sample_moments(p.ctx.run)}
         for row in rows:
             pr = p_rows.get(row["layer"]) or {}
             if pr:

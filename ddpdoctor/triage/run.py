@@ -165,7 +165,7 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
              overrides: dict[str, Any] | None) -> tuple[Report, dict]:
     """Analyse each arm's run directory (its recorded settings, replaced by `overrides`), decide the verdicts, and
     build the report; `check` gives the arms' settings (base_batch...) and --select/--ignore."""
-    from ddpdoctor.analyses import analyze_run, build_context
+    from ddpdoctor.analyses import analyze_context, build_context
     from ddpdoctor.causes import fold_consequences
     from ddpdoctor.check import filter_findings, merge_static_and_probe
     from ddpdoctor.triage.model import TRIAGE_RULES, Arm
@@ -179,10 +179,11 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
         if name not in layout["arm_dirs"]:
             continue
         d = base / layout["arm_dirs"][name]
-        analysis = analyze_run(d, overrides=overrides)
+        ctx = build_context(d, overrides)
+        analysis = analyze_context(ctx)
         analyses[name] = analysis
         arms.append(Arm(name=name, what=_what(name, mirror, layout.get("group_size"), sync, plain),
-                        ctx=build_context(d, overrides), findings=list(analysis.findings),
+                        ctx=ctx, findings=list(analysis.findings),
                         as_written=name == written_name, mirror=mirror))
     written = next(arm for arm in arms if arm.as_written)
     result = triage(arms, written.ctx.settings) if (sync or plain) else None
