@@ -79,7 +79,12 @@ def analyze_run(run_dir: Path | Sequence[Path], *, overrides: Mapping[str, Any] 
     """Findings, environment, notes and tables for a recorded run (one directory, or one per node), its recorded
     settings replaced by `overrides` (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...).
     A bad or non-run directory → UsageError."""
-    ctx = build_context(run_dir, overrides)
+    return analyze_context(build_context(run_dir, overrides))
+
+
+def analyze_context(ctx: RunContext) -> AnalysisResult:
+    """`analyze_run` on a context already built: `ddpdoctor triage` reads each arm's run once and compares the
+    arms on the same context (its loaded events and memoised BN tables) that the analyses filled."""
     findings: list[Finding] = []
     for module in analyses():
         try:

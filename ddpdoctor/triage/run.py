@@ -165,9 +165,11 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
              overrides: dict[str, Any] | None) -> tuple[Report, dict]:
     """Analyse each arm's run directory (its recorded settings, replaced by `overrides`), decide the verdicts, and
     build the report; `check` gives the arms' settings (base_batch...) and --select/--ignore."""
-    from ddpdoctor.analyses import analyze_run, build_context
+    from ddpdoctor.analyses import analyze_context, build_context
+    from ddpdoctor.causes import fold_consequences
     from ddpdoctor.check import filter_findings, merge_static_and_probe
-    from ddpdoctor.triage.verdicts import TRIAGE_RULES, Arm, cause_findings, triage
+    from ddpdoctor.triage.model import TRIAGE_RULES, Arm
+    from ddpdoctor.triage.verdicts import cause_findings, triage
 
     written_name, mirror = layout["written"], bool(layout["mirror"])
     sync, plain = int(layout["syncbn_layers"]), int(layout["plain_layers"])
@@ -177,10 +179,11 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
         if name not in layout["arm_dirs"]:
             continue
         d = base / layout["arm_dirs"][name]
-        analysis = analyze_run(d, overrides=overrides)
+        ctx = build_context(d, overrides)
+        analysis = analyze_context(ctx)
         analyses[name] = analysis
         arms.append(Arm(name=name, what=_what(name, mirror, layout.get("group_size"), sync, plain),
-                        ctx=build_context(d, overrides), findings=list(analysis.findings),
+                        ctx=ctx, findings=list(analysis.findings),
                         as_written=name == written_name, mirror=mirror))
     written = next(arm for arm in arms if arm.as_written)
     result = triage(arms, written.ctx.settings) if (sync or plain) else None
@@ -189,8 +192,8 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
     if result is not None and not mirror:
         probe += cause_findings(result, written)
     merged, cleared = merge_static_and_probe(static, probe, wa.clearances, select=check.select, ignore=check.ignore)
-    kept = filter_findings(merged, select=check.select, ignore=check.ignore, base_dir=wa.base_dir,
-                           sources=wa.sources)
+    kept = fold_consequences(filter_findings(merged, select=check.select, ignore=check.ignore,
+                                             base_dir=wa.base_dir, sources=wa.sources))
     notes = list(wa.notes) + cleared + (list(result.notes) if result is not None else [])
     triage_json = _triage_json(result, written, arms, mirror)
     report = Report(script=wa.script, args=tuple(wa.args), environment=dict(wa.environment),
