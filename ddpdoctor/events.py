@@ -543,6 +543,13 @@ EVENT_KINDS: dict[str, EventKind] = {
             env_local_rank="LOCAL_RANK in this process's environment",
         ),
         _k(
+            "parsed_args",
+            "an argparse parser parsed the command line (first parse per parser): its numeric options, so analyses "
+            "can evaluate what the script computed from them (the unscaled lr in `args.lr * args.batch_size / 256`)",
+            values="{dest: value} of the int/float options after parsing (booleans left out; first 64)",
+            site="the parse_args / parse_known_args call in user code",
+        ),
+        _k(
             "env_read",
             "user code read a launcher variable from the environment (first read per variable: LOCAL_RANK)",
             var="the variable",
@@ -613,6 +620,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "no_grad_forwards, eval_forwards}] in bn_layer order; channels 0 = no running statistics",
             stats="blob ref (float64): per layer with channels > 0, running_mean then running_var",
             no_grad_sites="[{file, line, forwards}]: model forwards with BN in training mode and no grad, per site",
+            eval_no_grad_sites="[{file, line, forwards}]: model forwards with BN in eval mode and no grad, per site "
+            "(evaluation done right: what clears a static DD207 suspicion there)",
         ),
         # --- data, optimisation, checkpoints (probe/recorders/rng.py, dataset.py, optim_health.py, checkpoint.py;
         #     issue 4 areas "Data", "Optimisation", "Checkpoints": DD303-DD306, DD402-DD406, DD501-DD503)

@@ -13,8 +13,13 @@ reported, with what the ranks did with it (their devices: DD105 folds under this
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="the --local_rank option as every rank parsed it under torchrun, and the script's own reads of LOCAL_RANK",
+)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -33,14 +38,19 @@ def analyze(ctx: RunContext) -> list[Finding]:
     option = (first.get("option_strings") or ["--local_rank"])[0]
     if reads and not injected:
         read = next(iter(reads.values()))
-        ctx.clear(
+        ctx.measured(
             CODE,
+            run_wide=True,
             reason=f"the script reads LOCAL_RANK from the environment itself (at {ctx.at(read.get('site'))}, on "
             f"{len(reads)} of {len(per_rank)} ranks), so {option} is only a fallback",
             evidence={"env_read": read.get("site")},
         )
         return []
     if falls_back and len(per_rank) > 1:
+        ctx.measured(CODE, run_wide=True, reason=(
+            f"{option}'s default was each rank's LOCAL_RANK ("
+            + ", ".join(f"rank {r}: {e.get('default')}" for r, e in per_rank.items()) + ")"
+        ))
         return []
     defaults = sorted({str(e.get("default")) for e in per_rank.values()})
     if first.get("required"):
