@@ -3,17 +3,20 @@ contract). Records where it is declared, its default and the parsed value, so DD
 falls back to LOCAL_RANK (the default differs per rank) or would give every rank the same value under torchrun;
 and the first read of LOCAL_RANK from the environment by user code (a helper module such as timm's
 `init_distributed_device` reads it after parsing), so DD108 knows the script does not depend on the option.
-Needs no torch: installed before the script starts."""
+Also the numeric options every parser parsed (`parsed_args`): DD402 evaluates the scaling expression static analysis
+saw (`args.lr * args.batch_size / 256`) with them. Needs no torch: installed before the script starts."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from ddpdoctor.probe.session import Probe
 
 NAME = "cli_args"
 SPELLINGS = ("--local_rank", "--local-rank")
+MAX_VALUES = 64  # numeric options kept per parser
 
 
 def _json(value: Any) -> Any:
@@ -23,6 +26,7 @@ def _json(value: Any) -> Any:
 def install(probe: Probe) -> None:
     sites: dict[int, Any] = {}
     seen: set[int] = set()
+    parsed: set[int] = set()
 
     def make_add(orig):
         def add_argument(self, *args: Any, **kwargs: Any) -> Any:
@@ -36,6 +40,9 @@ def install(probe: Probe) -> None:
     def make_parse(orig):
         def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
             result = orig(self, *args, **kwargs)
+            if id(self) not in parsed:
+                parsed.add(id(self))
+                probe.safely("parsed_args", _record_values, probe, result, probe.site())
             if id(self) not in seen:
                 probe.safely("local_rank_arg", _record, probe, self, result, sites, seen)
             return result
@@ -116,6 +123,16 @@ def _record(probe: Probe, parser: argparse.ArgumentParser, result: Any, sites: d
             env_local_rank=_local_rank_env(),
         )
         return
+
+
+def _record_values(probe: Probe, result: Any, site: Any) -> None:
+    namespace = result[0] if isinstance(result, tuple) else result
+    values = {
+        k: v for k, v in vars(namespace).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    if values:
+        probe.emit("parsed_args", values=dict(list(values.items())[:MAX_VALUES]), site=site)
 
 
 def _local_rank_env() -> Any:
