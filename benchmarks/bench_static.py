@@ -301,25 +301,27 @@ from common import is_main_process, reduce_mean, save_on_master
 
 
 def generate_project(target_lines: int, files: int) -> dict[str, str]:
-    """{file name: source}: `common.py` (the shared helpers), `files - 2` experiment modules, and `main.py`."""
+    """{file name: source}: `common.py` (the shared helpers), `files - 2` experiment modules, and `main.py`, about
+    `target_lines` lines in all."""
     header = _HEADER.format(sections=0)
     common = header[header.index("import argparse") :]
-    per_file = max(1, round(target_lines / (files - 2) / _SECTION.format(k=0, width=8).count("\n")))
+    modules = files - 2
+    file_header = '"""Experiments of module {f}."""\n\n' + _COMMON_IMPORTS
+    lines = common.count("\n") + modules * file_header.count("\n")
+    sections: list[str] = []
+    while lines < target_lines or len(sections) < modules:
+        k = len(sections)
+        section = _SECTION.format(k=k, width=8 + 4 * (k % 4))
+        if k % 3 == 2:
+            section += _BUGGY.format(k=k)
+        sections.append(section)
+        lines += section.count("\n") + 2  # and its import and call in main.py
     out = {"common.py": common}
-    k = 0
-    entry_imports = []
-    for f in range(files - 2):
-        sections = []
-        for _ in range(per_file):
-            section = _SECTION.format(k=k, width=8 + 4 * (k % 4))
-            if k % 3 == 2:
-                section += _BUGGY.format(k=k)
-            sections.append(section)
-            entry_imports.append((f, k))
-            k += 1
-        out[f"exp{f}.py"] = f'"""Experiments of module {f}."""\n\n' + _COMMON_IMPORTS + "".join(sections)
-    imports = "".join(f"from exp{f} import main_{i}\n" for f, i in entry_imports)
-    calls = "".join(f"    main_{i}()\n" for _, i in entry_imports)
+    for f in range(modules):
+        mine = range(f, len(sections), modules)
+        out[f"exp{f}.py"] = file_header.format(f=f) + "".join(sections[k] for k in mine)
+    imports = "".join(f"from exp{k % modules} import main_{k}\n" for k in range(len(sections)))
+    calls = "".join(f"    main_{k}()\n" for k in range(len(sections)))
     out["main.py"] = (
         '"""Entry script: runs every experiment."""\n\n' + imports + '\n\nif __name__ == "__main__":\n' + calls
     )

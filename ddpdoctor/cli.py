@@ -141,6 +141,68 @@ def check(
     _render_and_exit(report, fmt, output, opts.fail_on)
 
 
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def triage(
+    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`.", show_default=False
+    ),
+    arms: Optional[str] = typer.Option(
+        None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."
+    ),
+    group_size: Optional[int] = typer.Option(None, "--group-size", min=1, help="Ranks per SyncBN subgroup (arm G)."),
+    seed: int = typer.Option(0, "--seed", help="Seed every arm starts from (seed + rank), for scripts that set none."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs observed per arm (default 3)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Steps kept per epoch (default 10)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for each arm's probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
+) -> None:
+    """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+    from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
+
+    fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    dev = _choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    opts = resolve_options(
+        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
+        lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(script_args or ()),
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs or DEFAULT_EPOCHS,
+        steps=steps or DEFAULT_STEPS,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=keep_run,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+    )
+    if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
+        raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple "
+                         "of G (SyncBN over subgroups smaller than the world)")
+    report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
+    _render_and_exit(report, fmt, output, opts.fail_on)
+
+
 @app.command()
 def report(
     run_dirs: List[Path] = typer.Argument(
@@ -166,6 +228,16 @@ def report(
         base_batch=base_batch,
         lr_scaling=lr_scaling,
     )
+    from ddpdoctor.triage.run import is_triage_dir, report_triage
+
+    if len(run_dirs) == 1 and run_dirs[0].is_dir() and is_triage_dir(run_dirs[0]):  # `triage --keep-run DIR`
+        from ddpdoctor.config import CheckConfig
+
+        cfg = CheckConfig(script=Path("-"), select=opts.select, ignore=opts.ignore)
+        overrides = {k: v for k, v in (("base_lr", opts.base_lr), ("base_batch", opts.base_batch),
+                                       ("lr_scaling", opts.lr_scaling), ("small_bn_batch", opts.small_bn_batch))
+                     if v is not None}
+        _render_and_exit(report_triage(run_dirs[0], cfg, overrides), fmt, output, opts.fail_on)
     rep = report_run(
         list(run_dirs),
         select=opts.select,

@@ -74,6 +74,8 @@ META_KEYS = {
     "python": "Python version of the launcher",
     "host": "host name",
     "started": "start time (seconds since the epoch)",
+    "arm": "`ddpdoctor triage` runs only: the arm's probe settings {arm, bn_mode, bn_convert, bn_group_size, seed} "
+    "(ddpdoctor.probe.arms)",
 }
 
 
@@ -623,6 +625,83 @@ EVENT_KINDS: dict[str, EventKind] = {
             eval_no_grad_sites="[{file, line, forwards}]: model forwards with BN in eval mode and no grad, per site "
             "(evaluation done right: what clears a static DD207 suspicion there)",
         ),
+        # --- BN conversion and applied statistics (probe/recorders/bn_conversion.py, bn_applied.py; DD208-DD212, DD216)
+        _k(
+            "bn_conversion",
+            "a plain BatchNorm layer was replaced by a SyncBN-like layer (any converter: torch's, a library's, the "
+            "script's own); written at the first optimizer step after the replacement (or at the end)",
+            n="conversion number in this process",
+            name="qualified name of the layer in the DDP-wrapped module (else parent class.child)",
+            parent_class="class of the module the layer was registered on",
+            child="attribute name on the parent",
+            site="user line that registered the replacement",
+            before="attributes of the original layer: {cls, module, own_forward (the class defining a non-standard "
+            "forward, or null), training, momentum, eps, affine, track_running_stats, weight_requires_grad, "
+            "bias_requires_grad}",
+            after="the same of the replacement when it was registered",
+            at_step="the same of the replacement at this event",
+            step="optimizer steps completed",
+            at_first_step="written at an optimizer step (false: at the end of the run)",
+            in_model="the parent still holds the replacement",
+            same_params="{weight, bias}: the replacement uses the original's Parameter objects (false: cloned)",
+            same_buffers="{running_mean, running_var}: the replacement uses the original's buffers",
+            optimizer_new="{weight, bias}: {opt, group, lr, weight_decay, momentum} of the optimizer group holding "
+            "the replacement's parameter, or null when no optimizer holds it",
+            optimizer_original="the same for the original layer's parameters",
+            optimizers="live optimizers",
+            equivalence="ddpdoctor.bn.equivalence.compare_functions at the replacement's first forward: {status "
+            "'measured' | 'not_measurable', reason, step, input_shape, dtype, train: {equal, max_abs, rel, "
+            "tolerance}, eval: {...}, equal}, or null when the layer never ran",
+        ),
+        _k(
+            "bn_applied",
+            "per-channel input/output moments of the first gradient-enabled training forwards of every BatchNorm "
+            "layer in the first optimizer steps, from which the statistics the layer applied are recovered",
+            step="optimizer steps completed before these forwards",
+            forwards="columns, one entry per forward: name, cls, channels, samples, count (values per channel), eps, "
+            "affine, momentum, sync_like (SyncBN-like class), synced (its process group has more than one rank; "
+            "null: unknown), group_ranks (global ranks of its process group, null for plain BN), local_mode "
+            "(normalised with per-rank statistics: triage arm L or an in-process check), dtype (of the output)",
+            moments="blob ref (float64): per forward, 7 x channels values: input mean, input biased variance, "
+            "output mean, output biased variance, input/output covariance, weight (1 without affine), bias (0)",
+        ),
+        # --- triage arms (probe/arms.py, probe/recorders/bn_triage.py; `ddpdoctor triage`)
+        _k("arm", "this process runs a triage arm", arm="arm name: A | L | P | G", bn_mode="'' | local | plain | group",
+           bn_convert="plain BN converted to SyncBN when DDP wraps the model (mirror arms)",
+           group_size="G arm: ranks per SyncBN subgroup", seed="seed + rank every generator started from (-1: none)"),
+        _k("arm_switch", "the arm changed something the script did (first events per kind of change)",
+           what="'conversion undone' | 'built as BatchNorm' | 'subgroups' | 'converted to SyncBatchNorm'",
+           arm="arm name", count="occurrences of this kind so far", site="user line",
+           converter="converter or class involved", layers="layers concerned", layer="child name",
+           kept="class of the layer kept", num_features="channels", groups="subgroups (global ranks)",
+           group_size="ranks per subgroup"),
+        _k("triage_pairing", "digests that tell whether two arms started from the same weights and saw the same "
+           "batches", what="'initial_params' (before the first optimizer step) | 'batch' (inputs of a training "
+           "forward through DDP)", digest="blake2b of the tensors' bytes", source="'ddp' | 'optimizer'",
+           tensors="parameter tensors", n="training DDP forward number (1-based)", step="optimizer steps completed",
+           shapes="shapes of the first input tensors"),
+        _k("bn_samples", "per-sample channel moments of the gradient-enabled training forwards of one step (triage)",
+           step="optimizer steps completed before these forwards",
+           forwards="columns: name, samples (batch size), count (values per channel), channels",
+           moments="blob ref (float64): per forward, the input's biased variance per channel, then the unbiased "
+           "variance across samples of the per-sample channel means"),
+        _k("bn_attrs", "BatchNorm layer attributes and optimizer membership at an optimizer step (triage): every "
+           "layer at the first step, then the layers that changed", step="optimizer steps completed",
+           full="the event lists every layer", total="BatchNorm layers in the model",
+           layers="{name: {cls, module, own_forward, training, momentum, eps, affine, track_running_stats, "
+           "weight_requires_grad, bias_requires_grad, weight_optimizer, bias_optimizer}}; *_optimizer = {opt, "
+           "group, lr, weight_decay, momentum} or null"),
+        _k("bn_population", "PreciseBN-style population statistics at the final weights on the last training "
+           "batches (triage, at the end)", ok="measured", reason="why not", step="optimizer steps completed",
+           layers="[{name, channels, batches, eps, momentum, batches_tracked}]",
+           stats="blob ref (float64): per layer, the running mean and variance the layer holds, this rank's "
+           "population mean and variance (cumulative average of the batch means and unbiased variances), the "
+           "population mean and variance over every rank's held batches (= this rank's when not pooled), then "
+           "the batch means (batches x channels)",
+           pooled="the population statistics of all ranks were exchanged (through the store, with a deadline)",
+           batches="held batches", batch_samples="samples in each held batch",
+           eval_output_shift="||y_running - y_population|| / ||y_population|| of the eval-mode output on the last "
+           "held batch (first output tensor), with the population statistics of all ranks, or null"),
         # --- data, optimisation, checkpoints (probe/recorders/rng.py, dataset.py, optim_health.py, checkpoint.py;
         #     issue 4 areas "Data", "Optimisation", "Checkpoints": DD303-DD306, DD402-DD406, DD501-DD503)
         _k(

@@ -35,6 +35,15 @@ EXPECTED = [
     ("DD205", "syncbn-needs-cuda", "info", True, True),
     ("DD206", "collective-on-subset", "high", True, True),
     ("DD207", "eval-in-train-mode", "medium", True, True),
+    ("DD208", "conversion-changed-function", "critical", False, True),
+    ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
+    ("DD210", "frozen-bn-unfrozen", "high", False, True),
+    ("DD211", "syncbn-stats-wrong", "high", False, True),
+    ("DD212", "syncbn-scope", "high", False, True),
+    ("DD213", "stale-running-stats", "info", False, True),
+    ("DD214", "bn-train-test-inconsistency", "low", False, True),
+    ("DD215", "micro-batch-bn", "low", False, True),
+    ("DD216", "bn-params-not-trained", "critical", True, True),
     ("DD301", "sampler-not-reshuffled", "high", True, True),
     ("DD302", "missing-distributed-sampler", "high", True, True),
     ("DD303", "eval-sampler-padding", "low", True, True),
@@ -60,15 +69,6 @@ EXPECTED = [
 # that holds the implementation against this table treats that row as pending, not as a failure." A pending row
 # moves into EXPECTED (at its place in code order) when the rule lands in the catalog.
 PENDING = [
-    ("DD208", "conversion-changed-function", "critical", False, True),
-    ("DD209", "bn-type-check-misses-syncbn", "high", True, True),
-    ("DD210", "frozen-bn-unfrozen", "high", False, True),
-    ("DD211", "syncbn-stats-wrong", "high", False, True),
-    ("DD212", "syncbn-scope", "high", False, True),
-    ("DD213", "stale-running-stats", "info", False, True),
-    ("DD214", "bn-train-test-inconsistency", "low", False, True),
-    ("DD215", "micro-batch-bn", "low", False, True),
-    ("DD216", "bn-params-not-trained", "critical", True, True),
     ("DD904", "nothing-observed", "high", False, True),
 ]
 

@@ -203,6 +203,20 @@ def test_demo_sorted(demo_sorted):
 
 
 @pytest.mark.slow
+def test_reduce_mode_is_biased_low_when_the_ranks_means_differ(demo_sorted, demo_iid):
+    """timm's --dist-bn reduce averages the ranks' running statistics: the means average right, the variances lose
+    the spread between the ranks' means, so on sorted shards running_var is biased low and SyncBN is not."""
+    sorted_bias = [layer.reduce_var_bias for layer in demo_sorted.layers]
+    assert min(sorted_bias) < -0.03, sorted_bias  # the first layer, where the shards' means differ most
+    for layer in demo_sorted.layers:
+        assert layer.running_var_rel_err["local_reduce"] > 1e3 * layer.running_var_rel_err["sync"]
+        assert layer.rank_spread["running_var"]["local_reduce"] == 0.0  # every rank holds the average
+    stem_iid = demo_iid.layers[0].reduce_var_bias
+    assert abs(stem_iid) < abs(demo_sorted.layers[0].reduce_var_bias) / 2, (stem_iid, sorted_bias)
+    assert any("--dist-bn reduce" in line and "biased low" in line for line in demo_sorted.verdict)
+
+
+@pytest.mark.slow
 def test_json_document(demo_sorted):
     doc = json.loads(render_compare(demo_sorted, "json", color=False))
     assert doc["schema"] == "ddpdoctor.compare-bn/1"
@@ -214,7 +228,7 @@ def test_json_document(demo_sorted):
     assert layer["features"] == 16 and layer["norm_batch"]["local"] == 16 and layer["norm_batch"]["sync"] == 32
     assert set(layer["running_mean_rel_err"]) >= {"local", "local_no_broadcast", "sync"}
     assert set(layer["running_var_rel_err"]) >= {"local", "local_no_broadcast", "sync"}
-    assert set(layer["rank_spread"]["running_var"]) == {"local", "local_no_broadcast", "sync"}
+    assert set(layer["rank_spread"]["running_var"]) == {"local", "local_no_broadcast", "local_reduce", "sync"}
     assert "Cauchy" in doc["noniid"]["method"] and doc["noniid"]["p_value"] < 1e-3
     assert doc["noniid"]["statistic"] > 0
     findings = [Finding.from_json(f) for f in doc["findings"]]

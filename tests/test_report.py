@@ -11,13 +11,13 @@ import jsonschema
 import pytest
 
 from ddpdoctor import __version__
+from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.render import render, render_rules
 from ddpdoctor.report.sarif import artifact_location, sarif_log
 from ddpdoctor.report.text import format_ranks, render_text
-from ddpdoctor.rules import get_rule
 
 DATA = Path(__file__).resolve().parent / "data"
 SCHEMA_COPY = DATA / "sarif-schema-2.1.0.json"
@@ -354,7 +354,7 @@ def test_unknown_format_is_a_usage_error(report):
 
 def test_render_rules_json_and_text():
     rules = strict_loads(render_rules("json", color=False))
-    assert len(rules) == 36
+    assert len(rules) == len(RULES)
     dd204 = next(r for r in rules if r["rule"] == "DD204")
     assert dd204["name"] == "syncbn-large-batch" and dd204["severity"] == "low"
     assert dd204["category"] == "batchnorm" and dd204["static"] is False and dd204["probe"] is True

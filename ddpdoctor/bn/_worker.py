@@ -358,6 +358,7 @@ class Rank:
         for mode, fn, broadcast in (
             ("local", local_fn, True),
             ("local_no_broadcast", local_fn, False),
+            ("local_reduce", local_fn, False),
             ("sync", sync_fn, False),
         ):
             set_mode(fn)
@@ -373,6 +374,15 @@ class Rank:
                     forward_or_usage_error(model, batch)
             for h in handles:
                 h.remove()
+            if mode == "local_reduce":
+                # timm's `--dist-bn reduce` (distribute_bn(reduce=True)) at the end of the epoch: every rank's
+                # running_mean and running_var all-reduced and divided by the world size
+                with torch.no_grad():
+                    for _, m in bn_layers:
+                        for buf in (m.running_mean, m.running_var):
+                            if buf is not None:
+                                dist.all_reduce(buf)
+                                buf /= dist.get_world_size()
             self._save_buffers(results, mode, bn_layers)
             if mode == "sync":
                 for name, recs in moments.items():

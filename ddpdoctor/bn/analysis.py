@@ -22,10 +22,11 @@ from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
 
 COMPARE_SCHEMA = "ddpdoctor.compare-bn/1"
-MODES = ("local", "local_no_broadcast", "sync")
+MODES = ("local", "local_no_broadcast", "local_reduce", "sync")
 MODE_LABELS = {
     "local": "local BN (DDP default)",
     "local_no_broadcast": "local BN, no broadcast",
+    "local_reduce": "local BN, running stats averaged over ranks each epoch (timm --dist-bn reduce)",
     "sync": "SyncBN",
 }
 SYNC_MATCH = 1e-4  # SyncBN within this of the reference "matches" (float32 round-off is ~1e-7)
@@ -63,6 +64,9 @@ class LayerComparison:
     rank_spread: dict[str, dict[str, float | None]]
     noniid_p: float | None = None
     noniid_channel: int | None = None
+    # median over channels of (reduce-mode running_var - reference) / reference: the sign says which way the
+    # averaging of per-rank variances is biased (low when the ranks' means differ)
+    reduce_var_bias: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _finite(
@@ -78,6 +82,7 @@ class LayerComparison:
                 "running_mean_shift_sd": self.running_mean_shift_sd,
                 "rank_spread": self.rank_spread,
                 "noniid": {"p_value": self.noniid_p, "channel": self.noniid_channel},
+                "reduce_var_bias": self.reduce_var_bias,
             }
         )
 
@@ -196,6 +201,11 @@ def analyse(
             per_sample = layer_counts[name][0] / np.maximum(np.asarray(sizes[0], dtype=float), 1.0)
             spatial = int(round(float(np.median(per_sample))))
         test = per_layer_test.get(name)
+        reduce_bias = None
+        if tracked and f"local_reduce|{name}|running_var" in arrays[0]:
+            ref_var = ref_arrays[f"reference|{name}|running_var"]
+            got = arrays[0][f"local_reduce|{name}|running_var"]
+            reduce_bias = float(np.median((got - ref_var) / np.maximum(np.abs(ref_var), 1e-30)))
         layers.append(
             LayerComparison(
                 layer=name,
@@ -216,6 +226,7 @@ def analyse(
                 rank_spread=spread,
                 noniid_p=None if test is None else test.p_value,
                 noniid_channel=None if test is None else test.channel,
+                reduce_var_bias=reduce_bias,
             )
         )
 
@@ -396,6 +407,14 @@ def _findings(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) 
     return rank_findings(out)
 
 
+def _reduce_bias(layer: LayerComparison) -> str:
+    """'biased low/high by X%' from the signed bias the reduce mode left in running_var (JSON `reduce_var_bias`)."""
+    bias = layer.reduce_var_bias
+    if bias is None or not math.isfinite(bias) or abs(bias) < 1e-6:
+        return ""
+    return f"biased {'low' if bias < 0 else 'high'} by {fmt_err(abs(bias))} (median over channels)"
+
+
 def _verdict(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) -> list[str]:
     """Plain words: the headline sentence first, then what explains it."""
     s = _summary(layers)
@@ -417,6 +436,18 @@ def _verdict(layers: list[LayerComparison], noniid: Any, plan: dict[str, Any]) -
     else:
         parts.append(f"shards look i.i.d. (p={fmt_p(noniid.p_value)})")
     lines = ["; ".join(parts) + "."]
+    reduce_layer, reduce_err = _worst([lay for lay in layers if lay.tracked], "local_reduce")
+    if reduce_layer is not None:
+        direction = _reduce_bias(reduce_layer)
+        lines.append(
+            f"averaging the ranks' running statistics each epoch (timm --dist-bn reduce) leaves running_var "
+            f"{fmt_err(reduce_err)} off the global-batch value in {reduce_layer.layer}"
+            + (f", {direction}" if direction else "")
+            + ("; SyncBN is exact" if s.sync <= SYNC_MATCH else "")
+            + (": the ranks' means differ, and averaging variances drops the spread between them" if noniid.non_iid
+               else "")
+            + "."
+        )
     if s.var_layer is not None:
         if s.shift_layer is not None and s.shift_local >= LOCAL_ERROR_ALARM / 2:
             lines.append(

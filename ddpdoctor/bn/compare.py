@@ -5,7 +5,10 @@ have computed over the whole global batch, and is the data on the ranks even dra
 
 The command launches N rank processes (`ddpdoctor.bn._worker`: gloo on CPU, NCCL on GPUs). They replay one plan
 of global batches through local BN with DDP's default buffer broadcast, local BN without it, and SyncBN; rank 0
-then runs the exact reference. This process never imports torch: it validates options, launches and supervises
+then runs the exact reference. The "reduce" mode is per-GPU BN whose running statistics are averaged over the ranks
+at the end of the epoch (timm's `--dist-bn reduce`): the ranks' means average correctly, but averaging their
+variances drops the spread between their means, so it is biased low whenever the ranks' data differ. This process
+never imports torch: it validates options, launches and supervises
 the ranks (a rank that fails ends the run with one line; a timeout kills them all), and turns their measurements
 into per-layer errors, the non-i.i.d. test, findings (DD201-DD204) and a verdict (`ddpdoctor.bn.analysis`), which
 `ddpdoctor.report.compare_bn` renders.

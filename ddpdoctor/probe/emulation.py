@@ -52,7 +52,8 @@ Decisions worth knowing:
   concatenated. Replica 0 is the module itself, so its BatchNorm layers normalise over its chunk and only its
   running-statistic updates survive; the other replicas share the parameters (gradients add up as on GPUs) and
   run with copies of the buffers that are then dropped. Python attributes a forward sets on the module persist
-  from replica 0 (on GPUs, replicas are shallow copies and lose them).
+  from replica 0 (on GPUs, replicas are shallow copies and lose them); DataParallel's check that the module sits on
+  device_ids[0] is not made, and the functional `torch.nn.parallel.data_parallel` is not emulated.
 - Not emulated: `torch.device(int)` (raises on a CPU build before any hook can see it), `torch.Generator("cuda")`,
   `torch.cuda.FloatTensor(...)` constructors, CUDA graphs, NVML queries (`utilization`, `temperature`),
   profiling CUDA activities, device meshes and DDP's private mixed precision. `torch.compile` works but

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ddpdoctor.probe import session
+from ddpdoctor.probe import arms, session
 from ddpdoctor.probe.importhook import when_imported
 from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
 from ddpdoctor.probe.settings import ProbeSettings
@@ -17,6 +17,7 @@ from ddpdoctor.world import place_from_env
 def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
     probe = session.start(settings, role)
     install_recorders(probe, EARLY_RECORDERS)
+    arms.seed_process(probe)
     # `import horovod` / `import apex` find ddpdoctor's stand-ins when the real packages are not importable
     probe.safely("stand-in finder", install_finder)
     when_imported("torch", lambda: _torch_imported(probe))
@@ -89,7 +90,16 @@ def _install_torch_side(probe: session.Probe) -> None:
             except Exception as exc:
                 error = f"CUDA emulation failed: {type(exc).__name__}: {exc}"
                 probe.internal_error("emulation", exc)
+    try:
+        arms.install_early(probe)  # inside the recorders: they see the script's calls and the arm's results
+        arms.seed_torch(probe)
+    except Exception as exc:
+        probe.internal_error("arm switches", exc)
     installed = install_recorders(probe, TORCH_RECORDERS)
+    try:
+        arms.install_late(probe)
+    except Exception as exc:
+        probe.internal_error("arm switches (outer)", exc)
     try:
         available, count = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
     except Exception:

@@ -422,10 +422,17 @@ def _clear_attempt(run_dir: Path) -> None:
 
 
 def run_probe(
-    cfg: CheckConfig, run_dir: Path, static_findings: Sequence[Finding] = (), progress: Any = None
+    cfg: CheckConfig,
+    run_dir: Path,
+    static_findings: Sequence[Finding] = (),
+    progress: Any = None,
+    arm: dict[str, Any] | None = None,
 ) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json). `progress`
-    (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch is over."""
+    (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch is over.
+
+    `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
+    also kept in meta.json `arm`."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     run_dir = Path(run_dir).resolve()
     prepare_run_dir(run_dir)
@@ -446,7 +453,11 @@ def run_probe(
         launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
         launcher=plan.launcher,
     )
+    if arm:
+        settings = replace(settings, **arm)
     meta = meta_for(cfg, plan, plan.mode)
+    if arm:
+        meta["arm"] = dict(arm)
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
     script_as_run = os.path.abspath(cfg.script)
     meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])

@@ -262,6 +262,9 @@ class Probe:
         self.epochs_observed = 0
         self.open_training_iterations = 0
         self.launch_decided: str | None = None  # "spawn" | "torchrun" once the main process showed which it needs
+        # > 0 while ddpdoctor runs its own forwards (in-process checks on copies of the user's layers): the
+        # recorders of the user's run ignore them
+        self.quiet = 0
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)

@@ -34,6 +34,14 @@ class ProbeSettings:
     rendezvous_port: int = 0
     # the launcher whose environment contract the ranks get: torchrun | horovodrun (ddpdoctor.probe.launch_env)
     launcher: str = "torchrun"
+    # `ddpdoctor triage` arms (ddpdoctor.probe.arms); all empty/0 for `check`.
+    arm: str = ""  # the arm's name: "A" | "L" | "P" | "G" ("" = not a triage arm)
+    # what the arm changes about BatchNorm: "" as written | "local" SyncBN normalises with per-rank statistics |
+    # "plain" the conversion to SyncBN undone | "group" SyncBN over subgroups of `bn_group_size` ranks
+    bn_mode: str = ""
+    bn_convert: int = 0  # 1: plain BN converted to SyncBN when DDP wraps the model (the mirror arms of a plain script)
+    bn_group_size: int = 0
+    seed: int = -1  # >= 0: every rank's generators seeded with seed + rank before the script runs (same in every arm)
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}

@@ -21,6 +21,9 @@ class Report:
     notes: tuple[str, ...] = ()  # one-line remarks for the text report (e.g. "CUDA was emulated on CPU")
     tables: dict[str, Any] = field(default_factory=dict)  # extra tables for the text report (e.g. BN errors)
     base_dir: Path | None = None  # what relative finding paths are relative to (the user's cwd of the run)
+    # `ddpdoctor triage`: the JSON `triage` object (SPEC "triage"), and what only the text report shows
+    triage: dict[str, Any] | None = None
+    triage_text: dict[str, Any] = field(default_factory=dict)
 
     def ranked(self) -> list[Finding]:
         return rank_findings(self.findings)
@@ -39,6 +42,8 @@ class Report:
             out["notes"] = list(self.notes)
         if self.tables:
             out["tables"] = self.tables
+        if self.triage is not None:
+            out["triage"] = self.triage
         return out
 
     def exit_code(self, fail_on: Severity) -> int:

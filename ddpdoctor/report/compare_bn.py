@@ -72,7 +72,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     )
     for header, justify in (
         ("layer", "left"), ("C", "right"), ("batch\nloc/sync", "right"),
-        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nSyncBN", "right"),
+        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nreduce", "right"),
+        ("var err\nSyncBN", "right"),
         ("mean err\nlocal", "right"), ("mean err\nno-bcast", "right"), ("mean err\nSyncBN", "right"),
         ("mean shift\nlocal (sd)", "right"), ("var spread\nno-bcast", "right"), ("non-iid\np", "right"),
     ):
@@ -87,6 +88,7 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
             f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}",
             _styled(v.get("local")),
             _styled(v.get("local_no_broadcast_worst")),
+            _styled(v.get("local_reduce")),
             _styled(v.get("sync")),
             fmt_err(m.get("local")),
             fmt_err(m.get("local_no_broadcast_worst")),
@@ -99,7 +101,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     console.print(
         Padding(
             "local = rank 0 under DDP's default buffer broadcast (what a rank-0 checkpoint holds); no-bcast = the "
-            "worst rank with broadcast_buffers=False; SyncBN = the worst rank; mean shift = RMS over channels of "
+            "worst rank with broadcast_buffers=False; reduce = per-GPU BN with the running statistics averaged over "
+            "the ranks at the end of the epoch (timm --dist-bn reduce); SyncBN = the worst rank; mean shift = RMS over channels of "
             "the running_mean error in reference standard deviations; spread = the largest distance of a rank "
             "from the ranks' average.",
             (0, 0, 1, 0),
@@ -113,7 +116,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
         if not layer.tracked:
             console.print(f"  {layer.layer:<{name_w}}  (no running statistics)")
             continue
-        bars = (("local", "local"), ("no-bcast", "local_no_broadcast_worst"), ("SyncBN", "sync"))
+        bars = (("local", "local"), ("no-bcast", "local_no_broadcast_worst"), ("reduce", "local_reduce"),
+                ("SyncBN", "sync"))
         for i, (label, key) in enumerate(bars):
             x = layer.running_var_rel_err.get(key)
             style = "green" if key == "sync" else ("red" if (x or 0) >= LOCAL_ERROR_ALARM else "yellow")

@@ -72,6 +72,8 @@ def render_text(report: Report, *, color: bool, width: int | None = None) -> str
     """The whole text report."""
     console = make_console(color=color, width=width)
     _header(console, report)
+    if report.triage is not None:
+        _triage(console, report)
     findings = report.ranked()
     if findings:
         number = 0
@@ -103,6 +105,67 @@ def render_text(report: Report, *, color: bool, width: int | None = None) -> str
     console.print()
     console.print(_summary_line(findings))
     return console_text(console, color=color)
+
+
+VERDICT_STYLE = {
+    "confirmed": "bold white on red",
+    "likely": "bold yellow",
+    "possible": "yellow",
+    "both_arms": "bold cyan",
+    "ruled_out": "green",
+    "not_measurable": "dim",
+}
+VERDICT_LABEL = {"both_arms": "BOTH ARMS", "ruled_out": "RULED OUT", "not_measurable": "NOT MEASURABLE"}
+FAVOURS_LABEL = {"syncbn": "SyncBN", "plain": "plain DDP", "subgroups": "SyncBN subgroups",
+                 "fix_conversion": "fix the conversion", "none": "-"}
+
+
+def _triage(console: Console, report: Report) -> None:
+    """`ddpdoctor triage`: the headline, the arms, pairing, and the ranked verdict table with each cause."""
+    tri = report.triage or {}
+    extra = report.triage_text or {}
+    console.print()
+    head = Text("triage: ", style="bold")
+    head.append(str(tri.get("headline", "")), style="bold")
+    console.print(head)
+    for arm in tri.get("arms") or []:
+        console.print(Padding(Text(f"arm {arm.get('name')}: {arm.get('what')} ({arm.get('steps')} steps)"),
+                              (0, 0, 0, 2)))
+    pairing = extra.get("pairing") or {}
+    paired = "yes" if tri.get("paired") else "no" + (f" ({pairing.get('reason')})" if pairing.get("reason") else "")
+    facts = Text(f"paired: {paired}; emulated: {'yes' if extra.get('emulated') else 'no'}; "
+                 "final accuracy: not measured")
+    console.print(Padding(facts, (0, 0, 0, 2)))
+    causes = tri.get("causes") or []
+    if not causes:
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("cause", no_wrap=True)
+    table.add_column("favours", no_wrap=True)
+    table.add_column("measured", ratio=1, overflow="fold")
+    for i, c in enumerate(causes, start=1):
+        verdict = str(c.get("verdict"))
+        cause = str(c.get("cause")) + (f" {c['rule']}" if c.get("rule") else "")
+        table.add_row(str(i), Text(VERDICT_LABEL.get(verdict, verdict.upper()), style=VERDICT_STYLE.get(verdict, "")),
+                      Text(cause), Text(FAVOURS_LABEL.get(str(c.get("favours")), str(c.get("favours")))),
+                      Text(str((c.get("measured") or {}).get("summary") or "")))
+    console.print()
+    console.print(table)
+    for i, c in enumerate(causes, start=1):
+        verdict = str(c.get("verdict"))
+        console.print()
+        line = Text(f"{i:>2}. ")
+        line.append(VERDICT_LABEL.get(verdict, verdict.upper()), style=VERDICT_STYLE.get(verdict, ""))
+        line.append(f"  {c.get('cause')}" + (f" ({c['rule']})" if c.get("rule") else ""), style="bold")
+        line.append(f"  favours: {FAVOURS_LABEL.get(str(c.get('favours')), str(c.get('favours')))}", style="dim")
+        console.print(line)
+        console.print(Padding(Text(str(c.get("message"))), (0, 0, 0, INDENT)))
+        fix = Text()
+        fix.append("fix: ", style="bold green")
+        fix.append(str(c.get("fix")))
+        console.print(Padding(fix, (0, 0, 0, INDENT)))
 
 
 def render_rules_text(*, color: bool, width: int | None = None) -> str:
@@ -140,7 +203,7 @@ def render_rules_text(*, color: bool, width: int | None = None) -> str:
 def _header(console: Console, report: Report) -> None:
     title = Text()
     title.append(f"ddpdoctor {__version__}", style="bold")
-    title.append("  ")
+    title.append("  triage " if report.triage is not None else "  ")
     title.append(" ".join([report.script, *(shlex.quote(a) for a in report.args)]))
     console.print(title)
     console.print(Text(environment_line(report.environment), style="dim"))

@@ -197,8 +197,10 @@ def analyze_paths(
     entries = _entries(list(sources), imports, {real: _has_main_block(s) for real, s in sources.items()})
     result = StaticResult()
     findings: list[Finding] = []
+    walked: set[Path] = set()  # named files whose uncalled functions an earlier entry already walked
     for entry in entries:
-        reach = _reachable(entry, imports)
+        reach = _reachable(entry, imports) - walked
+        walked |= reach
         one = analyze_script(entry, also=[p for p in sources if p in reach], shown=shown, cache=cache, limits=limits)
         findings.extend(one.findings)
         result.notes.extend(n for n in one.notes if n not in result.notes)

@@ -86,6 +86,12 @@ def union(*values: Iterable[Obj]) -> Value:
         only = values[0]
         if len(only) <= 1:
             return tuple(only)
+    elif len(values) == 2:  # a Value (a tuple) is already free of repeats: joined with nothing it stays as it is
+        a, b = values
+        if not b and type(a) is tuple:
+            return a
+        if not a and type(b) is tuple:
+            return b
     seen: set[int] = set()
     out: list[Obj] = []
     for v in values:

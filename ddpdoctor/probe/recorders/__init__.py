@@ -15,6 +15,9 @@ from typing import Callable
 
 from ddpdoctor.probe.recorders import (
     batchnorm,
+    bn_applied,
+    bn_conversion,
+    bn_triage,
     checkpoint,
     cli_args,
     data,
@@ -50,6 +53,9 @@ TORCH_RECORDERS: tuple[tuple[str, Callable[[Probe], None]], ...] = (
     (forward.NAME, forward.install),
     (params.NAME, params.install),
     (batchnorm.NAME, batchnorm.install),
+    (bn_conversion.NAME, bn_conversion.install),
+    (bn_applied.NAME, bn_applied.install),
+    (bn_triage.NAME, bn_triage.install),  # triage arms only
     (rng.NAME, rng.install),
     (dataset.NAME, dataset.install),
     (checkpoint.NAME, checkpoint.install),

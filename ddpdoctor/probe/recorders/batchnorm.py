@@ -127,7 +127,7 @@ def install(probe: Probe) -> None:
     readback.for_probe(probe)  # now, not at the first step: it adds a step hook
 
     def pre_hook(module: Any, args: Any) -> None:
-        if not isinstance(module, _BatchNorm) or not state.active or probe.ending:
+        if not isinstance(module, _BatchNorm) or not state.active or probe.ending or probe.quiet:
             return None
         probe.safely("batchnorm forward", _forward, probe, state, module, args, torch, SyncBatchNorm, call_codes)
         return None
@@ -187,13 +187,24 @@ def _forward(
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     samples = int(x.shape[0])
-    synced = _syncs(layer, module) if is_sync_batchnorm(module) else False
+    synced = _syncs(layer, module) if is_sync_batchnorm(module) and not _local(probe) else False
     if layer.recorded >= FORWARDS_PER_STEP or count == 0:
         layer.dropped += 1
         return
     layer.recorded += 1
     mean, var = channel_moments(x, torch)
     state.records.append(_Record(layer.index, probe.steps, grad, samples, count, synced, mean, var))
+
+
+def _local(probe: Probe) -> bool:
+    """SyncBN layers normalise with per-rank statistics here (triage arm L, or an in-process check)."""
+    if probe.settings.bn_mode == "local":
+        return True
+    try:
+        from ddpdoctor.probe.arms import local_stats_active
+    except Exception:
+        return False
+    return local_stats_active()
 
 
 def channel_moments(x: Any, torch: Any) -> tuple[Any, Any]:

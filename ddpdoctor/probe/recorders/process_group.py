@@ -212,7 +212,7 @@ def _after_init(probe: Probe, state: _State, info: dict[str, Any], seconds: floa
 def _make_collective(probe: Probe, state: _State, op: str, fn):
     def collective(*args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1)
-        if is_user_file(caller.f_code.co_filename) and not probe.ending:
+        if is_user_file(caller.f_code.co_filename) and not probe.ending and not probe.quiet:
             probe.safely("collective", _record_collective, probe, state, op, caller, args)
         return fn(*args, **kwargs)
 

@@ -15,9 +15,9 @@ This package knows Python and nothing else. What library calls mean (a DDP wrap,
 is decided by the *hooks* — the methods of `hooks.Hooks`, which a subclass overrides — and by the handlers that
 subclass registers (`ddpdoctor.static.apis`). The walk never executes user code and never imports anything.
 
-The interpreter is one class assembled from four parts: this module (driver, contexts, statements), `binding`
-(names, scopes, assignment targets), `expressions` (expression evaluation) and `calls` (attributes, functions,
-classes, calls).
+The interpreter is one class assembled from parts: this module (driver, contexts, simple statements), `control`
+(branches, loops, with, try, match), `binding` (names, scopes, assignment targets), `expressions` (expression
+evaluation), `calls` (attributes, functions, classes, calls) and `imports` (project modules).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from typing import Any
 
 from ddpdoctor.static.engine.binding import BindingMixin
 from ddpdoctor.static.engine.calls import CallsMixin
-from ddpdoctor.static.engine.expressions import ExpressionsMixin, truth_of
+from ddpdoctor.static.engine.control import ControlMixin
+from ddpdoctor.static.engine.expressions import ExpressionsMixin
 from ddpdoctor.static.engine.hooks import Hooks
 from ddpdoctor.static.engine.imports import ImportsMixin
 from ddpdoctor.static.engine.support import (
     VISIT_BUDGET,
     SourceFile,
     SourceIndex,
-    is_main_guard,
     merge_env,
     target_ident,
 )
@@ -45,9 +45,12 @@ from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
+# Objects of interest are all kept, up to this many; past it, one per place in the source that made them (a factory
+# over a table of 25 activation classes, called from 60 places, otherwise gave values of 1,600 objects).
+KEPT_CAP = 48
 
 
-class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
+class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
     """Walks one parsed file and records its events (see the module docstring)."""
 
     def __init__(self, source: SourceFile, project: Project | None = None) -> None:
@@ -296,33 +299,19 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
         plain_kinds = self.PLAIN_KINDS
         keep = [o for o in value if o.kind not in plain_kinds]
         plain = [o for o in value if o.kind in plain_kinds]
+        if len(keep) > KEPT_CAP:
+            sites: set[tuple[int, str]] = set()
+            kept: list[Obj] = []
+            for o in keep:
+                site = (id(o.node), o.kind)
+                if site not in sites:
+                    sites.add(site)
+                    kept.append(o)
+            keep = kept[:KEPT_CAP]
         return tuple(keep + plain[: max(0, VALUE_CAP - len(keep))])
 
     def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
         return merge_env(a, b, self.capped)
-
-    def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:
-        """The truth of a test that only reads a parameter of the current call when the caller passed a literal for
-        it (or left its literal default): `if is_training:` in `create_loader(..., is_training=False)` runs one way
-        in this call. Module-level constants and unknown values keep both sides walked."""
-        negate = False
-        node = test_node
-        while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            node, negate = node.operand, not negate
-        frame = self.frame
-        fnode = frame.node
-        if (
-            not isinstance(node, ast.Name)
-            or frame.call_site is None
-            or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ):
-            return None
-        spec = fnode.args
-        params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
-        if node.id not in params or node.id not in frame.locals:
-            return None
-        truth = truth_of(frame.locals[node.id])
-        return None if truth is None else truth != negate
 
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])
@@ -450,144 +439,6 @@ class Interpreter(ImportsMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hook
             self.frames.pop()
         cls.fields = dict(frame.locals)
         self.bind_name(st.name, (cls,))
-
-    def st_If(self, st: ast.If) -> bool:
-        test = self.eval(st.test)
-        fixed = self.parameter_truth(st.test, test)
-        if fixed is not None:  # this call site fixes which way it goes
-            return self.block(st.body if fixed else st.orelse)
-        scope = None
-        if is_main_guard(st.test):
-            if self.frame.file != self.source.path:
-                return self.block(st.orelse)  # an imported module's `__main__` block never runs
-            kind, info, else_info = None, None, None
-        else:
-            kind, info, else_info, scope = self.classify_branch(test, st.test)
-        frame = self.frame
-        before = dict(frame.locals)
-        if kind:
-            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
-        try:
-            ended_body = self.block(st.body)
-        finally:
-            if kind:
-                self.ctx.pop()
-        after_body = frame.locals
-        frame.locals = dict(before)
-        if kind:
-            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
-        try:
-            ended_else = self.block(st.orelse)
-        finally:
-            if kind:
-                self.ctx.pop()
-        after_else = frame.locals
-        if ended_body and ended_else:
-            frame.locals = self.merge(after_body, after_else)
-            return True
-        if ended_body:
-            frame.locals = after_else
-            if kind and not st.orelse:
-                self._guard = (kind, else_info, 1, scope, test)
-        elif ended_else:
-            frame.locals = after_body
-            if kind:
-                self._guard = (kind, info, 0, scope, test)
-        else:
-            frame.locals = self.merge(after_body, after_else)
-        return False
-
-    def st_For(self, st: ast.For | ast.AsyncFor) -> None:
-        iterable = self.eval(st.iter)
-        info = self.loop_info(st, iterable)
-        element = self.element_of(iterable, st)
-        frame = self.frame
-        before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
-        try:
-            self.bind(st.target, element)
-            self.block(st.body)
-        finally:
-            self.ctx.pop()
-        frame.locals = self.merge(before, frame.locals)
-        self.block(st.orelse)
-
-    st_AsyncFor = st_For
-
-    def st_While(self, st: ast.While) -> None:
-        test = self.eval(st.test)
-        frame = self.frame
-        before = dict(frame.locals)
-        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test, file=self.frame.file))
-        try:
-            self.block(st.body)
-        finally:
-            self.ctx.pop()
-        frame.locals = self.merge(before, frame.locals)
-        self.block(st.orelse)
-
-    def st_With(self, st: ast.With | ast.AsyncWith) -> bool:
-        pushed = 0
-        try:
-            for item in st.items:
-                value = self.eval(item.context_expr)
-                kinds_here: set[str] = set()
-                for o in value:
-                    entered = self.context_of(o)
-                    if entered is not None and (o.kind != "ctx" or entered[0] not in kinds_here):
-                        if o.kind == "ctx":
-                            kinds_here.add(entered[0])
-                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id, file=self.frame.file))
-                        pushed += 1
-                if item.optional_vars is not None:
-                    self.bind(
-                        item.optional_vars, (self.unknown(item.optional_vars, label=self.text(item.optional_vars)),)
-                    )
-            return self.block(st.body)
-        finally:
-            if pushed:
-                del self.ctx[len(self.ctx) - pushed :]
-
-    st_AsyncWith = st_With
-
-    def st_Try(self, st: ast.Try) -> bool:
-        frame = self.frame
-        self.ctx.append(Ctx("try", st, None, frame.id, file=self.frame.file))
-        try:
-            self.block(st.body)
-        finally:
-            self.ctx.pop()
-        after_body = frame.locals
-        for handler in st.handlers:
-            frame.locals = dict(after_body)
-            if handler.name:
-                self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
-            self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
-            try:
-                self.block(handler.body)
-            finally:
-                self.ctx.pop()
-            after_body = self.merge(after_body, frame.locals)
-        frame.locals = after_body
-        self.block(st.orelse)
-        return self.block(st.finalbody)
-
-    st_TryStar = st_Try
-
-    def st_Match(self, st: ast.Match) -> None:
-        self.eval(st.subject)
-        frame = self.frame
-        before = dict(frame.locals)
-        merged = dict(before)
-        for i, case in enumerate(st.cases):
-            frame.locals = dict(before)
-            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
-            try:
-                self.block(case.body)
-            finally:
-                self.ctx.pop()
-            merged = self.merge(merged, frame.locals)
-        frame.locals = merged
 
 
 __all__ = ["EMPTY", "Interpreter"]

@@ -1,0 +1,30 @@
+"""DD214 bn-train-test-inconsistency (one run): how much the eval-mode output moves between running and population
+statistics.
+
+What it does: reads the `eval_output_shift` of the `bn_population` events a `ddpdoctor triage` arm records at its
+end (silent in `check` runs, which record none): the relative L2 change of the model's eval-mode output on a held
+training batch when the running statistics are replaced by the population statistics of every rank's held
+batches, median over ranks. Likely above SHIFT_LIKELY, possible above SHIFT_POSSIBLE
+(`ddpdoctor.triage.verdicts`). Across arms `ddpdoctor triage` decides whether SyncBN changes it.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.rules.dd214_bn_train_test_inconsistency import CODE
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    from ddpdoctor.triage.verdicts import SHIFT_LIKELY, SHIFT_POSSIBLE, fmt_num, population
+
+    pop = population(ctx)
+    shift = None if pop is None else pop.get("eval_output_shift")
+    if shift is None or shift <= SHIFT_POSSIBLE:
+        return []
+    message = (f"evaluating with the running statistics instead of population statistics recomputed at the final "
+               f"weights changes the model's eval output by {fmt_num(100 * shift)}% (relative L2, on a held "
+               "training batch)")
+    return [ctx.finding(CODE, message=message, ranks=sorted(ctx.ranks), evidence={"eval_output_shift": shift},
+                        confidence=Confidence.LIKELY if shift > SHIFT_LIKELY else Confidence.POSSIBLE,
+                        magnitude=shift)]

@@ -1,0 +1,59 @@
+"""DD216 bn-params-not-trained: the converted BN layers' weight and bias are not what the optimizer updates.
+
+What it does: reads the `bn_conversion` events of the lowest rank, written at the first optimizer step after each
+conversion. A replacement whose weight or bias requires gradients, that no optimizer holds, while an optimizer
+holds the original layer's parameters (or optimizers exist at all) is a cloning converter applied after the
+optimizer was built: the optimizer keeps updating tensors the model no longer uses. Parameters left out of every
+optimizer on purpose (requires_grad False) are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.context import RunContext
+from ddpdoctor.findings import Finding
+from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
+
+
+
+def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for e in convs:
+        if not e.get("optimizers") or not e.get("in_model", True):
+            continue
+        now = e.get("at_step") or e.get("after") or {}
+        new_opt = e.get("optimizer_new") or {}
+        old_opt = e.get("optimizer_original") or {}
+        missing = [k for k in ("weight", "bias") if k in new_opt and new_opt[k] is None
+                   and now.get(f"{k}_requires_grad") is True]
+        if missing:
+            out.append({**e, "missing": missing, "original_in_optimizer": any(old_opt.get(k) for k in missing)})
+    return out
+
+
+def analyze(ctx: RunContext) -> list[Finding]:
+    hits = untrained(bn_checks.lowest_rank_conversions(ctx.run))
+    if not hits:
+        return []
+    first = hits[0]
+    stale = [e for e in hits if e["original_in_optimizer"]]
+    cloned = [e for e in hits if (e.get("same_params") or {}).get("weight") is False]
+    message = (
+        f"the optimizer never updates the weight/bias of {len(hits)} converted BatchNorm "
+        f"layer{'s' if len(hits) != 1 else ''}: the converter at {ctx.at(first.get('site'))} gave "
+        f"{'them' if len(hits) != 1 else 'it'} new parameters"
+        + (" (cloned)" if cloned else "")
+        + " after the optimizer was built"
+        + (f", and the optimizer still holds the pre-conversion tensors of {len(stale)}" if stale else "")
+        + f" (first: `{first.get('name')}`) — those BN affine parameters stay at their initial values"
+    )
+    evidence = {
+        "layers": [{"name": e.get("name"), "missing": e["missing"], "cloned": (e.get("same_params") or {}),
+                    "original_in_optimizer": e["original_in_optimizer"]} for e in hits][:16],
+        "untrained_layers": len(hits),
+        "optimizers": first.get("optimizers"),
+    }
+    return [ctx.finding(CODE, message=message, site=first.get("site"), ranks=sorted(ctx.ranks),
+                        evidence=evidence, magnitude=float(len(hits)))]

@@ -1,0 +1,176 @@
+"""Control flow of the interpreter: both sides of every branch are walked and their variables merged (unless the
+call site fixes which way it goes), loop bodies are walked once, and `with`, `try` and `match` push the contexts the
+code inside them runs in."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpdoctor.static.engine.expressions import truth_of
+from ddpdoctor.static.engine.support import is_main_guard
+from ddpdoctor.static.semantic import Ctx, Value
+
+
+class ControlMixin:
+    """The control-flow half of `Interpreter`."""
+
+    def st_If(self, st: ast.If) -> bool:
+        test = self.eval(st.test)
+        fixed = self.parameter_truth(st.test, test)
+        if fixed is not None:  # this call site fixes which way it goes
+            return self.block(st.body if fixed else st.orelse)
+        scope = None
+        if is_main_guard(st.test):
+            if self.frame.file != self.source.path:
+                return self.block(st.orelse)  # an imported module's `__main__` block never runs
+            kind, info, else_info = None, None, None
+        else:
+            kind, info, else_info, scope = self.classify_branch(test, st.test)
+        frame = self.frame
+        before = dict(frame.locals)
+        if kind:
+            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
+        try:
+            ended_body = self.block(st.body)
+        finally:
+            if kind:
+                self.ctx.pop()
+        after_body = frame.locals
+        frame.locals = dict(before)
+        if kind:
+            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
+        try:
+            ended_else = self.block(st.orelse)
+        finally:
+            if kind:
+                self.ctx.pop()
+        after_else = frame.locals
+        if ended_body and ended_else:
+            frame.locals = self.merge(after_body, after_else)
+            return True
+        if ended_body:
+            frame.locals = after_else
+            if kind and not st.orelse:
+                self._guard = (kind, else_info, 1, scope, test)
+        elif ended_else:
+            frame.locals = after_body
+            if kind:
+                self._guard = (kind, info, 0, scope, test)
+        else:
+            frame.locals = self.merge(after_body, after_else)
+        return False
+
+    def st_For(self, st: ast.For | ast.AsyncFor) -> None:
+        iterable = self.eval(st.iter)
+        info = self.loop_info(st, iterable)
+        element = self.element_of(iterable, st)
+        frame = self.frame
+        before = dict(frame.locals)
+        self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
+        try:
+            self.bind(st.target, element)
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        frame.locals = self.merge(before, frame.locals)
+        self.block(st.orelse)
+
+    st_AsyncFor = st_For
+
+    def st_While(self, st: ast.While) -> None:
+        test = self.eval(st.test)
+        frame = self.frame
+        before = dict(frame.locals)
+        self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test, file=self.frame.file))
+        try:
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        frame.locals = self.merge(before, frame.locals)
+        self.block(st.orelse)
+
+    def st_With(self, st: ast.With | ast.AsyncWith) -> bool:
+        pushed = 0
+        try:
+            for item in st.items:
+                value = self.eval(item.context_expr)
+                kinds_here: set[str] = set()
+                for o in value:
+                    entered = self.context_of(o)
+                    if entered is not None and (o.kind != "ctx" or entered[0] not in kinds_here):
+                        if o.kind == "ctx":
+                            kinds_here.add(entered[0])
+                        self.ctx.append(Ctx(entered[0], st, entered[1], self.frame.id, file=self.frame.file))
+                        pushed += 1
+                if item.optional_vars is not None:
+                    self.bind(
+                        item.optional_vars, (self.unknown(item.optional_vars, label=self.text(item.optional_vars)),)
+                    )
+            return self.block(st.body)
+        finally:
+            if pushed:
+                del self.ctx[len(self.ctx) - pushed :]
+
+    st_AsyncWith = st_With
+
+    def st_Try(self, st: ast.Try) -> bool:
+        frame = self.frame
+        self.ctx.append(Ctx("try", st, None, frame.id, file=self.frame.file))
+        try:
+            self.block(st.body)
+        finally:
+            self.ctx.pop()
+        after_body = frame.locals
+        for handler in st.handlers:
+            frame.locals = dict(after_body)
+            if handler.name:
+                self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
+            self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
+            try:
+                self.block(handler.body)
+            finally:
+                self.ctx.pop()
+            after_body = self.merge(after_body, frame.locals)
+        frame.locals = after_body
+        self.block(st.orelse)
+        return self.block(st.finalbody)
+
+    st_TryStar = st_Try
+
+    def st_Match(self, st: ast.Match) -> None:
+        self.eval(st.subject)
+        frame = self.frame
+        before = dict(frame.locals)
+        merged = dict(before)
+        for i, case in enumerate(st.cases):
+            frame.locals = dict(before)
+            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
+            try:
+                self.block(case.body)
+            finally:
+                self.ctx.pop()
+            merged = self.merge(merged, frame.locals)
+        frame.locals = merged
+
+    def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:
+        """The truth of a test that only reads a parameter of the current call when the caller passed a literal for
+        it (or left its literal default): `if is_training:` in `create_loader(..., is_training=False)` runs one way
+        in this call. Module-level constants and unknown values keep both sides walked."""
+        negate = False
+        node = test_node
+        while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node, negate = node.operand, not negate
+        frame = self.frame
+        fnode = frame.node
+        if (
+            not isinstance(node, ast.Name)
+            or frame.call_site is None
+            or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
+            return None
+        spec = fnode.args
+        params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
+        if node.id not in params or node.id not in frame.locals:
+            return None
+        truth = truth_of(frame.locals[node.id])
+        return None if truth is None else truth != negate

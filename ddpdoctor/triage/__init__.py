@@ -1,0 +1,18 @@
+"""`ddpdoctor triage`: "my DDP+SyncBN run scores lower than plain DDP — why?", answered on the user's own script.
+
+    triage.run.run_triage (I/O)          arms A, L, P (G) ──► probe runs (ddpdoctor.probe.launcher, arms.py)
+                                                              └─► analyses per arm (ddpdoctor.analyses)
+    triage.verdicts.triage (pure)        arms' events + findings ──► ranked causes, headline, pairing
+    report                               check report of the as-written arm + the `triage` object
+
+Nothing in `verdicts` imports torch; a triage directory (`--keep-run`) holds one run directory per arm and is
+re-analysed by `ddpdoctor report DIR` like a check run.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ARM_NAMES", "FAVOURS", "VERDICTS"]
+
+ARM_NAMES = ("A", "L", "P", "G")
+VERDICTS = ("confirmed", "likely", "possible", "ruled_out", "both_arms", "not_measurable")
+FAVOURS = ("syncbn", "plain", "subgroups", "fix_conversion", "none")
