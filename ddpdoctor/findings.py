@@ -325,8 +325,10 @@ class Measurement:
         if f.file == self.file and (self.line is None or f.line == self.line):
             return True
         places = f.evidence.get("call_sites") or ()
-        return any(isinstance(c, dict) and c.get("file") == self.file and (self.line is None or c.get("line") == self.line)
-                   for c in places)
+        return any(
+            isinstance(c, dict) and c.get("file") == self.file and (self.line is None or c.get("line") == self.line)
+            for c in places
+        )
 
     def clearance(self) -> Clearance:
         return Clearance(rule=self.rule, reason=self.reason, file=self.file, line=self.line, about=self.about,

@@ -24,7 +24,6 @@ from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd106_data_parallel import CODE
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
-
 MEASURES = Measures(
     scope="site",
     what="every nn.DataParallel the ranks built: its replicas, chunks and BatchNorm statistics",

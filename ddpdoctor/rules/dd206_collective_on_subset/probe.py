@@ -28,12 +28,12 @@ from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import is_user_path, main_stack, timeout_view
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd206_collective_on_subset import CODE
+from ddpdoctor.torchnames import env_tags, name_tags
 
 MEASURES = Measures(
     scope="site",
     what="which ranks called each collective (first calls per call site), and where ranks stood when a run hung",
 )
-from ddpdoctor.torchnames import env_tags, name_tags
 
 _RANK_FUNCTIONS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "is_main_process",
                    "is_master", "is_rank_zero", "is_global_zero", "is_local_main_process"}

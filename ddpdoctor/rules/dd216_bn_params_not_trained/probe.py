@@ -5,6 +5,10 @@ conversion. A replacement whose weight or bias requires gradients, that no optim
 holds the original layer's parameters (or optimizers exist at all) is a cloning converter applied after the
 optimizer was built: the optimizer keeps updating tensors the model no longer uses. Parameters left out of every
 optimizer on purpose (requires_grad False) are not counted.
+
+Measured at each conversion site: when an optimizer existed at the first step after it and held the weight and bias
+of every layer it converted (a converter that reuses the original Parameter objects, whatever its code looks like),
+a static suspicion there is dropped with the layer count.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from typing import Any
 
 from ddpdoctor.analyses import bn_checks
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
 
-
+MEASURES = Measures(
+    scope="site",
+    what="at the first optimizer step after each BatchNorm conversion: whether an optimizer holds the weight and bias "
+    "the converted layers use",
+)
 
 def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
@@ -34,7 +42,9 @@ def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    hits = untrained(bn_checks.lowest_rank_conversions(ctx.run))
+    convs = bn_checks.lowest_rank_conversions(ctx.run)
+    hits = untrained(convs)
+    _measure_trained(ctx, convs, hits)
     if not hits:
         return []
     first = hits[0]
@@ -57,3 +67,20 @@ def analyze(ctx: RunContext) -> list[Finding]:
     }
     return [ctx.finding(CODE, message=message, site=first.get("site"), ranks=sorted(ctx.ranks),
                         evidence=evidence, magnitude=float(len(hits)))]
+
+
+def _measure_trained(ctx: RunContext, convs: list[dict[str, Any]], hits: list[dict[str, Any]]) -> None:
+    """Conversion sites whose converted layers an optimizer held entirely at the first step after them."""
+    bad = {ctx.where(e.get("site")) for e in hits}
+    by_site: dict[tuple, list[dict[str, Any]]] = {}
+    for e in convs:
+        if not e.get("optimizers") or not e.get("in_model", True) or ctx.where(e.get("site")) in bad:
+            continue
+        by_site.setdefault(ctx.where(e.get("site")), []).append(e)
+    for es in by_site.values():
+        same = sum(1 for e in es if (e.get("same_params") or {}).get("weight") is True)
+        kept = f", {same} of them with the original Parameter objects" if same else ""
+        ctx.measured(CODE, site=es[0].get("site"), reason=(
+            f"at the first optimizer step after the conversion at {ctx.at(es[0].get('site'))}, an optimizer held the "
+            f"weight and bias of all {len(es)} converted layer{'s' if len(es) != 1 else ''}{kept}"
+        ), evidence={"layers": len(es)})

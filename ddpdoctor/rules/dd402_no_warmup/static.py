@@ -80,7 +80,8 @@ def unscaled_lr(value: Value) -> dict | None:
         if cli is not None:
             default = next((d.value for d in cli.default if d.const and isinstance(d.value, (int, float))), None)
         return {"text": o.label or str(name), "option": cli.dest if cli is not None else None, "default": default}
-    literals = [o.value for o in factors if o.const and isinstance(o.value, (int, float)) and not isinstance(o.value, bool)]
+    literals = [o.value for o in factors
+                if o.const and isinstance(o.value, (int, float)) and not isinstance(o.value, bool)]
     if literals and len(literals) < len(factors):
         product = 1.0
         for v in literals:

@@ -18,7 +18,6 @@ from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.formatting import fmt_count
 from ddpdoctor.rules.dd403_accumulation_without_no_sync import CODE
 
-
 MEASURES = Measures(
     scope="run",
     what="the backward passes of every optimizer step and how many of them DDP all-reduced",
