@@ -21,6 +21,7 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -100,6 +101,21 @@ def _default_local_rank_shared(cause: Finding, consequence: Finding, findings: S
     return "every rank kept the option's default local rank, so they all bound the same device"
 
 
+def _crash_on_default_local_rank(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    """The ranks ran with the option's default (the probe neither passed nor overrode it) and the first failure is
+    a device error naming that default (`.cuda(-1)`: "... but got:-1")."""
+    if _ev(cause, "injected_by_probe") or _ev(cause, "overridden_by_probe"):
+        return None
+    defaults = {str(v.get("default")) for v in (_ev(cause, "per_rank") or {}).values() if isinstance(v, dict)}
+    root = _ev(consequence, "root_cause") or {}
+    message = str(root.get("message") or "") if isinstance(root, dict) else ""
+    value = next(iter(defaults)) if len(defaults) == 1 else None
+    named = value is not None and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.])", message)
+    if named and "device" in message.lower():
+        return f"every rank kept the option's default local rank {value}, and the device call that took it failed"
+    return None
+
+
 EXPLAINS: tuple[Explains, ...] = (
     Explains("DD110", "DD103", _always("no gradient is averaged, so every rank trains its own model")),
     Explains("DD110", "DD201", _replicas_diverged),
@@ -112,6 +128,7 @@ EXPLAINS: tuple[Explains, ...] = (
     Explains("DD104", "DD901", _rendezvous_hang),
     Explains("DD305", "DD302", _split_differs),
     Explains("DD108", "DD105", _default_local_rank_shared),
+    Explains("DD108", "DD902", _crash_on_default_local_rank),
 )
 
 

@@ -538,7 +538,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             option_strings="declared spellings",
             default="default value",
             required="required=True",
-            value="value after parsing",
+            value="value after parsing, as torchrun leaves it (before any override)",
+            overridden_to="the rank's LOCAL_RANK the probe put in the parsed namespace instead of a default that names "
+            "no device (-1, None), as torch.distributed.launch passed it, so the run goes on; null when not overridden",
             injected="the probe passed it (legacy launcher behaviour)",
             dest="argparse destination",
             site="where add_argument declared it",
