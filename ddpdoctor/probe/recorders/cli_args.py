@@ -77,20 +77,25 @@ def _install_env_reads(probe: Probe) -> None:
 
     import _collections_abc
 
-    plumbing = {os.__file__, _collections_abc.__file__, __file__}
+    # Python 3.11+ runs os and _collections_abc frozen: their frames say "<frozen os>", not os.__file__ (without
+    # these, `os.environ.get(...)` and `os.getenv(...)`, which go through Mapping.get, were never attributed). Only
+    # these two: the import machinery's frozen frames must stop the walk (a read made while a module is imported,
+    # by an import hook, is not the importing line's)
+    from ddpdoctor.probe import session
+
+    plumbing = {os.__file__, _collections_abc.__file__, "<frozen os>", "<frozen _collections_abc>"}
+    ours = {__file__, session.__file__}  # this wrapper and Probe.safely, between the read and whoever asked
 
     def _is_plumbing(filename: str) -> bool:
-        # Python 3.11+ runs os and _collections_abc frozen: their frames say "<frozen os>", not os.__file__ (so
-        # `os.environ.get(...)` and `os.getenv(...)`, which go through Mapping.get, were never attributed)
-        return filename in plumbing or filename.startswith("<frozen ")
+        return filename in plumbing
 
     def note(key: Any, how: str) -> None:
         if key in ENV_VARS and key not in seen and not probe.ending:
-            # the code that asked: above os.environ's own machinery (os.getenv, Mapping.get) and the probe; a read
-            # made by a library (torch) on the user's behalf is not the script reading it
+            # the code that asked: above this wrapper and os.environ's own machinery (os.getenv, Mapping.get); a
+            # read made by a library (torch) or by the probe itself (a recorder wrapping init_process_group) on the
+            # user's behalf is not the script reading it
             f = sys._getframe(1)
-            while f is not None and (_is_plumbing(f.f_code.co_filename) or "ddpdoctor" in f.f_code.co_filename
-                                     and not is_user_file(f.f_code.co_filename)):
+            while f is not None and (f.f_code.co_filename in ours or _is_plumbing(f.f_code.co_filename)):
                 f = f.f_back
             if f is None or not is_user_file(f.f_code.co_filename):
                 return
