@@ -34,6 +34,7 @@ CLEARED: dict[str, str] = {
     "DD303": "data_synthetic_unseeded",
     "DD401": "measured_dd401_optimizer_branch_not_taken",
     "DD402": "measured_dd402_lr_scaled_down",
+    "DD216": "measured_dd216_converter_reuses_parameters",
     "DD503": "ckpt_save_rank0",
 }
 # rule -> the recorded run where the probe found what static analysis suspected: one finding, static and probe
@@ -48,6 +49,7 @@ CONFIRMED: dict[str, str] = {
     "DD205": "bn_syncbn_cpu",
     "DD206": "bn_rank0_eval_hang",
     "DD207": "probe_momentum_encoder_eval_bug",
+    "DD216": "measured_dd216_converter_clones_parameters",
     "DD301": "probe_missing_set_epoch",
     "DD302": "probe_no_distributed_sampler",
     "DD303": "data_seeded_augment",
@@ -67,7 +69,7 @@ NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it bel
                       "absent")
 PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
     "DD101", "DD102", "DD104", "DD105", "DD106", "DD108", "DD110", "DD205", "DD206", "DD301", "DD302", "DD403",
-    "DD404", "DD501", "DD502", "DD504", "DD216",
+    "DD404", "DD501", "DD502", "DD504",
 )}
 PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
                             "wrong; a clearance needs a world size passed that is not the device count")
@@ -75,7 +77,6 @@ PENDING_CLEARED["DD209"] = "check's single run cannot measure an exact-class tes
 PENDING_CONFIRMED: dict[str, str] = {
     "DD109": "a confirmation needs a launch across nodes or --nproc unlike the GPU count (tests/test_rule_dd109.py)",
     "DD209": "probe DD209 (momentum/eps lost) and static DD209 (exact-class tests) flag different lines",
-    "DD216": "no recorded run of a cloning converter after the optimizer yet (tests/test_rule_dd216.py runs one)",
 }
 
 

@@ -6,9 +6,9 @@ holds the original layer's parameters (or optimizers exist at all) is a cloning 
 optimizer was built: the optimizer keeps updating tensors the model no longer uses. Parameters left out of every
 optimizer on purpose (requires_grad False) are not counted.
 
-Measured at each conversion site: when an optimizer existed at the first step after it and held the weight and bias
-of every layer it converted (a converter that reuses the original Parameter objects, whatever its code looks like),
-a static suspicion there is dropped with the layer count.
+Measured over the run: when an optimizer held, at the first step after each conversion, the weight and bias of
+every layer the run converted (a converter that reuses the original Parameter objects, whatever its code looks
+like), a static suspicion is dropped with the layer count.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
 
 MEASURES = Measures(
-    scope="site",
+    scope="run",
     what="at the first optimizer step after each BatchNorm conversion: whether an optimizer holds the weight and bias "
     "the converted layers use",
 )
@@ -70,17 +70,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
 
 
 def _measure_trained(ctx: RunContext, convs: list[dict[str, Any]], hits: list[dict[str, Any]]) -> None:
-    """Conversion sites whose converted layers an optimizer held entirely at the first step after them."""
-    bad = {ctx.where(e.get("site")) for e in hits}
-    by_site: dict[tuple, list[dict[str, Any]]] = {}
-    for e in convs:
-        if not e.get("optimizers") or not e.get("in_model", True) or ctx.where(e.get("site")) in bad:
-            continue
-        by_site.setdefault(ctx.where(e.get("site")), []).append(e)
-    for es in by_site.values():
-        same = sum(1 for e in es if (e.get("same_params") or {}).get("weight") is True)
-        kept = f", {same} of them with the original Parameter objects" if same else ""
-        ctx.measured(CODE, site=es[0].get("site"), reason=(
-            f"at the first optimizer step after the conversion at {ctx.at(es[0].get('site'))}, an optimizer held the "
-            f"weight and bias of all {len(es)} converted layer{'s' if len(es) != 1 else ''}{kept}"
-        ), evidence={"layers": len(es)})
+    """Every layer the run converted was held by an optimizer at the first step after its conversion. Run-wide: the
+    recorded site is the line that registered the new layer (inside a converter), not the call static analysis
+    flagged, and a conversion that ran is one of the run's."""
+    held = [e for e in convs if e.get("optimizers") and e.get("in_model", True)]
+    if hits or not held:
+        return
+    sites = sorted({ctx.at(e.get("site")) for e in held})
+    same = sum(1 for e in held if (e.get("same_params") or {}).get("weight") is True)
+    kept = f", {same} of them with the original Parameter objects" if same else ""
+    ctx.measured(CODE, run_wide=True, reason=(
+        f"at the first optimizer step after each conversion ({', '.join(sites[:3])}), an optimizer held the weight "
+        f"and bias of {'all' if len(held) != 1 else 'the'} {len(held)} converted layer{'s' if len(held) != 1 else ''}"
+        f"{kept}"
+    ), evidence={"layers": len(held)})

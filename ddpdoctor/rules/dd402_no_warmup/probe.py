@@ -6,8 +6,10 @@ param group) and the schedulers' target (`initial_lr`). The peak is compared wit
 run names (`args.lr` in `args.lr * batch * world_size / 256`, its value as the ranks parsed it), or else that
 static finding alone says the lr was scaled up. The finding needs the trace to show no warmup (the first step
 already runs at the peak and no later observed step raises the lr) and a peak at least SCALE_THRESHOLD× the
-reference. An lr that ramps, or whose peak stays below that — scaled *down* included (a global batch below 256
-in the linear rule) — is measured clear: the static suspicion is dropped with the numbers.
+reference. An lr that ramps, one scaled *down* (below 1x the unscaled lr already: a global batch below 256 in the
+linear rule), or, against --base-lr, one whose peak stays below the threshold is measured clear: the static
+suspicion is dropped with the numbers. Between 1x and the threshold without --base-lr nothing is settled: the
+expression scales with the world size and the probe's few ranks are not the job's (2x at 2 ranks is 8x at 8 GPUs).
 """
 
 from __future__ import annotations
@@ -133,10 +135,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
         reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
     else:
         return []
+    if ratio is not None and 1 <= ratio < SCALE_THRESHOLD and not base and static is not None:
+        # the expression scales with the world size, and the probe's few ranks are not the job's: a 2x at 2 ranks
+        # is 8x at 8 GPUs. Only a scale-down (below 1x already) or the user's own recipe (--base-lr) settles it
+        ratio = None
+        reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
     if ratio is not None and ratio < SCALE_THRESHOLD:
         if ratio < 1:
             why = (f"the lr is scaled down, not up: the ranks stepped with lr {fmt_num(peak)} at most, "
-                   f"{fmt_num(ratio)}× {what}, and a scale-down needs no warmup")
+                   f"{fmt_num(ratio)}× {what} on {len(ctx.ranks)} ranks, and a scale-down needs no warmup")
         else:
             why = (f"the peak lr {fmt_num(peak)} is {fmt_num(ratio)}× {what}: below the "
                    f"{fmt_num(SCALE_THRESHOLD)}× at which a warmup matters")
