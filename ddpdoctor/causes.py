@@ -16,6 +16,11 @@ Two levels, both explicit:
 A folded consequence keeps its own evidence (text, JSON `consequences`, SARIF related locations). The cause takes
 the highest severity among what it explains: severity follows the measured consequence.
 
+`ddpdoctor triage` decides its verdicts (ddpdoctor.triage) as findings too — each cause with its verdict and the arm
+it favours in `evidence["triage_verdict"]` / `evidence["triage_favours"]` — and folds them with the same relation
+(`explained_by`): running statistics that are worse with per-rank statistics are what small per-rank batches,
+non-i.i.d. shards or micro-batch BN do, so such DD213/DD214 verdicts are consequences of that cause.
+
 Pure: no torch, no I/O.
 """
 
@@ -26,7 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ddpdoctor.findings import Consequence, Finding, rank_findings, sort_key
+from ddpdoctor.findings import Consequence, Finding, rank_findings
+from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
 Check = Callable[[Finding, Finding, Sequence[Finding]], "str | None"]
 
@@ -114,6 +120,40 @@ def _crash_on_default_local_rank(cause: Finding, consequence: Finding, findings:
     if named and "device" in message.lower():
         return f"every rank kept the option's default local rank {value}, and the device call that took it failed"
     return None
+def _favours_syncbn(consequence: Finding) -> bool:
+    """A triage verdict that the arm with per-rank statistics did worse (its running statistics lag more, its
+    evaluation shifts more)."""
+    return _ev(consequence, "triage_favours") == "syncbn"
+
+
+def _detected(cause: Finding) -> bool:
+    """A check finding, or a triage verdict that says the condition is there (likely or possible)."""
+    return _ev(cause, "triage_verdict", "likely") in ("confirmed", "likely", "possible")
+
+
+def _small_batches_noisy(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    """Triage measured per-rank batches below DD202's threshold (its noise verdict favours SyncBN): running
+    statistics averaged from such noisy batch statistics are worse without SyncBN for that reason."""
+    b = _ev(cause, "per_rank_samples")
+    if not _favours_syncbn(consequence) or _ev(cause, "triage_favours") != "syncbn":
+        return None
+    if not isinstance(b, (int, float)) or b >= SMALL_BN_BATCH:
+        return None
+    return (f"per-rank batches of {b:g} give noisy batch statistics, and running statistics averaged from them "
+            "follow the population less well without SyncBN")
+
+
+def _non_iid_per_rank(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    if not _favours_syncbn(consequence) or not _detected(cause):
+        return None
+    return ("each rank's running statistics follow its own shard, not the population: SyncBN normalises over the "
+            "union of the shards")
+
+
+def _micro_batches(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    if not _favours_syncbn(consequence) or not _detected(cause):
+        return None
+    return "BN normalises and updates its running statistics per micro-batch, over fewer samples without SyncBN"
 
 
 EXPLAINS: tuple[Explains, ...] = (
@@ -129,6 +169,13 @@ EXPLAINS: tuple[Explains, ...] = (
     Explains("DD305", "DD302", _split_differs),
     Explains("DD108", "DD105", _default_local_rank_shared),
     Explains("DD108", "DD902", _crash_on_default_local_rank),
+    # triage (ddpdoctor.triage): running statistics worse with per-rank statistics, and why
+    Explains("DD203", "DD213", _non_iid_per_rank),
+    Explains("DD203", "DD214", _non_iid_per_rank),
+    Explains("DD204", "DD213", _small_batches_noisy),
+    Explains("DD204", "DD214", _small_batches_noisy),
+    Explains("DD215", "DD213", _micro_batches),
+    Explains("DD215", "DD214", _micro_batches),
 )
 
 
@@ -143,16 +190,13 @@ def relations(explains: Iterable[Explains] = EXPLAINS) -> dict[str, set[str]]:
     return out
 
 
-def fold_consequences(findings: Iterable[Finding], explains: Iterable[Explains] = EXPLAINS) -> list[Finding]:
-    """The findings with every explained finding folded under its cause, ranked.
+def explained_by(findings: Sequence[Finding], explains: Iterable[Explains] = EXPLAINS) -> dict[int, tuple[int, str]]:
+    """index of each finding explained by another on this run's evidence → (index of its cause, because).
 
-    Each finding is folded under at most one cause: the best-ranked finding that explains it on this run's
-    evidence. Chains fold transitively (DD110 → DD103 → DD201 nests DD201 under DD103 under DD110), since the
-    rule-level relation is acyclic. A cause's severity is raised to the highest severity it explains."""
-    findings = rank_findings(findings)
-    rules = list(explains)
+    `findings` in rank order: each finding is explained by at most one cause, the first (best-ranked) that explains
+    it. The rule-level relation is acyclic, so chains nest (DD110 → DD103 → DD201) and never loop."""
     by_pair: dict[tuple[str, str], list[Explains]] = {}
-    for e in rules:
+    for e in explains:
         by_pair.setdefault((e.cause, e.consequence), []).append(e)
     parent: dict[int, tuple[int, str]] = {}
     for j, y in enumerate(findings):
@@ -160,10 +204,9 @@ def fold_consequences(findings: Iterable[Finding], explains: Iterable[Explains] 
             if i == j or (c.rule, y.rule) not in by_pair:
                 continue
             reason = next((r for e in by_pair[(c.rule, y.rule)] if (r := e.when(c, y, findings))), None)
-            if reason is None:
-                continue
-            if j not in parent or sort_key(c) < sort_key(findings[parent[j][0]]):
+            if reason is not None:
                 parent[j] = (i, reason)
+                break
     # a cause folded under an effect of itself cannot happen with an acyclic relation; guard anyway
     for j in list(parent):
         seen = {j}
@@ -174,6 +217,16 @@ def fold_consequences(findings: Iterable[Finding], explains: Iterable[Explains] 
                 break
             seen.add(k)
             k = parent[k][0]
+    return parent
+
+
+def fold_consequences(findings: Iterable[Finding], explains: Iterable[Explains] = EXPLAINS) -> list[Finding]:
+    """The findings with every explained finding folded under its cause (`explained_by`), ranked.
+
+    Chains fold transitively (DD110 → DD103 → DD201 nests DD201 under DD103 under DD110). A cause's severity is
+    raised to the highest severity it explains."""
+    findings = rank_findings(findings)
+    parent = explained_by(findings, explains)
     children: dict[int, list[int]] = {}
     for j, (i, _) in parent.items():
         children.setdefault(i, []).append(j)

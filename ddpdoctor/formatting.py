@@ -1,9 +1,9 @@
 """How numbers and rank lists are written in messages, reports and compare-bn's tables: one module, one style each.
 
-Messages are read by people triaging a run: numbers are short (`fmt_num`), fractions are percentages (`pct`), relative
-errors switch to powers of ten when tiny (`fmt_err`), p-values keep their order of magnitude (`fmt_p`), and rank
-lists collapse into spans (`fmt_ranks` in sentences, `fmt_rank_spans` in the report's ranks column). Pure, no
-torch.
+Messages are read by people triaging a run: numbers are short (`fmt_num`; `fmt_measure` in triage's verdicts),
+fractions are percentages (`pct`), relative errors switch to powers of ten when tiny (`fmt_err`), p-values keep their
+order of magnitude (`fmt_p`), and rank lists collapse into spans (`fmt_ranks` in sentences, `fmt_rank_spans` in the
+report's ranks column). Pure, no torch.
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ def fmt_num(x: float) -> str:
     if 1e-3 <= abs(x) < 1e6:
         return f"{x:.4g}"
     return f"{x:.2e}"
+
+
+def fmt_measure(x: float | None) -> str:
+    """A measured quantity in triage's verdicts: 3 significant figures, whole numbers from 100 up ("-" if missing)."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def pct(x: float) -> str:

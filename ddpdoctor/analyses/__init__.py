@@ -22,6 +22,7 @@ from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
 from ddpdoctor.findings import Clearance, Finding, Measurement, resolve_measurements
+from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
 
 
@@ -80,7 +81,12 @@ def analyze_run(run_dir: Path | Sequence[Path], *, overrides: Mapping[str, Any] 
     """Findings, environment, notes and tables for a recorded run (one directory, or one per node), its recorded
     settings replaced by `overrides` (`Settings` field names: base_lr, base_batch, lr_scaling, small_bn_batch...).
     A bad or non-run directory → UsageError."""
-    ctx = build_context(run_dir, overrides)
+    return analyze_context(build_context(run_dir, overrides))
+
+
+def analyze_context(ctx: RunContext) -> AnalysisResult:
+    """`analyze_run` on a context already built: `ddpdoctor triage` reads each arm's run once and compares the
+    arms on the same context (its loaded events and memoised BN tables) that the analyses filled."""
     findings: list[Finding] = []
     for module in analyses():
         try:
@@ -103,26 +109,22 @@ def analyze_run(run_dir: Path | Sequence[Path], *, overrides: Mapping[str, Any] 
     )
 
 
-def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
-    """The static findings recorded with the run (static.json; of a run recorded per node, the one directory
-    that has it: rank 0's), [] when there are none."""
+def load_static(run_dir: Path | Sequence[Path]) -> StaticRecord:
+    """The static analysis recorded with the run (static.json; of a run recorded per node, the one directory
+    that has it: rank 0's): its findings and notes, none when there is no static.json."""
     try:
         dirs = find_run_dirs(_dirs(run_dir))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     path = next((d / STATIC_FILE for d in dirs if (d / STATIC_FILE).is_file()), None)
     if path is None:
-        return []
+        return StaticRecord()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        out = []
-        for item in data:
-            f = Finding.from_json(item)
-            if item.get("magnitude"):
-                from dataclasses import replace
-
-                f = replace(f, magnitude=float(item["magnitude"]))
-            out.append(f)
-        return out
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return StaticRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: unreadable static findings: {exc}") from None
+
+
+def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
+    """The static findings recorded with the run, [] when there are none (`load_static`)."""
+    return list(load_static(run_dir).findings)

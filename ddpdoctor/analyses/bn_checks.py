@@ -7,16 +7,23 @@
   input and output, against candidate statistics, with a tolerance from floating-point rounding (DD211).
 - `effective_samples(...)`: the effective number of independent values a batch mean averages, from per-sample
   channel moments (n_eff = 1 + B · var / var(sample means)).
+- `sync_groups(ctx)`, `accumulation_of(ctx)`, `population(ctx)` / `lag_level(...)`: per run, the ranks each layer
+  normalised over, gradient accumulation (DD215), running statistics against PreciseBN population statistics
+  (DD213, DD214) — read by the rules' probe halves and by `ddpdoctor triage`, which compares them across arms.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.events import RunData
+from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
+from ddpdoctor.rules.dd213_stale_running_stats import LAG_LIKELY, LAG_POSSIBLE, VAR_LAG_LIKELY, VAR_LAG_POSSIBLE
 
 # unit roundoff of the output dtype
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
@@ -317,7 +324,9 @@ def effective_samples(samples: np.ndarray, total_var: np.ndarray, between_var: n
 
 def effective_samples_interval(samples: np.ndarray, total_var: np.ndarray, between_var: np.ndarray,
                                draws: int = 200, seed: int = 0) -> tuple[float, float, float]:
-    """(median over channels of n_eff, 5% and 95% bootstrap quantiles of it, resampling forwards)."""
+    """(median over channels of n_eff, 5% and 95% bootstrap quantiles of it, resampling forwards). The draws are
+    computed together (one array per chunk of draws, not a Python loop): triage reads this for every layer of
+    every rank."""
     samples = np.asarray(samples, dtype=np.float64)
     tv, bv = np.asarray(total_var, dtype=np.float64), np.asarray(between_var, dtype=np.float64)
     point = float(np.median(effective_samples(samples, tv, bv)))
@@ -325,12 +334,20 @@ def effective_samples_interval(samples: np.ndarray, total_var: np.ndarray, betwe
     if f < 3:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
+    idx = rng.integers(0, f, (draws, f))
+    weighted = samples[:, None] * tv  # [f, c]
+    chunk = max(1, BOOTSTRAP_VALUES // max(f * tv.shape[1], 1))
     boots = []
-    for _ in range(draws):
-        idx = rng.integers(0, f, f)
-        boots.append(float(np.median(effective_samples(samples[idx], tv[idx], bv[idx]))))
-    lo, hi = np.quantile(boots, [0.05, 0.95])
+    for start in range(0, draws, chunk):
+        rows = idx[start: start + chunk]
+        num, den = weighted[rows].sum(1), bv[rows].sum(1)  # [draws, c]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boots.append(np.median(1.0 + np.where(den > 0, num / den, np.inf), axis=1))
+    lo, hi = np.quantile(np.concatenate(boots), [0.05, 0.95])
     return point, float(lo), float(hi)
+
+
+BOOTSTRAP_VALUES = 4_000_000  # float64 values one chunk of bootstrap draws may hold (32 MB)
 
 
 @dataclass
@@ -367,8 +384,9 @@ def sample_moments(run: RunData) -> list[SampleLayer]:
     return list(layers.values())
 
 
-def layer_effective_samples(layer: SampleLayer) -> dict[int, dict[str, float]]:
-    """rank → {n_eff, lo, hi, samples, values} for one layer (median over channels, bootstrap interval)."""
+def layer_effective_samples(layer: SampleLayer, interval: bool = True) -> dict[int, dict[str, float]]:
+    """rank → {n_eff, lo, hi, samples, values} for one layer (median over channels, bootstrap interval; lo and hi
+    are NaN with `interval=False`, for an arm whose point estimate only is compared)."""
     out: dict[int, dict[str, float]] = {}
     for rank, rec in layer.per_rank.items():
         if not rec["samples"]:
@@ -376,7 +394,109 @@ def layer_effective_samples(layer: SampleLayer) -> dict[int, dict[str, float]]:
         channels = {t.size for t in rec["tv"]}
         if len(channels) != 1:
             continue
-        point, lo, hi = effective_samples_interval(np.array(rec["samples"]), np.stack(rec["tv"]), np.stack(rec["bv"]))
+        samples, tv, bv = np.array(rec["samples"]), np.stack(rec["tv"]), np.stack(rec["bv"])
+        if interval:
+            point, lo, hi = effective_samples_interval(samples, tv, bv)
+        else:
+            point, lo, hi = float(np.median(effective_samples(samples, tv, bv))), float("nan"), float("nan")
         out[rank] = {"n_eff": point, "lo": lo, "hi": hi, "samples": float(np.median(rec["samples"])),
                      "values": float(np.median(rec["count"]))}
     return out
+
+
+# --------------------------------------------------------------------------------------------------- per run
+
+
+def sync_groups(ctx: Any) -> dict[str, int]:
+    """layer → ranks it normalised over in the run's gradient-enabled training forwards (1: per-rank statistics)."""
+    bn = bc.bn_for(ctx)
+    out: dict[str, int] = {}
+    if bn is None:
+        return out
+    for layer in bn.layers:
+        if layer.synced:
+            out[layer.name] = len(layer.info.get("group_ranks") or bn.ranks)
+        else:
+            out[layer.name] = 1
+    return out
+
+
+def accumulation_of(ctx: Any) -> tuple[dict[str, Any], str, str] | None:
+    """(measured, message, verdict) of gradient accumulation in one run, None without it. Optimizer steps that
+    average several model forwards, counted as training forwards through DDP between optimizer steps — not BN
+    forwards, which a multi-view model (SimSiam, MoCo, DINO: the encoder run once per view) makes several of per
+    model forward."""
+    per_step = [int(e.get("ddp_forwards") or 0) for p in ctx.ranks.values() for e in p.of("optimizer_step")]
+    per_step = [k for k in per_step if k > 0]
+    if not per_step:
+        return None
+    k = int(np.median(per_step))
+    if k < 2:
+        return None
+    bn = bc.bn_for(ctx)
+    if bn is None:
+        return None
+    first = bn.layers[0]
+    per_rank = first.per_rank_samples()
+    b = int(np.median(list(per_rank.values()))) if per_rank else 0
+    g = sync_groups(ctx).get(first.name, 1)
+    world = len(bn.ranks)
+    verdict = "likely" if b * g < LARGE_SYNC_BATCH else "possible"
+    message = (f"gradient accumulation: each optimizer step averages {k} forwards of {b} samples per rank "
+               f"({k * b * world} samples over {world} ranks) but BatchNorm normalises — and updates its running "
+               f"statistics — per forward, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
+               + (f" (plain BN: {b})" if g > 1 else ""))
+    measured = {"summary": f"{k} micro-batches of {b}/rank; BN over {b * g}", "micro_batches": k,
+                "micro_batch_per_rank": b, "optimizer_batch": k * b * world, "bn_batch_syncbn": b * g,
+                "bn_batch_plain": b}
+    return measured, message, verdict
+
+
+
+def population(ctx: Any) -> dict[str, Any] | None:
+    """Per layer over ranks: running vs population lag (mean in std, var relative), the population estimate's
+    standard error, and the eval-output shift; None when not recorded."""
+    lags_m, lags_v, ses, shifts = [], [], [], []
+    for proc in ctx.ranks.values():
+        ev = proc.last("bn_population")
+        if not ev or not ev.get("ok"):
+            continue
+        if ev.get("eval_output_shift") is not None:
+            shifts.append(float(ev["eval_output_shift"]))
+        try:
+            vec = np.asarray(ctx.run.load_array(ev["stats"]), dtype=np.float64) if ev.get("stats") else None
+        except (OSError, ValueError, KeyError):
+            vec = None
+        if vec is None:
+            continue
+        off = 0
+        world = max(len(ctx.ranks), 1) if ev.get("pooled") else 1
+        for layer in ev.get("layers") or []:
+            c, h = int(layer["channels"]), int(layer["batches"])
+            need = 6 * c + h * c
+            if off + need > vec.size:
+                break
+            rm, rv, _pm, _pv, gm, gv = (vec[off + i * c: off + (i + 1) * c] for i in range(6))
+            means = vec[off + 6 * c: off + 6 * c + h * c].reshape(h, c)
+            off += need
+            sd = np.sqrt(np.maximum(gv, 0) + float(layer.get("eps") or 1e-5))
+            lags_m.append(float(np.sqrt(np.mean(((rm - gm) / sd) ** 2))))
+            lags_v.append(float(np.median(np.abs((rv + 1e-12) / (gv + 1e-12) - 1.0))))
+            if h > 1:
+                ses.append(float(np.sqrt(np.mean((means.std(axis=0, ddof=1) / math.sqrt(h * world) / sd) ** 2))))
+    if not lags_m:
+        return None
+    return {"mean_lag_std": float(np.median(lags_m)), "var_lag_rel": float(np.median(lags_v)),
+            "population_se_std": float(np.median(ses)) if ses else None,
+            "eval_output_shift": float(np.median(shifts)) if shifts else None, "layers": len(lags_m)}
+
+
+def lag_level(pop: dict[str, Any]) -> str:
+    """likely / possible / ruled_out for one run's running-statistics lag (`population`): material against the
+    population estimate's own standard error."""
+    m, v, se = pop["mean_lag_std"], pop["var_lag_rel"], pop["population_se_std"] or 0.0
+    if (m > LAG_LIKELY and m > 3 * se) or v > VAR_LAG_LIKELY:
+        return "likely"
+    if (m > LAG_POSSIBLE and m > 2 * se) or v > VAR_LAG_POSSIBLE:
+        return "possible"
+    return "ruled_out"

@@ -165,9 +165,11 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
              overrides: dict[str, Any] | None) -> tuple[Report, dict]:
     """Analyse each arm's run directory (its recorded settings, replaced by `overrides`), decide the verdicts, and
     build the report; `check` gives the arms' settings (base_batch...) and --select/--ignore."""
-    from ddpdoctor.analyses import analyze_run, build_context
+    from ddpdoctor.analyses import analyze_context, build_context
+    from ddpdoctor.causes import fold_consequences
     from ddpdoctor.check import filter_findings, merge_static_and_probe
-    from ddpdoctor.triage.verdicts import TRIAGE_RULES, Arm, cause_findings, triage
+    from ddpdoctor.triage.model import TRIAGE_RULES, Arm
+    from ddpdoctor.triage.verdicts import cause_findings, triage
 
     written_name, mirror = layout["written"], bool(layout["mirror"])
     sync, plain = int(layout["syncbn_layers"]), int(layout["plain_layers"])
@@ -177,10 +179,11 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
         if name not in layout["arm_dirs"]:
             continue
         d = base / layout["arm_dirs"][name]
-        analysis = analyze_run(d, overrides=overrides)
+        ctx = build_context(d, overrides)
+        analysis = analyze_context(ctx)
         analyses[name] = analysis
         arms.append(Arm(name=name, what=_what(name, mirror, layout.get("group_size"), sync, plain),
-                        ctx=build_context(d, overrides), findings=list(analysis.findings),
+                        ctx=ctx, findings=list(analysis.findings),
                         as_written=name == written_name, mirror=mirror))
     written = next(arm for arm in arms if arm.as_written)
     result = triage(arms, written.ctx.settings) if (sync or plain) else None
@@ -189,8 +192,8 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
     if result is not None and not mirror:
         probe += cause_findings(result, written)
     merged, cleared = merge_static_and_probe(static, probe, wa.clearances, select=check.select, ignore=check.ignore)
-    kept = filter_findings(merged, select=check.select, ignore=check.ignore, base_dir=wa.base_dir,
-                           sources=wa.sources)
+    kept = fold_consequences(filter_findings(merged, select=check.select, ignore=check.ignore,
+                                             base_dir=wa.base_dir, sources=wa.sources))
     notes = list(wa.notes) + cleared + (list(result.notes) if result is not None else [])
     triage_json = _triage_json(result, written, arms, mirror)
     report = Report(script=wa.script, args=tuple(wa.args), environment=dict(wa.environment),
@@ -223,18 +226,19 @@ def _text_extras(result: Any, arms: list[Any]) -> dict[str, Any]:
 
 
 def _prepare_triage_dir(base: Path) -> None:
-    if base.exists() and not base.is_dir():
-        raise UsageError(f"{base}: exists and is not a directory")
-    if base.is_dir() and any(base.iterdir()):
-        ours = {TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"}
-        if not {p.name for p in base.iterdir()} <= ours:
-            raise UsageError(f"{base}: exists and is not a ddpdoctor triage directory (use a new or empty one)")
-        for p in base.iterdir():
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink()
-    base.mkdir(parents=True, exist_ok=True)
+    """`triage --keep-run DIR`: new, empty, or one of ddpdoctor's own (its marker, ddpdoctor.probe.rundir); only
+    the names a triage writes are cleared, and a folder without the marker is refused, whatever it holds."""
+    from ddpdoctor.probe.rundir import MARKER, has_marker, mark_folder
+
+    if base.is_dir() and any(p.name != MARKER for p in base.iterdir()) and not has_marker(base):
+        raise UsageError(f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder")
+    mark_folder(base, "--keep-run")
+    for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
+        p = base / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
 
 
 def _set_meta_arm(run_dir: Path, name: str) -> None:

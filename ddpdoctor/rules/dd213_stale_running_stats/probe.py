@@ -5,20 +5,20 @@ What it does: reads the `bn_population` events a `ddpdoctor triage` arm records 
 in triage arms, so a `check` run has none and this analysis is silent): per layer the running mean's distance
 from the population mean of every rank's held batches, in the population's standard deviations (RMS over
 channels), and the running variance's relative distance (median over channels), median over layers; fires when
-that lag is material against the population estimate's own sampling error (`ddpdoctor.triage.verdicts.lag_level`).
+that lag is material against the population estimate's own sampling error (`ddpdoctor.analyses.bn_checks.lag_level`).
 Across arms `ddpdoctor triage` decides whether the lag differs between SyncBN and per-rank statistics.
 """
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.bn_checks import lag_level, population
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.formatting import fmt_measure as fmt_num
 from ddpdoctor.rules.dd213_stale_running_stats import CODE
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    from ddpdoctor.triage.verdicts import fmt_num, lag_level, population
-
     pop = population(ctx)
     if pop is None:
         return []

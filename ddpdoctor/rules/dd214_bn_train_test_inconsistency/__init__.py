@@ -1,7 +1,7 @@
 """DD214 bn-train-test-inconsistency: the rule's catalog entry and its documentation.
 
 How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
-where the rule has that half; `ddpdoctor triage` (ddpdoctor/triage/verdicts.py) also decides it across arms.
+where the rule has that half; `ddpdoctor triage` (ddpdoctor/triage/) also decides it across arms.
 """
 
 from __future__ import annotations

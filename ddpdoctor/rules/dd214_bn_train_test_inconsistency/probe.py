@@ -4,20 +4,20 @@ statistics.
 What it does: reads the `eval_output_shift` of the `bn_population` events a `ddpdoctor triage` arm records at its
 end (silent in `check` runs, which record none): the relative L2 change of the model's eval-mode output on a held
 training batch when the running statistics are replaced by the population statistics of every rank's held
-batches, median over ranks. Likely above SHIFT_LIKELY, possible above SHIFT_POSSIBLE
-(`ddpdoctor.triage.verdicts`). Across arms `ddpdoctor triage` decides whether SyncBN changes it.
+batches, median over ranks (`ddpdoctor.analyses.bn_checks.population`). Likely above SHIFT_LIKELY, possible above
+SHIFT_POSSIBLE (this rule's parameters). Across arms `ddpdoctor triage` decides whether SyncBN changes it.
 """
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.bn_checks import population
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
-from ddpdoctor.rules.dd214_bn_train_test_inconsistency import CODE
+from ddpdoctor.formatting import fmt_measure as fmt_num
+from ddpdoctor.rules.dd214_bn_train_test_inconsistency import CODE, SHIFT_LIKELY, SHIFT_POSSIBLE
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    from ddpdoctor.triage.verdicts import SHIFT_LIKELY, SHIFT_POSSIBLE, fmt_num, population
-
     pop = population(ctx)
     shift = None if pop is None else pop.get("eval_output_shift")
     if shift is None or shift <= SHIFT_POSSIBLE:

@@ -4,19 +4,18 @@ What it does: the number of training forwards through DDP between optimizer step
 every rank) is the accumulation factor; at 2 or more it reports the micro-batch BN normalised over (per rank, and
 over its SyncBN group) against the samples one optimizer step averages. Likely when BN's batch is below
 LARGE_SYNC_BATCH (DD204's threshold: below it the micro-batch statistics are noisy), possible above. The verdict
-logic is shared with `ddpdoctor triage` (ddpdoctor.triage.verdicts.accumulation_cause).
+logic is shared with `ddpdoctor triage` (ddpdoctor.analyses.bn_checks.accumulation_of).
 """
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.bn_checks import accumulation_of
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd215_micro_batch_bn import CODE
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    from ddpdoctor.triage.verdicts import accumulation_of
-
     found = accumulation_of(ctx)
     if found is None:
         return []

@@ -57,11 +57,9 @@ def lr_trace(ctx: RunContext) -> dict[str, Any] | None:
     return None
 
 
-def _static_scaled(ctx: RunContext) -> dict[str, Any] | None:
-    for f in ctx.run.static or []:
-        if f.get("rule") == CODE:
-            return f
-    return None
+def _static_scaled(ctx: RunContext) -> Finding | None:
+    """The static DD402 of the check that recorded the run: where the script scales its lr with the world size."""
+    return next((f for f in (ctx.run.static.findings if ctx.run.static else ()) if f.rule == CODE), None)
 
 
 def parsed_option(ctx: RunContext, rank: int, dest: str) -> float | None:
@@ -74,10 +72,10 @@ def parsed_option(ctx: RunContext, rank: int, dest: str) -> float | None:
     return None
 
 
-def unscaled(ctx: RunContext, rank: int, static: dict[str, Any] | None) -> tuple[float, str] | None:
+def unscaled(ctx: RunContext, rank: int, static: Finding | None) -> tuple[float, str] | None:
     """(value, how it is named) of the lr the static scaling expression scales, as this run had it: the option
     as parsed on the rank (its default when no parse was recorded), or the literal."""
-    term = ((static or {}).get("evidence") or {}).get("unscaled_lr")
+    term = (static.evidence or {}).get("unscaled_lr") if static is not None else None
     if not isinstance(term, dict):
         return None
     text = str(term.get("text") or "lr")
@@ -91,12 +89,12 @@ def unscaled(ctx: RunContext, rank: int, static: dict[str, Any] | None) -> tuple
     return (value, text) if value else None
 
 
-def _measured(ctx: RunContext, opt: dict[str, Any], static: dict[str, Any] | None, reason: str,
+def _measured(ctx: RunContext, opt: dict[str, Any], static: Finding | None, reason: str,
               evidence: dict[str, Any]) -> None:
     """The warmup question was measured at the optimizer and at the line static analysis flagged."""
     ctx.measured(CODE, site=opt["site"], reason=reason, evidence=evidence)
-    if static is not None and static.get("file") and static.get("line"):
-        ctx.measured(CODE, site={"file": static["file"], "line": static["line"]}, reason=reason, evidence=evidence)
+    if static is not None and static.file and static.line:
+        ctx.measured(CODE, site={"file": static.file, "line": static.line}, reason=reason, evidence=evidence)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -104,7 +102,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     opt = lr_trace(ctx)
     if opt is None:
         if static is not None:
-            ctx.not_measured(CODE, site={"file": static.get("file"), "line": static.get("line")},
+            ctx.not_measured(CODE, site={"file": static.file, "line": static.line},
                              reason="no optimizer step was observed, so the lr the ranks step with is unknown")
         return []
     trace = opt["trace"]
@@ -127,19 +125,19 @@ def analyze(ctx: RunContext) -> list[Finding]:
         what = f"the reference recipe's {fmt_num(base)} (--base-lr)"
     elif term is not None:
         ratio = peak / term[0]
-        at = f"{ctx.path(static.get('file'))}:{static.get('line')}" if static else "?"
+        at = f"{ctx.path(static.file)}:{static.line}" if static else "?"
         reference = f"{fmt_num(ratio)}× the unscaled lr {term[1]} that {at} scales"
         what = f"the unscaled lr {term[1]} that {at} scales"
     elif static is not None:
         ratio = None
-        reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
+        reference = f"an lr scaled with the world size ({ctx.path(static.file)}:{static.line})"
     else:
         return []
     if ratio is not None and 1 <= ratio < SCALE_THRESHOLD and not base and static is not None:
         # the expression scales with the world size, and the probe's few ranks are not the job's: a 2x at 2 ranks
         # is 8x at 8 GPUs. Only a scale-down (below 1x already) or the user's own recipe (--base-lr) settles it
         ratio = None
-        reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
+        reference = f"an lr scaled with the world size ({ctx.path(static.file)}:{static.line})"
     if ratio is not None and ratio < SCALE_THRESHOLD:
         if ratio < 1:
             why = (f"the lr is scaled down, not up: the ranks stepped with lr {fmt_num(peak)} at most, "
