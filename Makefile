@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-gpu bench bench-overhead bench-gpu docs clean
+.PHONY: setup demo lint test test-fast test-gpu bench bench-overhead bench-gpu docs clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,11 +21,15 @@ demo: setup
 	@echo "--- ddpdoctor check on the bundled buggy example (fixtures/demo/train.py) ---"
 	-$(VENV)/bin/ddpdoctor check fixtures/demo/train.py --base-lr 0.1 --base-batch 32
 
-test: setup
+# The lint gate (ruff, configured in pyproject.toml); `make test` runs it first.
+lint: setup
+	$(PY) -m ruff check .
+
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Skips the multi-rank tests (seconds each); `make test` runs everything.
-test-fast: setup
+test-fast: setup lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # On a GPU node: the gpu-marked tests (skipped everywhere else).

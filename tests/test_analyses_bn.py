@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddpdoctor.analyses import analyze_run, bn_common as bc
+from ddpdoctor.analyses import analyze_run
+from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.events import SCHEMA, read_run
-from ddpdoctor.findings import Confidence, Severity
+from ddpdoctor.findings import Severity
 from ddpdoctor.rules.dd206_collective_on_subset import probe as dd206
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -190,8 +190,9 @@ def test_dd302_silent_on_shards_made_by_hand_with_subset(run: str) -> None:
 def test_dd301_and_dd302_measured_absent_clear_the_static_findings(tmp_path: Path) -> None:
     """A run whose training sampler reshuffles every epoch and whose ranks' shards are disjoint, recorded with
     static findings the linter could only guess at (likely / possible) and one it is certain of."""
-    import numpy as np
     import zlib
+
+    import numpy as np
 
     static_json = []
     for rule, line, confidence in (("DD301", 20, "likely"), ("DD302", 21, "possible"), ("DD301", 40, "certain")):
@@ -236,8 +237,9 @@ def test_dd301_and_dd302_measured_absent_clear_the_static_findings(tmp_path: Pat
 
 def _run_with_blobs(tmp_path: Path, shards: dict[int, list[int]], sampler: str = "RandomSampler") -> Path:
     """Two ranks iterating a Subset shard each (the same for an overlapping split), with the probe's blobs."""
-    import numpy as np
     import zlib
+
+    import numpy as np
 
     ranks = {}
     for r, indices in shards.items():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analyses.context import fmt_num, fmt_ranks, pct
-from ddpdoctor.events import EVENT_KINDS, BASE_FIELDS, parse_stack_dump, read_run, rle_expand
+from ddpdoctor.events import BASE_FIELDS, EVENT_KINDS, parse_stack_dump, read_run, rle_expand
 from ddpdoctor.probe.patching import Patcher, wrap_everywhere
 from ddpdoctor.probe.plan import plan_launch
 from ddpdoctor.probe.procs import kill_run, run_processes

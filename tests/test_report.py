@@ -11,13 +11,13 @@ import jsonschema
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor.rules import RULES, get_rule
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.render import render, render_rules
 from ddpdoctor.report.sarif import artifact_location, sarif_log
 from ddpdoctor.report.text import format_ranks, render_text
+from ddpdoctor.rules import RULES, get_rule
 
 DATA = Path(__file__).resolve().parent / "data"
 SCHEMA_COPY = DATA / "sarif-schema-2.1.0.json"

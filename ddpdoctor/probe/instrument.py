@@ -75,9 +75,9 @@ def _torch_imported(probe: session.Probe) -> None:
 
 
 def _install_torch_side(probe: session.Probe) -> None:
-    import torch
-
     import time
+
+    import torch
 
     t0 = time.perf_counter()
     settings = probe.settings

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
-from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.findings import Finding, rank_findings
 from ddpdoctor.rules import hooks
+from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.engine.support import is_main_guard
 from ddpdoctor.static.model import ScriptModel

@@ -350,7 +350,6 @@ def _note_no_grad(probe: Probe, state: _State, module: Any, torch: Any, call_cod
     bn_layers = 0
     syncbn = 0
     if root is not None and hasattr(root, "modules"):
-        from torch.nn import SyncBatchNorm
         from torch.nn.modules.batchnorm import _BatchNorm
 
         for m in root.modules():

@@ -69,7 +69,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         )
     how = "; the probe passed it as torch.distributed.launch did, to measure the rest" if injected else ""
     if overridden:
-        how = (f"; the probe then gave each rank its LOCAL_RANK instead ("
+        how = ("; the probe then gave each rank its LOCAL_RANK instead ("
                + ", ".join(f"rank {r}: {v}" for r, v in sorted(overridden.items()))
                + "), as torch.distributed.launch passed it, to measure the rest")
     message = f"the script reads its local rank from {option} (declared at {ctx.at(first.get('site'))}): {consequence}{how}"

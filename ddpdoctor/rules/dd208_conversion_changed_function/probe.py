@@ -19,7 +19,6 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd208_conversion_changed_function import CODE
 
 
-
 def changed_layers(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in convs:

@@ -17,7 +17,6 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd210_frozen_bn_unfrozen import CODE
 
 
-
 def unfrozen(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in convs:

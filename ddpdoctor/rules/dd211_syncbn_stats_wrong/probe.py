@@ -18,7 +18,6 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd211_syncbn_stats_wrong import CODE
 
 
-
 def verdicts(ctx: RunContext) -> list[bn_checks.LayerVerdict]:
     key = "bn_applied_verdicts"
     if key not in ctx.memo:

@@ -17,7 +17,6 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd212_syncbn_scope import CODE
 
 
-
 def layer_groups(ctx: RunContext) -> dict[str, dict[int, list[int]]]:
     """layer name → rank → global ranks of its process group (SyncBN-like layers only)."""
     out: dict[str, dict[int, list[int]]] = {}
