@@ -69,7 +69,9 @@ def phases(run_dir: Path) -> dict[str, float]:
         steps.extend(b - a for a, b in zip(step_t, step_t[1:]))
         marks = {
             "launcher + agent start, until the rank's interpreter runs": t["process_start"] - t0,
-            "rank: import torch (the script's own import)": t["torch_ready"] - t["script_start"] - ready["install_seconds"],
+            "rank: import torch (the script's own import)": (
+                t["torch_ready"] - t["script_start"] - ready["install_seconds"]
+            ),
             "rank: CUDA emulation + recorders installed": ready["install_seconds"],
             "rank: script until its first optimizer step (rendezvous, DDP, first batch)": step_t[0] - t["torch_ready"],
             "rank: training steps": step_t[-1] - step_t[0],
@@ -90,7 +92,7 @@ def main() -> int:
     ns = ap.parse_args()
     os.chdir(REPO)
     bare_t, probe_t, analysis_t, breakdowns, bare_failures = [], [], [], [], []
-    for i in range(ns.repeat):  # interleaved, so a busy machine affects both alike
+    for _ in range(ns.repeat):  # interleaved, so a busy machine affects both alike
         wall, failure = bare(ns.nproc)
         bare_t.append(wall)
         if failure:
@@ -102,8 +104,10 @@ def main() -> int:
         breakdowns.append(ph)
     med = statistics.median
     print(f"workload: {SCRIPT}, {ns.nproc} ranks, 2 epochs x 4 steps; {ns.repeat} runs each, medians")
-    print(f"  bare torchrun                      {med(bare_t):6.2f} s   (runs: {', '.join(f'{x:.2f}' for x in bare_t)})")
-    print(f"  probe (launch + run + stop)        {med(probe_t):6.2f} s   (runs: {', '.join(f'{x:.2f}' for x in probe_t)})")
+    print(f"  bare torchrun                      {med(bare_t):6.2f} s   "
+          f"(runs: {', '.join(f'{x:.2f}' for x in bare_t)})")
+    print(f"  probe (launch + run + stop)        {med(probe_t):6.2f} s   "
+          f"(runs: {', '.join(f'{x:.2f}' for x in probe_t)})")
     print(f"  analysis of the recorded run       {med(analysis_t):6.2f} s")
     print(f"  probe / bare                       {med(probe_t) / med(bare_t):6.2f} x")
     if bare_failures:

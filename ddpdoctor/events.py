@@ -151,7 +151,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         _k(
             "done",
             "the process finished its work; later deaths are teardown, not failures",
-            reason="'script returned' | 'sys.exit(0)' | 'epochs observed' | 'steps observed' | 'spawned function returned'",
+            reason="'script returned' | 'sys.exit(0)' | 'epochs observed' | 'steps observed' "
+            "| 'spawned function returned'",
             steps="optimizer steps taken",
             epochs="training epochs observed",
             writes_waited="seconds the process waited for writes in progress (a checkpoint saved by a background "
@@ -170,8 +171,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             exit_code="for SystemExit",
             where="'script' | 'spawned function' | 'process'",
         ),
-        _k("spawned_function", "a child of torch.multiprocessing.spawn starts the user's function", index="process index",
-           function="qualified name"),
+        _k("spawned_function", "a child of torch.multiprocessing.spawn starts the user's function",
+           index="process index", function="qualified name"),
         _k("peers_wait", "a finished rank waited for its peers before leaving", world="world size", seconds="waited",
            complete="all peers arrived"),
         _k("exit", "the process is leaving with os._exit after flushing", code="exit status"),
@@ -806,7 +807,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             losses="[[value, float.hex(value)], ...] of the scalar tensors backward() was called on (first 8)",
             loss_numel="element counts of the tensors backward() was called on",
             backward_site="user line of the last backward call",
-            loss_module="{cls, input_shape, reduction} of the first nn loss module called since the previous step, or null",
+            loss_module="{cls, input_shape, reduction} of the first nn loss module called since the previous step, "
+            "or null",
             grads="{params, none, zero, nonfinite, norm, max_abs, numel} of the optimizer's parameters' gradients",
             zero_grads="names of parameters whose gradient is exactly zero (first 8)",
             hand_reduced="null, or {params, numel, ops, sites, after_ddp, ratio_median, ratio_min, ratio_max}: "
@@ -1332,7 +1334,9 @@ def parse_stack_dump(text: str) -> list[list[dict[str, Any]]]:
             continue
         f = _FRAME.match(line)
         if f and thread is not None:
-            thread["frames"].append({"file": f.group("file"), "line": int(f.group("line")), "function": f.group("func")})
+            thread["frames"].append(
+                {"file": f.group("file"), "line": int(f.group("line")), "function": f.group("func")}
+            )
     return dumps
 
 

@@ -188,16 +188,17 @@ def _write_run(path: Path, ranks: dict[int, dict], *, broadcast: bool | None = T
         blob = bytearray()
         lines = []
 
-        def ref(arr: np.ndarray) -> dict:
+        # this rank's name, blob, lines and r are bound as keyword-only defaults, not looked up at call time
+        def ref(arr: np.ndarray, *, _name: str = name, _blob: bytearray = blob) -> dict:
             raw = np.asarray(arr, dtype=np.float64).tobytes()
-            out = {"file": f"{name}.bin", "offset": len(blob), "nbytes": len(raw), "codec": "raw",
+            out = {"file": f"{_name}.bin", "offset": len(_blob), "nbytes": len(raw), "codec": "raw",
                    "dtype": "float64", "count": int(np.asarray(arr).size)}
-            blob.extend(raw)
+            _blob.extend(raw)
             return out
 
-        def emit(kind: str, **fields) -> None:
-            lines.append(json.dumps({"kind": kind, "t": 1.0 + len(lines), "pid": 100 + r, "seq": len(lines) + 1,
-                                     "rank": r, **fields}))
+        def emit(kind: str, *, _lines: list = lines, _r: int = r, **fields) -> None:
+            _lines.append(json.dumps({"kind": kind, "t": 1.0 + len(_lines), "pid": 100 + _r, "seq": len(_lines) + 1,
+                                      "rank": _r, **fields}))
 
         emit("process_start", role="rank", env={"RANK": str(r)})
         emit("pg_init", ok=True, rank=r, world_size=len(ranks), backend="gloo")

@@ -27,7 +27,9 @@ def probe_findings(run: str | Path, rule: str, **overrides: Any) -> list:
     return [f for f in analyze_run(path, overrides=overrides).findings if f.rule == rule]
 
 
-def make_run(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], static: list | None = None, **meta: Any) -> Path:
+def make_run(
+    tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], static: list | None = None, **meta: Any
+) -> Path:
     run = tmp_path / "run"
     (run / "events").mkdir(parents=True)
     (run / "meta.json").write_text(json.dumps({"schema": SCHEMA, "script": "train.py", "script_abs": "/w/train.py",

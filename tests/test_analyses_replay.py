@@ -28,7 +28,8 @@ def test_replay_needs_no_torch() -> None:
 
     code = (
         "import sys; from pathlib import Path; from ddpdoctor.analyses import analyze_run; "
-        f"analyze_run(Path({str(RUNS / 'probe_forward_bypass')!r})); assert 'torch' not in sys.modules, 'torch imported'"
+        f"analyze_run(Path({str(RUNS / 'probe_forward_bypass')!r})); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -362,7 +363,8 @@ def test_inline_suppressions_are_read_from_the_kept_copy(tmp_path: Path, monkeyp
 def test_dd110_model_not_wrapped_is_the_root_cause() -> None:
     found = _probe("model_not_wrapped")
     f = found["DD110"]
-    assert f.severity == Severity.CRITICAL and (f.file, f.line, f.ranks) == ("fixtures/probe/model_not_wrapped.py", 24, (0, 1))
+    assert f.severity == Severity.CRITICAL
+    assert (f.file, f.line, f.ranks) == ("fixtures/probe/model_not_wrapped.py", 24, (0, 1))
     assert f.evidence["replicas_diverged"] is True and f.evidence["first_diverged_step"] == 1
     assert f.evidence["data_sharded_by"] == "DistributedSampler" and f.magnitude > 1e-3
     assert "never wrapped in DistributedDataParallel" in f.message and "differed from step 1" in f.message

@@ -33,7 +33,10 @@ class Run:
         self.t = 1.0
 
     def process(self, pid: int, rank: int | None, role: str = "rank", events: list[tuple[str, dict]] = ()) -> None:
-        lines = [{"kind": "process_start", "role": role, "main_thread": "0x1", "python": "3.11.7"}, *[{"kind": k, **f} for k, f in events]]
+        lines = [
+            {"kind": "process_start", "role": role, "main_thread": "0x1", "python": "3.11.7"},
+            *[{"kind": k, **f} for k, f in events],
+        ]
         with (self.root / "events" / f"h-p{pid}.jsonl").open("w") as fh:
             for seq, e in enumerate(lines, 1):
                 self.t += 0.1
@@ -71,7 +74,8 @@ def test_a_rank_that_finished_and_died_in_teardown_is_not_a_failure(tmp_path: Pa
 
 def test_the_first_failure_that_is_not_a_peer_consequence_is_the_root_cause(tmp_path: Path) -> None:
     run = Run(tmp_path, agent={"ok": False, "failures": [
-        {"rank": 0, "exitcode": 1, "timestamp": 40, "pid": 10}, {"rank": 1, "exitcode": -15, "signal": "SIGTERM", "timestamp": 41, "pid": 11}]})
+        {"rank": 0, "exitcode": 1, "timestamp": 40, "pid": 10},
+        {"rank": 1, "exitcode": -15, "signal": "SIGTERM", "timestamp": 41, "pid": 11}]})
     init = [("pg_init", {"ok": True, "world_size": 2})]
     run.process(10, 0, events=init + [("exception", {"t": 30.0, "type": "RuntimeError",
                                                       "message": "[pair.cc:537] Read error: Connection reset by peer",
@@ -176,13 +180,15 @@ def test_sharded_models_are_not_replicas(tmp_path: Path) -> None:
     run = Run(tmp_path)
     for pid, rank in ((10, 0), (11, 1)):
         run.process(pid, rank, events=[("pg_init", {"ok": True, "world_size": 2}),
-                                       ("params", {"step": 1, "digest": f"shard{rank}", "source": "optimizer", "values": [rank]}),
+                                       ("params", {"step": 1, "digest": f"shard{rank}", "source": "optimizer",
+                                                   "values": [rank]}),
                                        ("done", {"reason": "script returned", "steps": 1, "epochs": 0})])
     assert "DD103" not in _rules(tmp_path)
     run2 = Run(tmp_path / "ddp")
     for pid, rank in ((10, 0), (11, 1)):
         run2.process(pid, rank, events=[("pg_init", {"ok": True, "world_size": 2}),
-                                        ("params", {"step": 1, "digest": f"d{rank}", "source": "ddp", "values": [0.5 * rank]}),
+                                        ("params", {"step": 1, "digest": f"d{rank}", "source": "ddp",
+                                                    "values": [0.5 * rank]}),
                                         ("done", {"reason": "script returned", "steps": 1, "epochs": 0})])
     f = _rules(tmp_path / "ddp")["DD103"]
     assert f.evidence["first_step"] == 1 and f.magnitude == 0.5

@@ -2,8 +2,8 @@
 
 The GitHub workflow of the README: valid YAML whose ddpdoctor steps run as written (on this repository's fixtures
 in place of `.`). The pre-commit hook (.pre-commit-hooks.yaml, id `ddpdoctor`): static checks of the staged Python
-files, at two levels: the hook file's contract, checked offline (pre-commit's own manifest schema, and the command it runs
-over a file list, as pre-commit passes it); and the real thing, `pre-commit try-repo` against this checkout, which
+files, at two levels: the hook file's contract, checked offline (pre-commit's own manifest schema, and the command it
+runs over a file list, as pre-commit passes it); and the real thing, `pre-commit try-repo` against this checkout, which
 builds the hook's isolated environment from the package index (no torch: ddpdoctor does not depend on it). Set
 DDPDOCTOR_OFFLINE=1 to skip the latter where no package index can be reached.
 """

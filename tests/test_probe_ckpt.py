@@ -44,7 +44,9 @@ def test_state_dicts_are_found_in_the_object_or_one_level_down() -> None:
     wrapped = {f"module.{k}": v for k, v in net.state_dict().items()}
     assert checkpoint.state_dicts_in(wrapped)[0] == {"key": "", "keys": 2, "module_prefixed": 2,
                                                      "first_keys": ["module.0.weight", "module.0.bias"]}
-    nested = checkpoint.state_dicts_in({"epoch": 3, "model": net.state_dict(), "opt": {"state": {}, "param_groups": []}})
+    nested = checkpoint.state_dicts_in(
+        {"epoch": 3, "model": net.state_dict(), "opt": {"state": {}, "param_groups": []}}
+    )
     assert [(s["key"], s["keys"], s["module_prefixed"]) for s in nested] == [("model", 2, 0)]
     assert checkpoint.state_dicts_in([1, 2]) == []
 
@@ -63,7 +65,8 @@ def test_saves_are_written_where_the_script_says_and_recorded(probe: Any, tmp_pa
     assert first["bytes"] == target.stat().st_size and first["error"] is None
     assert first["state_dicts"][0]["key"] == "model" and first["state_dicts"][0]["module_prefixed"] == 2
     assert first["site"]["file"] == __file__
-    assert second["abspath"] is None and second["target"] == "BytesIO" and second["state_dicts"][0]["module_prefixed"] == 0
+    assert second["abspath"] is None and second["target"] == "BytesIO"
+    assert second["state_dicts"][0]["module_prefixed"] == 0
 
 
 def test_non_strict_loads_report_the_skipped_keys(probe: Any) -> None:

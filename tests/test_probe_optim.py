@@ -58,7 +58,7 @@ def test_losses_backward_counts_and_gradients_per_step(probe: Any) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 3)
     for _ in range(2):
-        for micro in range(3):  # accumulation without DDP: plain backwards
+        for _micro in range(3):  # accumulation without DDP: plain backwards
             loss = model(x).pow(2).mean()
             loss.backward()
         opt.step()
@@ -253,8 +253,12 @@ def test_ddp_comm_hooks_are_ddps_own_reduction(probe: Any, one_rank_group: None)
 
 OPTIM_FIXTURES = {
     # fixture: (options, rules the probe must report, rules it must not)
-    "accumulate_hand_reduce": ({"base_lr": 0.1, "base_batch": 8}, {"DD402", "DD403", "DD404"}, {"DD401", "DD405", "DD406"}),
-    "good_accumulate": ({"base_lr": 0.1, "base_batch": 8}, set(), {"DD401", "DD402", "DD403", "DD404", "DD405", "DD406"}),
+    "accumulate_hand_reduce": (
+        {"base_lr": 0.1, "base_batch": 8}, {"DD402", "DD403", "DD404"}, {"DD401", "DD405", "DD406"}
+    ),
+    "good_accumulate": (
+        {"base_lr": 0.1, "base_batch": 8}, set(), {"DD401", "DD402", "DD403", "DD404", "DD405", "DD406"}
+    ),
     "zero_loss": ({}, {"DD405"}, {"DD403", "DD404", "DD406"}),
     "corrupt_sample": ({}, {"DD406"}, {"DD403", "DD404", "DD405"}),
 }

@@ -37,9 +37,12 @@ def test_plan_detects_self_spawning_script() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "import torch.multiprocessing as mp\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nmp.spawn(f, nprocs=2)\n",
-        "from torch.multiprocessing import spawn\nfrom torch.distributed import init_process_group\nspawn(f)\ninit_process_group('gloo', rank=0, world_size=1)\n",
-        "import multiprocessing as mp\nimport torch.distributed as dist\nctx = mp.get_context('spawn')\nctx.Process(target=f).start()\ndist.init_process_group('gloo')\n",
+        "import torch.multiprocessing as mp\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nmp.spawn(f, nprocs=2)\n",
+        "from torch.multiprocessing import spawn\nfrom torch.distributed import init_process_group\n"
+        "spawn(f)\ninit_process_group('gloo', rank=0, world_size=1)\n",
+        "import multiprocessing as mp\nimport torch.distributed as dist\nctx = mp.get_context('spawn')\n"
+        "ctx.Process(target=f).start()\ndist.init_process_group('gloo')\n",
         "import torch\ntorch.multiprocessing.spawn(f)\ntorch.distributed.init_process_group('nccl')\n",
     ],
 )
@@ -203,7 +206,9 @@ def test_launch_check_decides_only_in_the_main_process_of_a_single_launch(tmp_pa
     main = Probe(settings, "main")
     env_init = launch_check.init_needs_launcher(main, {"backend": "gloo"})
     assert env_init is not None and "RANK and WORLD_SIZE" in env_init
-    assert "world_size=2" in launch_check.init_needs_launcher(main, {"init_method": "tcp://h:1", "rank": 0, "world_size": 2})
+    assert "world_size=2" in launch_check.init_needs_launcher(
+        main, {"init_method": "tcp://h:1", "rank": 0, "world_size": 2}
+    )
     assert launch_check.init_needs_launcher(main, {"init_method": "tcp://h:1", "rank": 0, "world_size": 1}) is None
     assert launch_check.init_needs_launcher(main, {"rank": 0, "world_size": 2, "store": object()}) is None
     assert "os.environ['LOCAL_RANK']" in launch_check.exception_needs_launcher(main, KeyError("LOCAL_RANK"))
@@ -234,7 +239,9 @@ def test_a_single_launch_that_reads_a_launcher_variable_asks_for_torchrun(tmp_pa
     assert "os.environ['RANK']" in decision["reason"]
 
 
-def test_a_spawned_child_keeps_its_own_rank_and_the_scripts_rendezvous_moves_to_the_launchers_port(tmp_path: Path) -> None:
+def test_a_spawned_child_keeps_its_own_rank_and_the_scripts_rendezvous_moves_to_the_launchers_port(
+    tmp_path: Path,
+) -> None:
     """A child of mp.spawn inherits RANK/WORLD_SIZE from its parent's environment: they are not its own, so the
     DD104 override must not apply (under a mistaken torchrun launch it turned rank 0 into 1: a false DD104 and a
     hang). The script's fixed tcp:// port moves to the one the launcher chose."""
@@ -416,7 +423,9 @@ def test_every_event_the_probe_emits_is_documented() -> None:
     """events.EVENT_KINDS is the one list of event kinds: every kind a recorder emits, with every field it names,
     is documented there, and every documented kind is emitted somewhere."""
     emitted = _emitted_events()
-    undocumented = sorted(f"{kind} ({uses[0][0]}:{uses[0][1]})" for kind, uses in emitted.items() if kind not in EVENT_KINDS)
+    undocumented = sorted(
+        f"{kind} ({uses[0][0]}:{uses[0][1]})" for kind, uses in emitted.items() if kind not in EVENT_KINDS
+    )
     assert undocumented == []
     fields = sorted(
         f"{kind}.{field} ({file}:{line})"
@@ -457,7 +466,9 @@ def test_writer_and_reader_round_trip(tmp_path: Path) -> None:
         p.emit("done", reason="script returned", steps=0, epochs=0)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, "RANK": "3"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, "RANK": "3"}
+    )
     assert out.returncode == 0, out.stderr
     (tmp_path / "meta.json").write_text(json.dumps({"schema": "ddpdoctor.events/1", "script": "a.py"}))
     run = read_run(tmp_path)
@@ -517,7 +528,11 @@ def test_kill_run_finds_tagged_processes_outside_the_tree() -> None:
     """A detached grandchild (own session, re-parented away from us) is still found through the run tag."""
     tag = uuid.uuid4().hex
     env = {**os.environ, RUN_TAG_ENV: tag}
-    code = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], start_new_session=True); time.sleep(60)"
+    code = (
+        "import subprocess,sys,time; "
+        "subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], start_new_session=True); "
+        "time.sleep(60)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
@@ -541,7 +556,11 @@ def test_sitecustomize_chains_to_the_next_one_and_stays_inert_outside_a_run(tmp_
     (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED_SITECUSTOMIZE'] = 'yes'\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
     env["PYTHONPATH"] = os.pathsep.join([site_dir(), str(other)])
-    code = "import os, sys; print(os.environ.get('CHAINED_SITECUSTOMIZE'), 'torch' in sys.modules, 'ddpdoctor.probe.session' in sys.modules)"
+    code = (
+        "import os, sys; "
+        "print(os.environ.get('CHAINED_SITECUSTOMIZE'), 'torch' in sys.modules, "
+        "'ddpdoctor.probe.session' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["yes", "False", "False"]

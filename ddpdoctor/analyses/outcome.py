@@ -121,7 +121,10 @@ def failures(ctx: RunContext) -> list[Failure]:
             continue
         rank = rank_of.get(id(p), p.rank)
         for e in p.of("exception"):
-            tail = ctx.run.output_tail(rank, "stderr", 30) if rank is not None else ctx.run.output_tail(None, "stderr", 30)
+            tail = (
+                ctx.run.output_tail(rank, "stderr", 30) if rank is not None
+                else ctx.run.output_tail(None, "stderr", 30)
+            )
             f = Failure(
                 rank=rank,
                 pid=p.pid,

@@ -183,7 +183,10 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
     errors = [e for _, e in ctx.run.events("internal_error")]
     if errors:
         where = sorted({str(e.get("where")) for e in errors})
-        ctx.notes.append(f"the probe's recorder failed {len(errors)} time(s) ({', '.join(where)[:200]}); measurements there are missing")
+        ctx.notes.append(
+            f"the probe's recorder failed {len(errors)} time(s) ({', '.join(where)[:200]}); "
+            "measurements there are missing"
+        )
     missing_emulation = [e.get("emulation_error") for _, e in ctx.run.events("torch_ready") if e.get("emulation_error")]
     if missing_emulation:
         ctx.notes.append(missing_emulation[0])

@@ -364,8 +364,12 @@ class Rank:
             if mode == "sync":
                 for name, recs in moments.items():
                     results[f"moments|{name}|count"] = np.array([r[0] for r in recs], dtype=np.float64)
-                    results[f"moments|{name}|mean"] = np.array([r[1] for r in recs], dtype=np.float64).reshape(len(recs), -1)
-                    results[f"moments|{name}|var"] = np.array([r[2] for r in recs], dtype=np.float64).reshape(len(recs), -1)
+                    results[f"moments|{name}|mean"] = (
+                        np.array([r[1] for r in recs], dtype=np.float64).reshape(len(recs), -1)
+                    )
+                    results[f"moments|{name}|var"] = (
+                        np.array([r[2] for r in recs], dtype=np.float64).reshape(len(recs), -1)
+                    )
             self.lap(mode)
         dist.barrier()
         self.lap("barrier")

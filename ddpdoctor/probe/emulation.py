@@ -549,7 +549,8 @@ class _CudaOnCpuMode(TorchFunctionMode):
     """Maps CUDA devices to the CPU in every torch call of the threads it is active in.
 
     Hot path: one dict lookup and, only when keyword arguments are present, a membership test (~1 µs per op:
-    docs/facts.md#running-cuda-scripts-on-cpu). After `undo` it passes everything through, so threads still holding it behave like plain torch.
+    docs/facts.md#running-cuda-scripts-on-cpu). After `undo` it passes everything through, so threads still holding
+    it behave like plain torch.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

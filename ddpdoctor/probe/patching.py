@@ -33,7 +33,9 @@ class Patcher:
         self._undo.append((owner, name, old))
         setattr(owner, name, value)
 
-    def wrap(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    def wrap(
+        self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> Callable[..., Any]:
         """Replace the function `owner.name` by `make(original)`; the wrapper looks like the original
         (functools.wraps) so introspection, pickling by qualified name and `inspect.signature` keep working."""
         original = owner.__dict__[name] if isinstance(owner, type) and name in owner.__dict__ else getattr(owner, name)
@@ -78,7 +80,9 @@ class Patcher:
                 pass
 
 
-def wrap_everywhere(probe_or_patcher: Any, owners: tuple[Any, ...], name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def wrap_everywhere(
+    probe_or_patcher: Any, owners: tuple[Any, ...], name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
     """Wrap `name` on each owner (e.g. `torch.distributed` and `torch.distributed.distributed_c10d`, which hold
     the same function): one wrapper per distinct function found, so a layer patched on only one of them (the CUDA
     emulation) stays inside ours."""

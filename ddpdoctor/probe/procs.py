@@ -60,7 +60,9 @@ def _proc_table() -> dict[int, int]:
                 table[int(entry.name)] = int(fields[1])
         return table
     try:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10, check=False).stdout
+        out = subprocess.run(
+            ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return table
     for line in out.splitlines():

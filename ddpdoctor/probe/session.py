@@ -55,7 +55,11 @@ def _jsonable(obj: Any) -> Any:
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ddpdoctor package
 _LIB_DIRS = tuple(
-    {os.path.realpath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))}
+    {
+        os.path.realpath(p) + os.sep
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
 )
 _USER_FILE: dict[str, bool] = {}
 
@@ -258,7 +262,9 @@ class EventWriter:
             if self._fd is None:
                 self._open()
             if self._blob_fd is None:
-                self._blob_fd = os.open(self.directory / f"{self.name}.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._blob_fd = os.open(
+                    self.directory / f"{self.name}.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+                )
                 self._blob_offset = os.lseek(self._blob_fd, 0, os.SEEK_END)
             offset = self._blob_offset
             view = memoryview(payload)

@@ -102,7 +102,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
         Padding(
             "local = rank 0 under DDP's default buffer broadcast (what a rank-0 checkpoint holds); no-bcast = the "
             "worst rank with broadcast_buffers=False; reduce = per-GPU BN with the running statistics averaged over "
-            "the ranks at the end of the epoch (timm --dist-bn reduce); SyncBN = the worst rank; mean shift = RMS over channels of "
+            "the ranks at the end of the epoch (timm --dist-bn reduce); SyncBN = the worst rank; "
+            "mean shift = RMS over channels of "
             "the running_mean error in reference standard deviations; spread = the largest distance of a rank "
             "from the ranks' average.",
             (0, 0, 1, 0),

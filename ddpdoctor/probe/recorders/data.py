@@ -142,7 +142,9 @@ class _Iteration:
         "grad_batches", "training", "closed", "indices", "indices_ok", "indices_count", "counted_open", "subset",
     )
 
-    def __init__(self, it: Any, loader: int, it_id: int, site_key: tuple[str, int], site_seq: int, grad: bool, steps: int) -> None:
+    def __init__(
+        self, it: Any, loader: int, it_id: int, site_key: tuple[str, int], site_seq: int, grad: bool, steps: int
+    ) -> None:
         self.it_ref = weakref.ref(it)
         self.loader = loader
         self.it = it_id
@@ -394,7 +396,9 @@ def _loader_created(probe: Probe, state: _State, loader: Any) -> None:
     )
 
 
-def _loader_iter(probe: Probe, state: _State, loader: Any, it: Any, site: Any, site_key: tuple[str, int], grad: bool) -> None:
+def _loader_iter(
+    probe: Probe, state: _State, loader: Any, it: Any, site: Any, site_key: tuple[str, int], grad: bool
+) -> None:
     lid = probe.registry.id_of(loader)
     seq = state.loader_seq.get(lid, 0)
     state.loader_seq[lid] = seq + 1

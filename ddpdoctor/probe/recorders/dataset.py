@@ -99,7 +99,9 @@ def digest_item(item: Any) -> dict[str, Any]:
     h = hashlib.blake2b(digest_size=12)
     _update(h, item, 0, counts)
     parts = None
-    elements = list(item.values()) if isinstance(item, dict) else list(item) if isinstance(item, (list, tuple)) else None
+    elements = (
+        list(item.values()) if isinstance(item, dict) else list(item) if isinstance(item, (list, tuple)) else None
+    )
     if elements is not None and 1 < len(elements) <= 8:
         parts = []
         for v in elements:
@@ -163,7 +165,10 @@ class GlobalRandomState:
     def fingerprint(self) -> dict[str, bytes]:
         import torch
 
-        out = {"torch": torch.default_generator.get_state().numpy().tobytes(), "random": repr(random.getstate()).encode()}
+        out = {
+            "torch": torch.default_generator.get_state().numpy().tobytes(),
+            "random": repr(random.getstate()).encode(),
+        }
         if self.np is not None:
             out["numpy"] = self.np.random.get_state()[1].tobytes() + repr(self.np.random.get_state()[2:]).encode()
         if self.devices:

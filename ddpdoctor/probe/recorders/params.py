@@ -27,7 +27,10 @@ def _model_params(probe: Probe, optimizer: Any) -> tuple[list[tuple[str, Any]], 
     for rec in probe.registry.live_ddps():
         return list(rec.module.named_parameters()), "ddp"
     if optimizer is not None:
-        return [(f"group{gi}.{pi}", p) for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])], "optimizer"
+        named = [
+            (f"group{gi}.{pi}", p) for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])
+        ]
+        return named, "optimizer"
     return [], "none"
 
 
@@ -62,7 +65,10 @@ def sample_values(params: list[tuple[str, Any]]) -> list[float]:
 
     if not params:
         return []
-    pick = params if len(params) <= SAMPLE_TENSORS else [params[i * len(params) // SAMPLE_TENSORS] for i in range(SAMPLE_TENSORS)]
+    pick = (
+        params if len(params) <= SAMPLE_TENSORS
+        else [params[i * len(params) // SAMPLE_TENSORS] for i in range(SAMPLE_TENSORS)]
+    )
     out: list[float] = []
     with torch.no_grad():
         for _, p in pick:

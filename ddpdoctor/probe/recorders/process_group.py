@@ -257,7 +257,10 @@ def _summary(probe: Probe, state: _State) -> None:
     if state.per_site:
         probe.emit(
             "collectives_summary",
-            sites=[{"op": op, "site": {"file": f, "line": line}, "count": n} for (op, f, line), n in state.per_site.items()],
+            sites=[
+                {"op": op, "site": {"file": f, "line": line}, "count": n}
+                for (op, f, line), n in state.per_site.items()
+            ],
         )
 
 

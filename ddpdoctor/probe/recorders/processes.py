@@ -81,7 +81,9 @@ def install(probe: Probe) -> None:
     def _rank_function(fn: Any) -> Any:
         @functools.wraps(fn)
         def rank_function(i: int, *args: Any) -> Any:
-            probe.safely("spawn index", probe.emit, "spawned_function", index=i, function=getattr(fn, "__qualname__", None))
+            probe.safely(
+                "spawn index", probe.emit, "spawned_function", index=i, function=getattr(fn, "__qualname__", None)
+            )
             try:
                 fn(i, *args)
             except KeyboardInterrupt:

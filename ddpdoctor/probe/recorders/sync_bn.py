@@ -142,7 +142,9 @@ def _converted(probe: Probe, site: Any, before: dict[str, Any], result: Any, Syn
     )
 
 
-def _registered(probe: Probe, owner: tuple[int, str], parent: Any, name: str, submodule: Any, SyncBatchNorm: type) -> None:
+def _registered(
+    probe: Probe, owner: tuple[int, str], parent: Any, name: str, submodule: Any, SyncBatchNorm: type
+) -> None:
     ddp_pid, parent_path = owner
     path = f"{parent_path}.{name}" if parent_path else name
     probe.registry.own(submodule, ddp_pid, path)

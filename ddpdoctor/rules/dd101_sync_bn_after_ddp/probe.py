@@ -64,7 +64,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
                         syncbn_params_in_ddp=in_ddp, mixed_precision=c.get("mixed_precision"),
                         step=c.get("step"))
         if sb == 0:
-            problems.append(f"the forward still runs {plain} plain BatchNorm layers (the conversion did not reach the DDP model)")
+            problems.append(
+                f"the forward still runs {plain} plain BatchNorm layers (the conversion did not reach the DDP model)"
+            )
             severity = Severity.HIGH
         if in_opt is not None and in_opt < 1.0:
             problems.append(f"the optimizer holds only {pct(in_opt)} of the SyncBatchNorm parameters")
@@ -73,7 +75,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
             problems.append(f"DDP reduces only {pct(in_ddp)} of the SyncBatchNorm parameters")
             severity = Severity.HIGH
         if c.get("mixed_precision"):
-            problems.append("DDP's mixed_precision cast hooks were installed before the conversion and miss the new layers")
+            problems.append(
+                "DDP's mixed_precision cast hooks were installed before the conversion and miss the new layers"
+            )
             severity = max(severity, Severity.MEDIUM)
     else:
         problems.append("no optimizer step ran, so the probe could not check the converted model")
@@ -88,7 +92,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
         measured["bn_buffers_compared"] = len(ref)
     on = f"torch {torch_version}" if torch_version else "this torch"
     if problems:
-        message = f"convert_sync_batchnorm runs after DDP wrapping at {ctx.at(site)}, and on {on} " + "; ".join(problems)
+        message = (
+            f"convert_sync_batchnorm runs after DDP wrapping at {ctx.at(site)}, and on {on} " + "; ".join(problems)
+        )
     else:
         stats = ""
         if "bn_buffers_compared" in measured:
@@ -100,8 +106,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"updates their parameters{stats} — but it skips DDP's SyncBatchNorm checks and breaks with DDP mixed "
             "precision and older PyTorch / apex"
         )
-    measured["calls"] = [{"site": ctx.at(e.get("site")), "arg_class": e.get("arg_class"), "arg_is_ddp": e.get("arg_is_ddp"),
-                          "converted": e.get("converted")} for _, e in converts][:4]
+    measured["calls"] = [{"site": ctx.at(e.get("site")), "arg_class": e.get("arg_class"),
+                          "arg_is_ddp": e.get("arg_is_ddp"), "converted": e.get("converted")}
+                         for _, e in converts][:4]
     return [
         ctx.finding(
             CODE,

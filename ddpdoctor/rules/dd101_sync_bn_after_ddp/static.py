@@ -39,8 +39,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=conv,
-                message=f"DDP wraps `{wrapped_text}` at {script.place(wrap, conv)} but convert_sync_batchnorm is applied to "
-                f"`{converted_text}` at line {conv.line}, after the wrapping",
+                message=f"DDP wraps `{wrapped_text}` at {script.place(wrap, conv)} but convert_sync_batchnorm is "
+                f"applied to `{converted_text}` at line {conv.line}, after the wrapping",
                 confidence=confidence,
                 evidence={
                     "wrap_line": wrap.line,

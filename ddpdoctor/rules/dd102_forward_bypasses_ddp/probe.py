@@ -49,7 +49,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         severity = Severity.CRITICAL
         per = sorted({(v["bypass_forwards"], v["steps"]) for v in per_rank.values()})
         counts = (f"{per[0][0]} forwards in {per[0][1]} optimizer steps on each of {fmt_ranks(per_rank)}"
-                  if len(per) == 1 else f"{bypass_total} forwards in {steps_total} optimizer steps on {fmt_ranks(per_rank)}")
+                  if len(per) == 1
+                  else f"{bypass_total} forwards in {steps_total} optimizer steps on {fmt_ranks(per_rank)}")
         message = (
             f"the training forward at {ctx.at(first_event.get('site'))} calls {what} directly, not the DDP wrapper: "
             f"{counts} bypassed DDP and DDP's forward never ran, so gradients were never all-reduced"

@@ -69,8 +69,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=fw,
-            message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at {script.place(wrap, fw)} — "
-            f"instead of the DDP wrapper, so its gradients are never averaged across ranks",
+            message=f"the forward at line {fw.line} calls `{callee}` — the module that DDP wraps at "
+            f"{script.place(wrap, fw)} — instead of the DDP wrapper, so its gradients are never averaged across ranks",
             confidence=confidence,
             evidence={
                 "forward_line": fw.line,

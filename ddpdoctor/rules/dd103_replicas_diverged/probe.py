@@ -47,7 +47,11 @@ def analyze(ctx: RunContext) -> list[Finding]:
     for step in common:
         digests = {r: by_rank[r][step]["digest"] for r in ranks}
         bad = [r for r in ranks if digests[r] != digests[ref]]
-        diff = max((_max_diff(by_rank[ref][step].get("values") or [], by_rank[r][step].get("values") or []) for r in ranks[1:]), default=0.0)
+        diff = max(
+            (_max_diff(by_rank[ref][step].get("values") or [], by_rank[r][step].get("values") or [])
+             for r in ranks[1:]),
+            default=0.0,
+        )
         trace.append({"step": step, "ranks_differing": bad, "max_abs_diff_sampled": diff})
         if bad:
             differing.update(bad)

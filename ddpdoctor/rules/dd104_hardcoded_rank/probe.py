@@ -59,17 +59,21 @@ def analyze(ctx: RunContext) -> list[Finding]:
     overridden = [(p, e) for p, e in begins if e.get("overridden")]
     if overridden:
         given_rank = sorted({e["overridden"]["rank"][0] for _, e in overridden if "rank" in e["overridden"]})
-        given_world = sorted({e["overridden"]["world_size"][0] for _, e in overridden if "world_size" in e["overridden"]})
+        given_world = sorted(
+            {e["overridden"]["world_size"][0] for _, e in overridden if "world_size" in e["overridden"]}
+        )
         used = sorted({int(e.get("env_rank")) for _, e in begins if str(e.get("env_rank", "")).isdigit()})
         world = ctx.world_size
         parts = []
         if given_rank:
             ranks_with_literal = sorted(
-                int(e["env_rank"]) for _, e in begins if e.get("rank_arg") in given_rank and str(e.get("env_rank", "")).isdigit()
+                int(e["env_rank"]) for _, e in begins
+                if e.get("rank_arg") in given_rank and str(e.get("env_rank", "")).isdigit()
             )
             parts.append(
                 f"passes rank={', '.join(map(str, given_rank))} on {fmt_ranks(ranks_with_literal)}"
-                f" while the launcher assigned ranks {min(used)}–{max(used)}" if used else f"passes rank={given_rank[0]}"
+                f" while the launcher assigned ranks {min(used)}–{max(used)}"
+                if used else f"passes rank={given_rank[0]}"
             )
         if given_world:
             parts.append(f"passes world_size={', '.join(map(str, given_world))} while {world} processes were launched")
@@ -101,8 +105,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 for p, e in begins
             ]
         }
-        return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, ranks=[r for r in used], evidence=evidence,
-                            magnitude=float(len(overridden)))]
+        return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, ranks=[r for r in used],
+                            evidence=evidence, magnitude=float(len(overridden)))]
     # no override possible (no launcher contract): did processes claim the same rank?
     claims: dict[Any, list[Any]] = {}
     for p, e in begins:
@@ -113,10 +117,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     site = begins[0][1].get("site")
     failed = [e for _, e in ctx.run.events("pg_init") if not e.get("ok")]
-    outcome = "the rendezvous failed" if failed else ("the rendezvous never completed" if ctx.timed_out else "they collided")
+    outcome = (
+        "the rendezvous failed" if failed
+        else ("the rendezvous never completed" if ctx.timed_out else "they collided")
+    )
     r, pids = next(iter(sorted(clashes.items())))
     message = (
         f"init_process_group at {ctx.at(site)}: {len(pids)} processes all passed rank={r}; {outcome}"
     )
     evidence = {"claims": {str(k): v for k, v in claims.items()}, "errors": [e.get("error") for e in failed][:4]}
-    return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, evidence=evidence, magnitude=float(len(pids)))]
+    return [
+        ctx.finding(
+            CODE, message=message, fix_variant="probe", site=site, evidence=evidence, magnitude=float(len(pids))
+        )
+    ]

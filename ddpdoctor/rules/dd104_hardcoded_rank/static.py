@@ -51,8 +51,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=ev,
-                message=f"init_process_group at line {ev.line} is called with {how}{extra}, so every process claims the "
-                f"same rank instead of its own",
+                message=f"init_process_group at line {ev.line} is called with {how}{extra}, so every process "
+                f"claims the same rank instead of its own",
                 confidence=cap_unreached(confidence, ev),
                 evidence={**evidence, "literal_rank": bad_rank[0]},
             )
@@ -61,8 +61,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=ev,
-                message=f"init_process_group at line {ev.line} is called with world_size=1, so each process forms a group "
-                f"of its own and DDP averages nothing across processes",
+                message=f"init_process_group at line {ev.line} is called with world_size=1, so each process forms a "
+                f"group of its own and DDP averages nothing across processes",
                 confidence=cap_unreached(Confidence.LIKELY, ev),
                 evidence={**evidence, "literal_world_size": 1},
             )

@@ -102,7 +102,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=site,
-            message=f"{what} at line {site.line} names the same GPU in every process, so all ranks of a node share one device",
+            message=f"{what} at line {site.line} names the same GPU in every process, so all ranks of a node share "
+            "one device",
             confidence=cap_unreached(Confidence.CERTAIN if not bound else Confidence.LIKELY, wrap),
             evidence={"literal_device": what, "line": site.line, "cuda": cuda_evidence},
         )
@@ -113,8 +114,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     yield script.finding(
         CODE,
         line=wrap,
-        message=f"DDP at line {wrap.line} runs on CUDA ({', '.join(cuda_evidence)}) but nothing binds each process to its "
-        f"own GPU (no torch.cuda.set_device(local_rank), no device_ids=[local_rank]), so every rank uses cuda:0",
+        message=f"DDP at line {wrap.line} runs on CUDA ({', '.join(cuda_evidence)}) but nothing binds each process "
+        f"to its own GPU (no torch.cuda.set_device(local_rank), no device_ids=[local_rank]), so every rank uses cuda:0",
         confidence=cap_unreached(confidence, wrap),
         evidence={"wrap_line": wrap.line, "cuda": cuda_evidence},
     )

@@ -26,9 +26,14 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if ev.data["wrapper_kind"] != "dp":
             continue
         wrapped = script.text(ev.data["args"].node(0, "module"))
-        conds = [c for c in ev.ctx if c.kind == "cond" and c.frame == ev.frame] or [c for c in ev.ctx if c.kind == "cond"]
+        conds = (
+            [c for c in ev.ctx if c.kind == "cond" and c.frame == ev.frame] or [c for c in ev.ctx if c.kind == "cond"]
+        )
         branch = next((c for c in conds if _DISTRIBUTED_WORDS.search(str(c.info))), conds[-1] if conds else None)
-        other_path = all(w.exclusive_with(ev) for w in script.ddp_wraps) or _DISTRIBUTED_WORDS.search(str(branch.info if branch else ""))
+        other_path = (
+            all(w.exclusive_with(ev) for w in script.ddp_wraps)
+            or _DISTRIBUTED_WORDS.search(str(branch.info if branch else ""))
+        )
         if has_ddp and branch is not None and other_path:
             yield script.finding(
                 CODE,
@@ -44,8 +49,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=ev,
-            message=f"nn.DataParallel wraps `{wrapped}` at line {ev.line}: one process splits each batch over the GPUs, "
-            f"so BatchNorm normalises per-GPU slices and keeps only replica 0's running statistics",
+            message=f"nn.DataParallel wraps `{wrapped}` at line {ev.line}: one process splits each batch over the "
+            f"GPUs, so BatchNorm normalises per-GPU slices and keeps only replica 0's running statistics",
             confidence=cap_unreached(confidence, ev),
             evidence={"line": ev.line, "wrapped": wrapped, "also_uses_ddp": has_ddp},
         )

@@ -24,7 +24,10 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 def _args_key(node: ast.AST) -> str:
     if not isinstance(node, ast.Call):
         return ""
-    return ast.dump(ast.Tuple(elts=list(node.args), ctx=ast.Load())) + ast.dump(ast.Tuple(elts=[k.value for k in node.keywords], ctx=ast.Load()))
+    return (
+        ast.dump(ast.Tuple(elts=list(node.args), ctx=ast.Load()))
+        + ast.dump(ast.Tuple(elts=[k.value for k in node.keywords], ctx=ast.Load()))
+    )
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
@@ -61,8 +64,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 yield script.finding(
                     CODE,
                     line=mv,
-                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at {script.place(wrap, mv)}; it "
-                    f"repeats the move of {script.place(repeated, mv)}, so it is a no-op today but breaks if they diverge",
+                    message=f"`{call}` at line {mv.line} moves the model again after DDP wrapped it at "
+                    f"{script.place(wrap, mv)}; it repeats the move of {script.place(repeated, mv)}, so it is a no-op "
+                    "today but breaks if they diverge",
                     confidence=Confidence.POSSIBLE,
                     evidence={"move_line": mv.line, "wrap_line": wrap.line, "same_as_line": repeated.line},
                     severity=Severity.LOW,
@@ -72,8 +76,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=mv,
-                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at {script.place(wrap, mv)}; DDP's "
-                f"gradient buckets still refer to the parameters it saw when it was built",
+                message=f"`{call}` at line {mv.line} moves the model after DDP wrapped it at "
+                f"{script.place(wrap, mv)}; DDP's gradient buckets still refer to the parameters it saw when it was "
+                "built",
                 confidence=cap_unreached(confidence, mv, wrap),
                 evidence={"move_line": mv.line, "wrap_line": wrap.line, "method": mv.data["method"]},
             )

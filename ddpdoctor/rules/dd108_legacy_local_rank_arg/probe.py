@@ -72,12 +72,16 @@ def analyze(ctx: RunContext) -> list[Finding]:
         how = ("; the probe then gave each rank its LOCAL_RANK instead ("
                + ", ".join(f"rank {r}: {v}" for r, v in sorted(overridden.items()))
                + "), as torch.distributed.launch passed it, to measure the rest")
-    message = f"the script reads its local rank from {option} (declared at {ctx.at(first.get('site'))}): {consequence}{how}"
+    message = (
+        f"the script reads its local rank from {option} (declared at {ctx.at(first.get('site'))}): {consequence}{how}"
+    )
     evidence = {
         "option_strings": first.get("option_strings"),
         "required": first.get("required"),
-        "per_rank": {str(r): {"default": e.get("default"), "value": e.get("value"), "LOCAL_RANK": e.get("env_local_rank")}
-                     for r, e in per_rank.items()},
+        "per_rank": {
+            str(r): {"default": e.get("default"), "value": e.get("value"), "LOCAL_RANK": e.get("env_local_rank")}
+            for r, e in per_rank.items()
+        },
         "injected_by_probe": injected,
         "overridden_by_probe": {str(r): v for r, v in sorted(overridden.items())},
         "reads_local_rank_env": bool(reads),

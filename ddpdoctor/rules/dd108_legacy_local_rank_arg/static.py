@@ -36,8 +36,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     yield script.finding(
         CODE,
         line=opt,
-        message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local rank in "
-        f"the LOCAL_RANK environment variable, so every process keeps the default",
+        message=f"`{opt.flags[0]}` (line {opt.line}) is read from the command line only; torchrun passes the local "
+        f"rank in the LOCAL_RANK environment variable, so every process keeps the default",
         confidence=Confidence.LIKELY if helpers else Confidence.CERTAIN,
         evidence={"line": opt.line, "flags": list(opt.flags), "default": script.text(_default_node(opt.node)),
                   "project_modules": helpers[:8]},

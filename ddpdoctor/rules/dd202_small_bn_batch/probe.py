@@ -4,9 +4,9 @@ What it does: takes the gradient-enabled training forwards of every BatchNorm la
 rank's batch (plain BN, or SyncBN that never synchronised) and fires when the typical (median) per-rank batch is
 below `small_bn_batch` (the rule's SMALL_BN_BATCH unless `[tool.ddpdoctor] small_bn_batch` / the run's meta says
 otherwise). Samples, not values: the spatial positions of one image are strongly correlated, so a batch of 4
-images of 56x56 still gives BatchNorm four images' worth of statistics. The evidence has the per-rank and global batch, values per channel, the
-measured noise of the batch statistics (per rank and over the global batch, `bn_common.batch_noise`), and the
-local-vs-SyncBN running-statistics errors.
+images of 56x56 still gives BatchNorm four images' worth of statistics. The evidence has the per-rank and global
+batch, values per channel, the measured noise of the batch statistics (per rank and over the global batch,
+`bn_common.batch_noise`), and the local-vs-SyncBN running-statistics errors.
 
 Severity: medium; high at 4 samples per rank or fewer (ResNet-50 error 27.3% at 4 vs 23.6% at 32 per GPU); low, with
 a message that says so, when the measured noise of the small layers is negligible on this data (each rank's batch

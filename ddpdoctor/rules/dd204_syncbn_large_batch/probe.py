@@ -2,10 +2,10 @@
 
 What it does: for SyncBN layers that synchronised in their gradient-enabled training forwards, takes the typical
 per-rank batch; at LARGE_SYNC_BATCH samples (the rule's parameter) or more it reports the local and the global
-normalisation batch (samples, and values per channel) and the measured noise of the BN statistics under both — the batch mean in units of the
-channel's standard deviation, the batch variance relatively — from the per-rank input moments the probe
-recorded (`bn_common.batch_noise`: measured across ranks within each step, so the model's drift from step to
-step does not count as noise; the plain step-to-step numbers are in evidence too): local = each rank's own
+normalisation batch (samples, and values per channel) and the measured noise of the BN statistics under both — the
+batch mean in units of the channel's standard deviation, the batch variance relatively — from the per-rank input
+moments the probe recorded (`bn_common.batch_noise`: measured across ranks within each step, so the model's drift
+from step to step does not count as noise; the plain step-to-step numbers are in evidence too): local = each rank's own
 batch (what per-GPU BN would normalise with), global = the ranks' batches pooled (what SyncBN normalised
 with). Synchronising removes that noise; with per-rank batches this large the local estimate is already good,
 so the sync buys no accuracy and takes away the noise that regularises (ghost batch norm), a known reason a

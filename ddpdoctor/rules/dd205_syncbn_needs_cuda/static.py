@@ -50,5 +50,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         + (" (chosen when CUDA is unavailable)" if chosen_at_run_time else "")
         + ": plain PyTorch raises \"SyncBatchNorm layers only work with GPU modules\" when DDP wraps it on CPU",
         confidence=Confidence.LIKELY if chosen_at_run_time else Confidence.CERTAIN,
-        evidence={"syncbn_line": first.line, "gloo_lines": gloo_lines, "backend_chosen_at_run_time": chosen_at_run_time},
+        evidence={
+            "syncbn_line": first.line, "gloo_lines": gloo_lines, "backend_chosen_at_run_time": chosen_at_run_time
+        },
     )

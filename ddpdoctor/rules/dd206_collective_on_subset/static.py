@@ -11,7 +11,8 @@ a receive nobody matches is a hang).
 
 What stays silent: collectives every rank reaches; `torch.distributed.barrier()` pairs that complement each other
 (the "rank 0 first" pattern: `if rank != 0: barrier()` … `if rank == 0: barrier()`), and the same collective
-called on each side of a branch on the rank (role-based code); tests that are uniform across ranks (`if local_rank != -1:`, `if args.distributed:`); rank-0 evaluation through `model.module`.
+called on each side of a branch on the rank (role-based code); tests that are uniform across ranks
+(`if local_rank != -1:`, `if args.distributed:`); rank-0 evaluation through `model.module`.
 """
 
 from __future__ import annotations
@@ -88,10 +89,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=ev,
-            message=f"dist.{op} at line {ev.line} runs {who} ({_where(script, branch, ev)}); the other ranks never join it, "
-            f"so the run hangs or pairs it with a different collective",
+            message=f"dist.{op} at line {ev.line} runs {who} ({_where(script, branch, ev)}); the other ranks never "
+            f"join it, so the run hangs or pairs it with a different collective",
             confidence=cap_unreached(confidence, ev),
-            evidence={"op": op, "line": ev.line, "branch_line": getattr(branch.node, "lineno", 0), "ranks": branch.info},
+            evidence={
+                "op": op, "line": ev.line, "branch_line": getattr(branch.node, "lineno", 0), "ranks": branch.info
+            },
         )
     p2p = script.of("p2p")
     senders = {ev.data["op"] for ev in p2p if ev.data["op"] in ("send", "isend", "batch_isend_irecv")}
@@ -101,8 +104,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=ev,
-                message=f"dist.{ev.data['op']} at line {ev.line}{where} waits for a tensor that no rank of this script ever "
-                f"sends, so it never returns and the other ranks block in their next collective",
+                message=f"dist.{ev.data['op']} at line {ev.line}{where} waits for a tensor that no rank of this "
+                f"script ever sends, so it never returns and the other ranks block in their next collective",
                 confidence=cap_unreached(Confidence.LIKELY, ev),
                 evidence={"op": ev.data["op"], "line": ev.line},
             )
@@ -125,18 +128,25 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             if training:
                 confidence, why = Confidence.CERTAIN, "DDP syncs buffers and arms the gradient all-reduce on every rank"
             elif has_bn:
-                confidence, why = Confidence.LIKELY, "even in eval mode DDP broadcasts the BatchNorm buffers at the first forward after training"
+                confidence, why = (
+                    Confidence.LIKELY,
+                    "even in eval mode DDP broadcasts the BatchNorm buffers at the first forward after training",
+                )
             else:
-                confidence, why = Confidence.POSSIBLE, "if the model has buffers, DDP broadcasts them at the first forward after training"
+                confidence, why = (
+                    Confidence.POSSIBLE,
+                    "if the model has buffers, DDP broadcasts them at the first forward after training",
+                )
             severity = Severity.MEDIUM if confidence == Confidence.POSSIBLE else None
             if branch.frame != fw.frame:
                 confidence = min(confidence, Confidence.LIKELY)
             yield script.finding(
                 CODE,
                 line=fw,
-                message=f"the forward through the DDP wrapper `{script.text(getattr(fw.node, 'func', fw.node))}` at line "
-                f"{fw.line} runs {who} ({_where(script, branch, fw)}); {why}, so the other ranks' next collective "
-                f"pairs with it — use the unwrapped module there",
+                message="the forward through the DDP wrapper "
+                f"`{script.text(getattr(fw.node, 'func', fw.node))}` at line {fw.line} runs {who} "
+                f"({_where(script, branch, fw)}); {why}, so the other ranks' next collective pairs with it — use the "
+                "unwrapped module there",
                 confidence=cap_unreached(confidence, fw),
                 evidence={"line": fw.line, "branch_line": getattr(branch.node, "lineno", 0), "mode": list(modes)},
                 severity=severity,
@@ -145,9 +155,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=fw,
-                message=f"the SyncBatchNorm model `{script.text(getattr(fw.node, 'func', fw.node))}` runs a training-mode "
-                f"forward at line {fw.line} {who} ({_where(script, branch, fw)}); SyncBN all-reduces batch statistics "
-                f"there and the other ranks never join",
+                message=f"the SyncBatchNorm model `{script.text(getattr(fw.node, 'func', fw.node))}` runs a "
+                f"training-mode forward at line {fw.line} {who} ({_where(script, branch, fw)}); SyncBN all-reduces "
+                f"batch statistics there and the other ranks never join",
                 confidence=cap_unreached(Confidence.LIKELY, fw),
                 evidence={
                     "line": fw.line,

@@ -43,9 +43,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=fw,
-            message=f"`{callee}` runs an evaluation forward under no_grad at line {fw.line} while the model is in training "
-            f"mode (no .eval() before it), so BatchNorm normalises with evaluation-batch statistics and folds them "
-            f"into its running stats{syncbn}",
+            message=f"`{callee}` runs an evaluation forward under no_grad at line {fw.line} while the model is in "
+            f"training mode (no .eval() before it), so BatchNorm normalises with evaluation-batch statistics and "
+            f"folds them into its running stats{syncbn}",
             confidence=cap_unreached(confidence, fw),
             evidence={"line": fw.line, "callee": callee, "has_batchnorm": fam.has_bn, "syncbn": bool(fam.syncbn_line)},
         )

@@ -136,8 +136,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=lineno,
-            message=f"`{text[:80]}` selects BatchNorm layers by exact class ({how}), but the model is made SyncBatchNorm "
-            f"at line {line}, which is not a BatchNorm1d/2d/3d: after the conversion this code skips every layer",
+            message=f"`{text[:80]}` selects BatchNorm layers by exact class ({how}), but the model is made "
+            f"SyncBatchNorm at line {line}, which is not a BatchNorm1d/2d/3d: after the conversion this code skips "
+            "every layer",
             confidence=Confidence.LIKELY,
             evidence={"line": lineno, "test": how, "syncbn_line": line},
         )

@@ -56,7 +56,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         loop_line = getattr(it.loops[-1].node, "lineno", it.line)
         if in_loop:
             ev = in_loop[0]
-            why = f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` at {script.place(ev, sampler)}"
+            why = (
+                f"set_epoch is called with the constant `{script.text(ev.data['arg_node'])}` "
+                f"at {script.place(ev, sampler)}"
+            )
             confidence = Confidence.CERTAIN
         elif on_this:
             ev = on_this[0]

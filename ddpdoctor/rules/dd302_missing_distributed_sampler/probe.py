@@ -57,7 +57,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             key = (*_key(start), start.get("dataset_cls"))
             groups.setdefault(key, {}).setdefault(r, (start, end))
     findings = []
-    for key, per_rank in groups.items():
+    for per_rank in groups.values():
         if len(per_rank) < 2:
             continue
         sets: dict[int, np.ndarray] = {}
@@ -73,7 +73,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                            and e["t"] >= start["t"]), None)
                 arr = order(ctx, it.get("order")) if it else None
                 if arr is not None:
-                    sets[r], how[r] = arr, f"DistributedSampler(num_replicas={it.get('num_replicas')}, rank={it.get('sampler_rank')})"
+                    sets[r] = arr
+                    how[r] = f"DistributedSampler(num_replicas={it.get('num_replicas')}, rank={it.get('sampler_rank')})"
                     k = k or it.get("sample_mod")
                     count, n, replicas = it.get("count") or 0, it.get("dataset_len") or 0, it.get("num_replicas") or 1
                     if count and n:
@@ -149,13 +150,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
             )
         else:
             lead = (
-                f"the training DataLoader at {ctx.at(site)} has no DistributedSampler ({', '.join(k_ for k_ in kinds if k_)}): "
+                f"the training DataLoader at {ctx.at(site)} has no DistributedSampler "
+                f"({', '.join(k_ for k_ in kinds if k_)}): "
                 f"{pct(overlap)} of the samples each rank sees per epoch are also seen by another rank "
                 f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples), so the {nranks} ranks "
                 f"repeat each other's work"
             )
         if identical is not None and identical >= 0.99:
-            lead += f"; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds every sample {nranks}×"
+            lead += (
+                "; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds "
+                f"every sample {nranks}×"
+            )
         findings.append(
             ctx.finding(
                 CODE,

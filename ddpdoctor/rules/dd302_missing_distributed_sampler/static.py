@@ -76,9 +76,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=loader,
-            message=f"DataLoader `{name}` (line {loader.line}) feeds the training loop of {script.place(it, loader)} with {how}, so every "
-            f"rank iterates the whole dataset and the ranks train on the same samples",
+            message=f"DataLoader `{name}` (line {loader.line}) feeds the training loop of {script.place(it, loader)} "
+            f"with {how}, so every rank iterates the whole dataset and the ranks train on the same samples",
             confidence=cap_unreached(confidence, lev, it),
-            evidence={"loader_line": loader.line, "loop_line": it.line, "shuffle": shuffles, "dataset": script.names(datasets) or None},
+            evidence={"loader_line": loader.line, "loop_line": it.line, "shuffle": shuffles,
+                      "dataset": script.names(datasets) or None},
             severity=severity,
         )

@@ -30,8 +30,15 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if True in constant_values(sampler.props.get("drop_last") or ()):
             continue
         its_loaders = [ld for ld in loaders if any(s is sampler for s in ld.fields.get("sampler", ()))]
-        its = [it for it in iterations if any(ld in its_loaders for ld in it.data["loaders"]) and it.data.get("loop") is not None]
-        if not its or any(script.iteration_trains(it) for it in its) or not any(script.loop_evaluates(it.data["loop"]) for it in its):
+        its = [
+            it for it in iterations
+            if any(ld in its_loaders for ld in it.data["loaders"]) and it.data.get("loop") is not None
+        ]
+        if (
+            not its
+            or any(script.iteration_trains(it) for it in its)
+            or not any(script.loop_evaluates(it.data["loop"]) for it in its)
+        ):
             continue
         lengths = {d.props.get("length") for d in sampler.props.get("dataset", ()) if d.props.get("length")}
         length = lengths.pop() if len(lengths) == 1 else None
@@ -41,7 +48,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             line=sampler,
             message=f"{name} (line {sampler.line}) splits evaluation data; unless len(dataset)"
             + (f" (= {length})" if length else "")
-            + " is a multiple of the world size it pads the shards with repeated samples, which the metric counts twice",
+            + " is a multiple of the world size it pads the shards with repeated samples, which the metric counts "
+            "twice",
             confidence=Confidence.POSSIBLE,
             evidence={"sampler_line": sampler.line, "eval_loop_line": its[0].line, "dataset_length": length},
         )

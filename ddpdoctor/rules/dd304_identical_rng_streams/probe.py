@@ -185,8 +185,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         else:
             parts.append(
                 f"{pl['dataset_cls']} augments randomly in the main process (num_workers=0) and the "
-                f"{'/'.join(pl['generators'])} generator{'s were' if len(pl['generators']) > 1 else ' was'} in the same "
-                f"state on every rank at the loop at {ctx.at(pl['site'])}"
+                f"{'/'.join(pl['generators'])} generator{'s were' if len(pl['generators']) > 1 else ' was'} in the "
+                f"same state on every rank at the loop at {ctx.at(pl['site'])}"
             )
     seed_text = ""
     involved = set(dropout["generators"] if dropout else [])

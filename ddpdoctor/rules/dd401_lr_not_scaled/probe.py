@@ -129,7 +129,11 @@ def _set_at_run_time(opt: dict[str, Any]) -> bool:
     built = opt.get("constructed_lr")
     used = opt.get("used") or []
     base = opt.get("scheduler_base")
-    if isinstance(base, (int, float)) and isinstance(built, (int, float)) and abs(base - built) <= 1e-9 * max(1.0, abs(built)):
+    if (
+        isinstance(base, (int, float))
+        and isinstance(built, (int, float))
+        and abs(base - built) <= 1e-9 * max(1.0, abs(built))
+    ):
         return False  # a torch scheduler (warmup, decay) multiplies the constructed lr: that lr is the recipe's
     return isinstance(built, (int, float)) and bool(used) and all(
         abs(u - built) > 1e-9 * max(1.0, abs(built)) for u in used

@@ -13,7 +13,8 @@ batch stays the single-process one); lr from a config object the walk cannot see
 
 Confidence: without the reference recipe nobody can tell from the source that a literal lr is wrong — it may
 already be the value tuned for this world size — so a literal, a command-line default or the optimizer's default
-is `possible` at low severity (it must not fail a CI gate on correct code). It is `likely` (high) only where the file itself shows the single-process recipe:
+is `possible` at low severity (it must not fail a CI gate on correct code). It is `likely` (high) only where the
+file itself shows the single-process recipe:
 - the lr is scaled with the per-process batch size but not with the world size (`lr = 0.1 * batch_size / 256`
   with `DataLoader(batch_size=batch_size)`): the author applied the scaling rule to a batch DDP multiplies;
 - the same lr also trains the script's own single-process run (`if args.distributed: model = DDP(model)` with the
@@ -124,7 +125,10 @@ def _also_single_process(script: ScriptModel, ev: Event, wrapped: list[Obj]) -> 
     """The condition under which the script wraps the model in DDP, when the optimizer (built outside it) also
     trains the model unwrapped: the same lr serves the script's single-process run."""
     families = {id(o.family) for o in wrapped if o.family is not None}
-    wraps = [w for w in script.ddp_wraps if w.data["wrapper"].family is not None and id(w.data["wrapper"].family) in families]
+    wraps = [
+        w for w in script.ddp_wraps
+        if w.data["wrapper"].family is not None and id(w.data["wrapper"].family) in families
+    ]
     if not wraps:
         return None
     opt_conds = {id(c.node) for c in ev.ctx if c.kind == "cond"}
@@ -216,4 +220,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                     "of the two uses an lr tuned for the other's global batch"
                 )
         reported[text] = evidence
-        yield script.finding(CODE, line=ev, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence, severity=severity)
+        yield script.finding(
+            CODE, line=ev, message=message, confidence=cap_unreached(confidence, ev), evidence=evidence,
+            severity=severity,
+        )

@@ -45,8 +45,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     yield script.finding(
         CODE,
         line=site,
-        message=f"`{what}` at line {site.line} scales the step size with the world size, but no warmup schedule ramps it "
-        f"up, so the first iterations run at the full scaled lr (unstable from about 4 processes on)",
+        message=f"`{what}` at line {site.line} scales the step size with the world size, but no warmup schedule "
+        f"ramps it up, so the first iterations run at the full scaled lr (unstable from about 4 processes on)",
         confidence=cap_unreached(confidence, site),
         evidence={"scaling_line": site.line, "schedulers": [s for s in schedulers if s],
                   **({"unscaled_lr": base} if base else {})},

@@ -49,8 +49,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             yield script.finding(
                 CODE,
                 line=bw,
-                message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer steps at "
-                f"{script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces on every micro-step",
+                message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer "
+                f"steps at {script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces "
+                "on every micro-step",
                 confidence=cap_unreached(Confidence.LIKELY, bw, step),
                 evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None},
             )

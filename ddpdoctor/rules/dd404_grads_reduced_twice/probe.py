@@ -63,9 +63,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
     numel = max(int(h.get("numel") or 0) for h in hands)
     world = ctx.world_size
     lead = (
-        f"{'/'.join(ops)} at {ctx.at(site)} reduces the gradients of {params} DDP parameter{'s' if params != 1 else ''} "
-        f"({numel:,} elements) again after DDP already averaged them in backward, on {fmt_ranks(per_rank)} at "
-        f"{len(steps)} of {len(ctx.ranks[r0].of('train_step'))} steps"
+        f"{'/'.join(ops)} at {ctx.at(site)} reduces the gradients of {params} DDP "
+        f"parameter{'s' if params != 1 else ''} ({numel:,} elements) again after DDP already averaged them in "
+        f"backward, on {fmt_ranks(per_rank)} at {len(steps)} of {len(ctx.ranks[r0].of('train_step'))} steps"
     )
     severity = None
     if ratio is not None and abs(ratio - 1.0) <= UNCHANGED:

@@ -59,8 +59,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=ev,
-            message=f"gradients of {whose} are all-reduced by hand at line {ev.line} although DDP ({script.place(wrap, ev)}) already "
-            f"averages them during backward, so each step reduces them twice",
+            message=f"gradients of {whose} are all-reduced by hand at line {ev.line} although DDP "
+            f"({script.place(wrap, ev)}) already averages them during backward, so each step reduces them twice",
             confidence=cap_unreached(confidence, ev),
             evidence={"reduce_line": ev.line, "op": ev.data["op"], "wrap_line": wrap.line},
         )

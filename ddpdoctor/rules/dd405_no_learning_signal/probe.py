@@ -65,7 +65,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if s["loss_constant"]:
         value = s["loss_value"]
         shown = fmt_num(value) if isinstance(value, (int, float)) else str(value)
-        facts.append(f"the loss passed to backward() was {shown} to the last bit in all {s['losses_seen']} backward passes")
+        facts.append(
+            f"the loss passed to backward() was {shown} to the last bit in all {s['losses_seen']} backward passes"
+        )
     if s["all_grads_zero_or_none"]:
         none = max(s["grads_none"])
         if none == s["params"]:
@@ -84,7 +86,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
             message=message,
             site=s["site"],
             ranks=list(per_rank),
-            evidence={"per_rank": {str(r): {k: v for k, v in sig.items() if k != "site"} for r, sig in per_rank.items()}},
+            evidence={
+                "per_rank": {str(r): {k: v for k, v in sig.items() if k != "site"} for r, sig in per_rank.items()}
+            },
             magnitude=float(len(per_rank)) / max(1, len(ctx.ranks)),
         )
     ]

@@ -84,8 +84,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                    else f"loaded {_loaded(load)} of the model's {load.get('model_keys')} keys")
             )
         message = (
-            f"torch.save at {ctx.at(e.get('site'))} wrote {target} with a state dict {where}whose {sd['keys']} keys all "
-            f"start with \"module.\" (saved from the DDP wrapper, e.g. '{(sd.get('first_keys') or ['?'])[0]}'): "
+            f"torch.save at {ctx.at(e.get('site'))} wrote {target} with a state dict {where}whose {sd['keys']} keys "
+            f"all start with \"module.\" (saved from the DDP wrapper, e.g. '{(sd.get('first_keys') or ['?'])[0]}'): "
             f"{consequence}"
         )
         findings.append(
@@ -117,4 +117,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
 
 def _loaded(load: dict[str, Any]) -> int:
     matched = load.get("matched")
-    return int(matched) if isinstance(matched, int) else int(load.get("model_keys") or 0) - int(load.get("missing") or 0)
+    if isinstance(matched, int):
+        return int(matched)
+    return int(load.get("model_keys") or 0) - int(load.get("missing") or 0)

@@ -65,8 +65,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             CODE,
             line=ev,
             message=f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
-            f"`{script.name(wrapper)}`" + (f" ({script.place(wrap, ev)})" if wrap else "") + ", so every key starts with "
-            "\"module.\" and the plain model cannot load it",
+            f"`{script.name(wrapper)}`" + (f" ({script.place(wrap, ev)})" if wrap else "")
+            + ", so every key starts with \"module.\" and the plain model cannot load it",
             confidence=cap_unreached(confidence, ev),
-            evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None, "saved_by": how},
+            evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None,
+                      "saved_by": how},
         )

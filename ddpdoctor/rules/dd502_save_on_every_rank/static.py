@@ -49,7 +49,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         path = ev.data.get("path") or ()
         if path and all(id(o.node) in private or o.props.get("qual") in PRIVATE_TARGETS for o in path):
             continue
-        if any(o.tags & (PER_RANK_TAGS | {"rank_dep"}) for o in path) or "rank" in script.text(ev.data.get("path_node")).lower():
+        if (
+            any(o.tags & (PER_RANK_TAGS | {"rank_dep"}) for o in path)
+            or "rank" in script.text(ev.data.get("path_node")).lower()
+        ):
             continue
         if ev.rank_ctx:
             guard = _per_node_guard(ev)
@@ -61,8 +64,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=ev,
-            message=f"torch.save at line {ev.line} runs on every rank (no rank check guards it), so all processes write "
-            f"the same checkpoint at once",
+            message=f"torch.save at line {ev.line} runs on every rank (no rank check guards it), so all processes "
+            f"write the same checkpoint at once",
             confidence=cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "path": script.text(ev.data.get("path_node")), "unguarded": True},
         )

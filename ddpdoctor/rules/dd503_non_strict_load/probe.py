@@ -66,8 +66,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         why = ""
         loaded = matched if isinstance(matched, int) else total - missing
         if e.get("given_prefixed") and e.get("match_without_prefix", 0) > loaded:
-            why = (f"; the checkpoint's keys start with \"module.\" and {e.get('match_without_prefix')} of {total} would "
-                   "match without it (saved from the DDP wrapper)")
+            why = (f"; the checkpoint's keys start with \"module.\" and {e.get('match_without_prefix')} of {total} "
+                   "would match without it (saved from the DDP wrapper)")
         elif e.get("model_prefixed") and e.get("match_with_prefix", 0) > loaded:
             why = (f"; the model is the DDP wrapper (keys \"module.*\") and {e.get('match_with_prefix')} of {total} "
                    "would match with the prefix added (load into ddp.module instead)")

@@ -66,9 +66,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         yield script.finding(
             CODE,
             line=report,
-            message=f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's DistributedSampler shard, and "
-            f"the metric reported at line {report.line} is never reduced across ranks, so it describes "
-            f"1/world_size of the data",
+            message=f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's "
+            f"DistributedSampler shard, and the metric reported at line {report.line} is never reduced across ranks, "
+            f"so it describes 1/world_size of the data",
             confidence=cap_unreached(Confidence.LIKELY, it, report),
             evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
         )

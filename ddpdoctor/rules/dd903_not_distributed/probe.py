@@ -30,7 +30,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if not any(e.get("ok") for _, e in inits):
         message = (
             "the script never initialised a process group: "
-            + (f"{trained} process{'es' if trained != 1 else ''} trained independently" if trained else "no process trained")
+            + (f"{trained} process{'es' if trained != 1 else ''} trained independently"
+               if trained else "no process trained")
             + f" ({max(steps.values(), default=0)} optimizer steps each) and nothing was synchronised"
         )
         variant = "no_process_group"

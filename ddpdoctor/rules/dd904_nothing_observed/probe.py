@@ -76,7 +76,9 @@ def _reason(ctx: RunContext, procs: list[Any]) -> tuple[str, str | None, dict[st
         e = resumed[0]
         counters = e.get("counters") or {}
         state = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:4])
-        evidence["resumed_from"] = [{"path": ctx.path(r.get("abspath")), "counters": r.get("counters")} for r in resumed]
+        evidence["resumed_from"] = [
+            {"path": ctx.path(r.get("abspath")), "counters": r.get("counters")} for r in resumed
+        ]
         why = (
             f"it loaded {ctx.path(e.get('abspath')) or e.get('path')}{f' ({state})' if state else ''}, a checkpoint "
             "that was there before the probe, and then trained no step: it resumed where an earlier run ended, "

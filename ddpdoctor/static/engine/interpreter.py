@@ -208,7 +208,9 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
 
     def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
         frames = self.frames
-        obj = Obj(kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw)
+        obj = Obj(
+            kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw
+        )
         if self.ctx:
             if kind in self.PATH_KINDS:
                 path = self._path()
