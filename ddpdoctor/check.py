@@ -19,6 +19,7 @@ from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
+from ddpdoctor.sourcefile import check_source_path
 
 _SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
 
@@ -96,11 +97,45 @@ def merge_static_and_probe(
     return merge_findings(kept + probe), notes
 
 
+def output_guards(cfg: CheckConfig, pyproject: Path | None = None) -> tuple[list[tuple[Path, str]], list[Path]]:
+    """What `--output` must never overwrite in a check: the script, files given to it as arguments, the pyproject
+    its options come from; and the run directory (ddpdoctor.output)."""
+    protect: list[tuple[Path, str]] = [(Path(cfg.script), "the script being analysed")]
+    protect += [(Path(p), "a file being analysed") for p in getattr(cfg, "paths", ()) if Path(p).is_file()]
+    for arg in cfg.script_args:
+        for value in (arg, arg.split("=", 1)[-1]):
+            if value and Path(value).is_file():
+                protect.append((Path(value), "a file given to the script"))
+    if pyproject is not None:
+        protect.append((Path(pyproject), "the pyproject.toml the options come from"))
+    return protect, [Path(cfg.keep_run)] if cfg.keep_run is not None else []
+
+
+def findings_files(report: Report) -> list[tuple[Path, str]]:
+    """The user files a report's findings point at."""
+    base = Path(report.base_dir or ".")
+    return [(base / f.file, "a file the findings point at") for f in report.findings if f.file]
+
+
+def run_dir_files(run_dir: Path) -> list[tuple[Path, str]]:
+    """The user's files a recorded run names (its script, the sources it copied): `report --output` spares them."""
+    import json
+
+    from ddpdoctor.events import META_FILE
+
+    try:
+        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(meta, dict):
+        return []
+    named = [meta.get("script_abs"), *(meta.get("sources") or {})]
+    return [(Path(p), "a file the run names") for p in named if isinstance(p, str) and p]
+
+
 def validate_script(script: Path) -> Path:
-    if not script.exists():
-        raise UsageError(f"{script}: no such file")
-    if not script.is_file():
-        raise UsageError(f"{script}: not a file")
+    """A script ddpdoctor can read (a regular file of bounded size, not a notebook): else one-line UsageError."""
+    check_source_path(script)
     return script
 
 
@@ -110,6 +145,9 @@ def run_check(cfg: CheckConfig) -> Report:
     notes: list[str] = []
     if cfg.static_only:
         base = cfg.exclude_base or Path.cwd()
+        for named in (cfg.script, *cfg.paths):  # a file named on the command line must be a script ddpdoctor reads
+            if not Path(named).is_dir():
+                validate_script(Path(named))
         analysis = analyze_paths([cfg.script, *cfg.paths], exclude=cfg.exclude, base=base)
     else:
         analysis = analyze_script(validate_script(cfg.script))
@@ -123,23 +161,33 @@ def run_check(cfg: CheckConfig) -> Report:
         require_torch("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
+        from ddpdoctor.probe.rundir import claim_for_check
+        from ddpdoctor.probe.supervisor import Supervisor
 
-        run_dir = cfg.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
-        progress = None if cfg.quiet else progress_display(cfg, run_dir)
+        guard = None
+        if cfg.keep_run is None:
+            run_dir = Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+            guard = Supervisor.guard([str(run_dir)])  # removes it even if this process is killed
+        else:
+            run_dir = cfg.keep_run
         try:
-            try:
-                run_probe(cfg, run_dir, static_findings=static, progress=progress)
-            except KeyboardInterrupt:
-                if progress is not None:
-                    progress.close(interrupted=True)
-                raise
-            finally:
-                if progress is not None:
-                    progress.discard()  # closed by run_probe unless it failed: then the error says it all
-            analysis = analyze_run(run_dir)
+            # locked from the launch to the end of the analysis: a second run cannot clear it meanwhile
+            with claim_for_check(run_dir) as claim:
+                progress = None if cfg.quiet else progress_display(cfg, run_dir)
+                try:
+                    run_probe(cfg, run_dir, static_findings=static, claim=claim, progress=progress)
+                except KeyboardInterrupt:
+                    if progress is not None:
+                        progress.close(interrupted=True)
+                    raise
+                finally:
+                    if progress is not None:
+                        progress.discard()  # closed by run_probe unless it failed: then the error says it all
+                analysis = analyze_run(run_dir)
         finally:
-            if cfg.keep_run is None:
+            if guard is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
+                guard.stop()
         probe = list(analysis.findings)
         clearances = analysis.clearances
         environment = analysis.environment
@@ -205,7 +253,7 @@ def report_run(
     as the one `check` printed; options given here override those recorded with the run. A run recorded per node
     (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
-    from ddpdoctor.analyses import analyze_run, load_static_findings
+    from ddpdoctor.analyses import analyze_run, load_static
 
     dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
     if not dirs:
@@ -224,8 +272,9 @@ def report_run(
         if v is not None
     }
     analysis = analyze_run(dirs, overrides=overrides)
+    static = load_static(dirs)
     merged, cleared = merge_static_and_probe(
-        load_static_findings(dirs), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+        list(static.findings), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
     )
     kept = fold_consequences(
         filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)
@@ -235,7 +284,7 @@ def report_run(
         args=tuple(analysis.args),
         environment=analysis.environment,
         findings=tuple(kept),
-        notes=(*analysis.notes, *cleared),
+        notes=(*static.notes, *analysis.notes, *cleared),
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )

@@ -45,24 +45,24 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
     return choice(value, allowed, option)
 
 
-def _emit(text: str, output: Optional[Path]) -> None:
+def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None:
     if output is None:
         sys.stdout.write(text)
         if not text.endswith("\n"):
             sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    try:
-        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--output {output}: {exc.strerror or exc}") from None
+    from ddpdoctor.output import check_output, write_output
+
+    # checked again now that the findings name their files (a project module is no place for a report)
+    write_output(text, output, check_output(output, protected=protect, run_dirs=run_dirs))
 
 
-def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on) -> None:
+def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=()) -> None:
     from ddpdoctor.report.render import render
 
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output)
+    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output, protect=protect, run_dirs=run_dirs)
     raise typer.Exit(report.exit_code(fail_on))
 
 
@@ -100,8 +100,9 @@ def check(
     `check --static PATH...` lints files and directories (recursively, .py files, minus `exclude` in
     [tool.ddpdoctor]): each entry script with the project modules it imports.
     """
-    from ddpdoctor.check import run_check
-    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.check import findings_files, output_guards, run_check
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
+    from ddpdoctor.output import check_output
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
@@ -137,8 +138,13 @@ def check(
         exclude=opts.exclude,
         exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
     )
+    validate_config(cfg)
+    protect, run_dirs = output_guards(cfg, opts.pyproject)
+    if output is not None:
+        check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
     report = run_check(cfg)
-    _render_and_exit(report, fmt, output, opts.fail_on)
+    _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
+                     run_dirs=run_dirs)
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -219,8 +225,9 @@ def report(
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
     """Re-analyse a recorded probe run without running anything (several directories: one run, one per node)."""
-    from ddpdoctor.check import report_run, run_project
+    from ddpdoctor.check import findings_files, report_run, run_dir_files, run_project
     from ddpdoctor.config import OUTPUT_FORMATS, resolve_options
+    from ddpdoctor.output import check_output
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
     opts = resolve_options(
@@ -228,6 +235,9 @@ def report(
         base_batch=base_batch,
         lr_scaling=lr_scaling,
     )
+    protect = [named for d in run_dirs for named in run_dir_files(d)]
+    if output is not None:
+        check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
     from ddpdoctor.triage.run import is_triage_dir, report_triage
 
     if len(run_dirs) == 1 and run_dirs[0].is_dir() and is_triage_dir(run_dirs[0]):  # `triage --keep-run DIR`
@@ -237,7 +247,8 @@ def report(
         overrides = {k: v for k, v in (("base_lr", opts.base_lr), ("base_batch", opts.base_batch),
                                        ("lr_scaling", opts.lr_scaling), ("small_bn_batch", opts.small_bn_batch))
                      if v is not None}
-        _render_and_exit(report_triage(run_dirs[0], cfg, overrides), fmt, output, opts.fail_on)
+        _render_and_exit(report_triage(run_dirs[0], cfg, overrides), fmt, output, opts.fail_on, protect=protect,
+                         run_dirs=run_dirs)
     rep = report_run(
         list(run_dirs),
         select=opts.select,
@@ -247,7 +258,7 @@ def report(
         lr_scaling=opts.lr_scaling,
         small_bn_batch=opts.small_bn_batch,
     )
-    _render_and_exit(rep, fmt, output, opts.fail_on)
+    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=run_dirs)
 
 
 @app.command()

@@ -6,6 +6,7 @@ a `check` run needs on top of it (the script, the probe's limits).
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,17 @@ else:  # pragma: no cover - exercised on 3.10 only
 OUTPUT_FORMATS = ("text", "json", "sarif", "github")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+MAX_NPROC = 64  # ranks on one machine: each is a Python process with torch (~300 MB before the model)
+MAX_TIMEOUT = 7 * 24 * 3600.0
+# [tool.ddpdoctor] keys and the TOML types they take (a TOML float for an integer option is refused: nproc = 1e9)
+_TABLE_TYPES: dict[str, tuple[type, ...]] = {
+    "fail_on": (str,),
+    "lr_scaling": (str,),
+    "base_lr": (int, float),
+    "base_batch": (int,),
+    "nproc": (int,),
+    "small_bn_batch": (int,),
+}
 PYPROJECT_KEYS = {
     "select",
     "ignore",
@@ -111,6 +123,11 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
         raise UsageError(
             f"{pyproject}: unknown key(s) in [tool.ddpdoctor]: {', '.join(sorted(unknown))}"
         )
+    for key, types in _TABLE_TYPES.items():
+        value = table.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            kind = "an integer" if types == (int,) else "a number" if float in types else "a string"
+            raise UsageError(f"{pyproject}: [tool.ddpdoctor] {key} must be {kind}, not {value!r}")
     if "exclude" in table:
         value = table["exclude"]
         if isinstance(value, str):
@@ -127,6 +144,32 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
                 raise UsageError(f"{pyproject}: [tool.ddpdoctor] {key} must be a list of rule codes")
             table[key] = value
     return table
+
+
+def validate_recipe(base_lr: float | None, base_batch: int | None) -> None:
+    """The single-process recipe: both or neither, a finite positive lr, a batch of at least one sample."""
+    if (base_lr is None) != (base_batch is None):
+        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    if base_lr is not None and not (math.isfinite(base_lr) and base_lr > 0):
+        raise UsageError(f"--base-lr {base_lr}: must be a finite learning rate above 0")
+    if base_batch is not None and base_batch < 1:
+        raise UsageError(f"--base-batch {base_batch}: must be at least 1 (samples per optimizer step)")
+
+
+def validate_config(cfg: CheckConfig) -> CheckConfig:
+    """Numbers a check can run with: one-line UsageError for anything else (whatever set them: options,
+    [tool.ddpdoctor], a library caller)."""
+    for name, value in (("--nproc", cfg.nproc), ("--epochs", cfg.epochs), ("--steps", cfg.steps),
+                        ("small_bn_batch", cfg.small_bn_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{name} {value}: must be a whole number of at least 1")
+    if cfg.nproc > MAX_NPROC:
+        raise UsageError(f"--nproc {cfg.nproc}: at most {MAX_NPROC} ranks on one machine (each rank is a process "
+                         "with its own copy of torch and the model)")
+    if not (math.isfinite(cfg.timeout) and 1.0 <= cfg.timeout <= MAX_TIMEOUT):
+        raise UsageError(f"--timeout {cfg.timeout}: must be a number of seconds between 1 and {MAX_TIMEOUT:.0f}")
+    validate_recipe(cfg.base_lr, cfg.base_batch)
+    return cfg
 
 
 def split_codes(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -186,8 +229,8 @@ def resolve_options(
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if options.nproc is not None and options.nproc < 1:
-        raise UsageError("--nproc must be >= 1")
-    if (options.base_lr is None) != (options.base_batch is None):
-        raise UsageError("--base-lr and --base-batch go together (the single-process recipe)")
+    if options.nproc is not None and not 1 <= options.nproc <= MAX_NPROC:
+        raise UsageError(f"--nproc {options.nproc}: must be between 1 and {MAX_NPROC} ranks on one machine (each rank "
+                         "is a process with its own copy of torch and the model)")
+    validate_recipe(options.base_lr, options.base_batch)
     return options

@@ -1,4 +1,5 @@
-"""Errors that mean "could not analyse": the CLI prints them as one line on stderr and exits 2."""
+"""Errors that mean "could not analyse": the CLI prints them as one line on stderr and exits 2. And the one list
+of the errors a process of a distributed run reports when a *peer* went away (`is_peer_error`)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,25 @@ def require_torch(what: str) -> None:
             f"{what} runs PyTorch in this Python ({sys.executable}), which has no torch: install ddpdoctor in your "
             "training environment (or `pip install torch` here); `ddpdoctor check --static` needs no torch"
         )
+
+
+# What a rank reports because a *peer* went away: a consequence, never the root cause. The probe's analyses
+# (DD902's first failure) and compare-bn (which rank's error to show) both skip these when they look for the cause.
+PEER_ERROR_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "nccl communicator was aborted",
+    "ncclremoteerror",
+    "socket timeout",
+    "connection refused",
+    "received 0 bytes",
+    "processgroupnccl's watchdog",
+    "timed out after",
+)
+
+
+def is_peer_error(text: str) -> bool:
+    """Whether an error text is only a peer's failure seen from this process."""
+    low = text.lower()
+    return any(marker in low for marker in PEER_ERROR_MARKERS)

@@ -15,6 +15,10 @@ Run directory layout (schema `SCHEMA`):
                                from events by a *blob reference* (see `BlobRef`)
     events/<host>-p<pid>.stack Python stacks of every thread, dumped by faulthandler when the probe timed out
     logs/                      the user's stdout/stderr per rank (launcher mode)
+    writes/<absolute path>     the files the script wrote (launcher modes: ddpdoctor.probe.fsview redirects them
+                               here; the user's tree is untouched); deleted/ records deletions (whiteouts)
+    .ddpdoctor-run             ddpdoctor's marker: only a directory holding it is ever cleared or reused
+                               (ddpdoctor.probe.rundir)
     (attach mode may record one run in several directories, one per node: `read_runs` reads them as one run)
     source/<path>              copies of the user's source files the run refers to (the script, and in launcher
                                modes every user file named by a recorded site, traceback or stack), at their path
@@ -39,11 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
+
 SCHEMA = "ddpdoctor.events/1"
 META_FILE = "meta.json"
 STATIC_FILE = "static.json"
 LAUNCHER_FILE = "launcher.json"
 EVENTS_DIR = "events"
+RUN_MARKER = ".ddpdoctor-run"
 LOGS_DIR = "logs"
 SOURCE_DIR = "source"
 
@@ -74,6 +81,8 @@ META_KEYS = {
     "python": "Python version of the launcher",
     "host": "host name",
     "started": "start time (seconds since the epoch)",
+    "keep_run": "where `check --keep-run` kept the run, or null when the run directory was temporary (removed after "
+    "the report); absent in attach mode",
     "arm": "`ddpdoctor triage` runs only: the arm's probe settings {arm, bn_mode, bn_convert, bn_group_size, seed} "
     "(ddpdoctor.probe.arms)",
 }
@@ -99,7 +108,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "process_start",
             "first event of every process's log",
             role="'rank' (launched by torchrun), 'attached', 'main' (self-spawning script), 'spawned' (child of "
-            "multiprocessing started by spawn/forkserver), 'forked' (child started by fork)",
+            "multiprocessing started by spawn/forkserver), 'forked' (child started by fork), 'child' (another "
+            "Python process the script started: only its file writes are recorded)",
             ppid="parent pid",
             host="host name",
             argv="sys.argv",
@@ -110,7 +120,9 @@ EVENT_KINDS: dict[str, EventKind] = {
             schema="SCHEMA",
             main_thread="ident of the main thread as faulthandler prints it (0x...)",
             stack_file="file that receives faulthandler dumps",
-            stack_signal="signal number that dumps the stacks",
+            stacks_at="when (seconds since the epoch) the process dumps every thread's stack into stack_file, a "
+            "moment before the probe's timeout (no signal: session.StackTimer); null when it does not",
+            stack_signal="runs recorded before stacks_at: the signal number that made the process dump its stacks",
             mode="the probe's launch mode (meta.json `mode`)",
         ),
         _k(
@@ -142,6 +154,10 @@ EVENT_KINDS: dict[str, EventKind] = {
             reason="'script returned' | 'sys.exit(0)' | 'epochs observed' | 'steps observed' | 'spawned function returned'",
             steps="optimizer steps taken",
             epochs="training epochs observed",
+            writes_waited="seconds the process waited for writes in progress (a checkpoint saved by a background "
+            "thread) before leaving",
+            writes_cut="paths still being written when it had to leave anyway (the run's copy is incomplete)",
+            site="for 'sys.exit(0)': the user line that exited",
         ),
         _k(
             "exception",
@@ -816,7 +832,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         ),
         _k(
             "checkpoint_save",
-            "torch.save was called (the file is written where the script says)",
+            "torch.save was called (in a check, the file went to the run directory: see file_write)",
             site="call site",
             callers="[{file, line, function}]: the user frames further out (the script's call into its own save "
             "helper), innermost first, at most 3",
@@ -836,6 +852,31 @@ EVENT_KINDS: dict[str, EventKind] = {
             seconds="duration",
             error="exception text when the save raised",
             step="optimizer steps completed",
+        ),
+        _k(
+            "checkpoint_load",
+            "torch.load of a file (first 20 per process)",
+            site="call site",
+            path="path as the script gave it",
+            abspath="absolute path",
+            users_file="the file read is the user's own, there before the probe (not one this run wrote): a resume",
+            object="type of the loaded object",
+            top_keys="first keys of a loaded dict",
+            counters="{key: int} of the integer values at its top level (epoch, step, iteration...)",
+            step="optimizer steps completed",
+        ),
+        # --- files (probe/fsview.py)
+        _k(
+            "file_write",
+            "the script wrote, created, modified or deleted a file outside the run directory; the operation went to "
+            "the run's copy (RUN/writes/<absolute path>), the user's file is untouched (first time per path, "
+            "operation and process)",
+            op="'write' (created or truncated) | 'create' (exclusive) | 'modify' (append, r+, chmod, utime...) | "
+            "'mkdir' | 'delete' | 'rename' (the destination of a rename or replace)",
+            path="the path as the script gave it",
+            abspath="absolute path",
+            stored="where the run keeps it, relative to the run directory",
+            existed="the user had a file or folder at that path before the probe",
         ),
         _k(
             "state_dict_load",
@@ -955,19 +996,19 @@ class RunData:
     """Everything in a run directory, read once."""
 
     path: Path
-    meta: dict[str, Any]
-    launcher: dict[str, Any] | None
+    meta: RunMeta
+    launcher: LaunchRecord | None
     processes: list[ProcessLog]
-    static: list[dict[str, Any]] | None = None
+    static: StaticRecord | None = None
     # a run recorded in several directories (attach mode, one per node): each directory and its own meta.json;
     # empty for a run in one directory (then `path` is the only part)
-    parts: tuple[tuple[Path, dict[str, Any]], ...] = ()
+    parts: tuple[tuple[Path, RunMeta], ...] = ()
     # blob file name → the directory whose events/ holds it (several parts)
     blob_dirs: dict[str, Path] = field(default_factory=dict, repr=False)
     _blob_cache: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
-    def directories(self) -> list[tuple[Path, dict[str, Any]]]:
+    def directories(self) -> list[tuple[Path, RunMeta]]:
         """(directory, its meta.json) of every part of the run: one, or one per node."""
         return list(self.parts) or [(self.path, self.meta)]
 
@@ -1066,7 +1107,9 @@ _LOG_NAME = re.compile(r"^(?P<host>.*)-p(?P<pid>\d+)$")
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / META_FILE).is_file() or (path / EVENTS_DIR).is_dir()
+    """A directory `report` can read: ddpdoctor's marker, a meta.json or an events/ folder (runs recorded before the
+    marker existed have no marker). Only the marker lets ddpdoctor *write* into one (ddpdoctor.probe.rundir)."""
+    return (path / RUN_MARKER).is_file() or (path / META_FILE).is_file() or (path / EVENTS_DIR).is_dir()
 
 
 def read_run(path: Path) -> RunData:
@@ -1101,11 +1144,17 @@ def read_run(path: Path) -> RunData:
             raise ValueError(f"{path / STATIC_FILE}: unreadable: {exc}") from None
     processes: list[ProcessLog] = []
     events_dir = path / EVENTS_DIR
+    logs = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    unreadable = 0
     if events_dir.is_dir():
-        for log in sorted(events_dir.glob("*.jsonl")):
+        for log in logs:
             m = _LOG_NAME.match(log.stem)
-            events, bad = _read_jsonl(log)
+            try:
+                events, bad = _read_jsonl(log)
+            except OSError:
+                events, bad = [], 1
             if not events:
+                unreadable += 1 if bad or log.stat().st_size else 0
                 continue
             pid = int(m.group("pid")) if m else int(events[0].get("pid", 0))
             host = m.group("host") if m else ""
@@ -1114,8 +1163,59 @@ def read_run(path: Path) -> RunData:
             if stack_file.is_file():
                 stack_text = stack_file.read_text(encoding="utf-8", errors="replace") or None
             processes.append(ProcessLog(log.stem, pid, host, events, stack_text, bad))
+    if logs and not processes and unreadable:
+        raise ValueError(f"{events_dir}: {unreadable} event log(s) and not one readable event: the run directory is "
+                         "damaged")
     processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
-    return RunData(path=path, meta=meta, launcher=launcher, processes=processes, static=static)
+    _check_blobs(events_dir, processes)
+    return RunData(
+        path=path,
+        meta=RunMeta.from_json(meta),
+        launcher=LaunchRecord.from_json(launcher) if isinstance(launcher, dict) else None,
+        processes=processes,
+        static=StaticRecord.from_json(static) if isinstance(static, (list, dict)) else None,
+    )
+
+
+def _blob_refs(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """Blob references in an event's values (a dict with file/offset/nbytes), a few levels down."""
+    if isinstance(value, dict):
+        if {"file", "offset", "nbytes"} <= value.keys():
+            yield value
+        elif depth < 3:
+            for v in value.values():
+                yield from _blob_refs(v, depth + 1)
+    elif isinstance(value, list) and depth < 3:
+        for v in value[:64]:
+            yield from _blob_refs(v, depth + 1)
+
+
+def _check_blobs(events_dir: Path, processes: list[ProcessLog]) -> None:
+    """Every binary measurement an event refers to is there: a missing or truncated side file would silently drop
+    the findings that need it, so the run directory is refused instead (one line)."""
+    sizes: dict[str, int | None] = {}
+    missing: dict[str, int] = {}
+    for p in processes:
+        for e in p.events:
+            for ref in _blob_refs({k: v for k, v in e.items() if k not in BASE_FIELDS}):
+                name = Path(str(ref.get("file"))).name
+                if name not in sizes:
+                    f = events_dir / name
+                    sizes[name] = f.stat().st_size if f.is_file() else None
+                try:
+                    end = int(ref["offset"]) + int(ref["nbytes"])
+                except (TypeError, ValueError):
+                    end = -1
+                if sizes[name] is None or end < 0 or end > (sizes[name] or 0):
+                    missing[name] = missing.get(name, 0) + 1
+    if missing:
+        name, n = next(iter(sorted(missing.items())))
+        what = "missing" if sizes.get(name) is None else "truncated"
+        more = f" (and {len(missing) - 1} more side file(s))" if len(missing) > 1 else ""
+        raise ValueError(
+            f"{events_dir / name}: {what}, {n} recorded measurement(s) refer to it{more}: the run directory is "
+            "damaged (findings that need those measurements would be missing)"
+        )
 
 
 def find_run_dirs(paths: Sequence[Path]) -> list[Path]:
@@ -1178,9 +1278,9 @@ def read_runs(paths: Sequence[Path]) -> RunData:
             names[p.name] = run.path
     # the directory of rank 0 (its meta.json, static findings and launcher record) speaks for the run
     lead = next((run for run in runs if 0 in run.rank_processes), runs[0])
-    meta = dict(lead.meta)
-    meta["nproc"] = max((int(r.meta.get("nproc") or 0) for r in runs), default=0) or meta.get("nproc")
-    starts = [r.meta["started"] for r in runs if isinstance(r.meta.get("started"), (int, float))]
+    meta = lead.meta.to_json()
+    meta["nproc"] = max((int(r.meta.nproc or 0) for r in runs), default=0) or lead.meta.nproc
+    starts = [r.meta.started for r in runs if isinstance(r.meta.started, (int, float))]
     if starts:
         meta["started"] = min(starts)
     meta["parts"] = [str(r.path) for r in runs]
@@ -1188,7 +1288,7 @@ def read_runs(paths: Sequence[Path]) -> RunData:
     processes.sort(key=lambda p: (p.events[0].get("t", 0.0), p.pid))
     return RunData(
         path=lead.path,
-        meta=meta,
+        meta=RunMeta.from_json(meta),
         launcher=lead.launcher,
         processes=processes,
         static=next((r.static for r in [lead, *runs] if r.static is not None), None),

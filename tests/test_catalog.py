@@ -63,13 +63,13 @@ EXPECTED = [
     ("DD901", "probe-hang", "critical", False, True),
     ("DD902", "rank-failed", "critical", False, True),
     ("DD903", "not-distributed", "info", False, True),
+    ("DD904", "nothing-observed", "high", False, True),
 ]
 
 # Rows SPEC.md added for issues still open (trust, triage). SPEC: "until the issue that adds a row lands, a test
 # that holds the implementation against this table treats that row as pending, not as a failure." A pending row
 # moves into EXPECTED (at its place in code order) when the rule lands in the catalog.
 PENDING = [
-    ("DD904", "nothing-observed", "high", False, True),
 ]
 
 # Halves of a row that SPEC.md's table lists and no hook implements yet: found when issue 10 derived "static" and
@@ -251,7 +251,7 @@ def test_get_rule_is_case_insensitive_and_rejects_unknown_codes():
 
 def test_select_codes_prefix_match():
     assert select_codes(["DD3"]) == {"DD301", "DD302", "DD303", "DD304", "DD305", "DD306"}
-    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903"}
+    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903", "DD904"}
     assert select_codes(["DD"]) == {r.code for r in RULES}
     with pytest.raises(ValueError):
         select_codes(["DD7"])

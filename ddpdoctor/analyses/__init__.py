@@ -22,6 +22,7 @@ from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
 from ddpdoctor.findings import Clearance, Finding
+from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
 
 
@@ -104,26 +105,22 @@ def analyze_context(ctx: RunContext) -> AnalysisResult:
     )
 
 
-def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
-    """The static findings recorded with the run (static.json; of a run recorded per node, the one directory
-    that has it: rank 0's), [] when there are none."""
+def load_static(run_dir: Path | Sequence[Path]) -> StaticRecord:
+    """The static analysis recorded with the run (static.json; of a run recorded per node, the one directory
+    that has it: rank 0's): its findings and notes, none when there is no static.json."""
     try:
         dirs = find_run_dirs(_dirs(run_dir))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     path = next((d / STATIC_FILE for d in dirs if (d / STATIC_FILE).is_file()), None)
     if path is None:
-        return []
+        return StaticRecord()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        out = []
-        for item in data:
-            f = Finding.from_json(item)
-            if item.get("magnitude"):
-                from dataclasses import replace
-
-                f = replace(f, magnitude=float(item["magnitude"]))
-            out.append(f)
-        return out
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return StaticRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: unreadable static findings: {exc}") from None
+
+
+def load_static_findings(run_dir: Path | Sequence[Path]) -> list[Finding]:
+    """The static findings recorded with the run, [] when there are none (`load_static`)."""
+    return list(load_static(run_dir).findings)

@@ -11,28 +11,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ddpdoctor.errors import PEER_ERROR_MARKERS
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
 from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
+from ddpdoctor.records import LaunchRecord
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.world import Place, place_from_env
 
 __all__ = ["PEER_ERROR_MARKERS", "RunContext", "Settings", "fmt_num", "fmt_ranks", "pct"]
-
-# Errors a rank sees because a *peer* went away: consequences, never the root cause.
-PEER_ERROR_MARKERS = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "nccl communicator was aborted",
-    "ncclremoteerror",
-    "socket timeout",
-    "connection refused",
-    "received 0 bytes",
-    "processgroupnccl's watchdog",
-    "timed out after",
-)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
@@ -203,8 +190,8 @@ class RunContext:
         return bool(given) and isinstance(count, int) and given[0] == count
 
     @property
-    def launcher(self) -> dict[str, Any]:
-        return self.run.launcher or {}
+    def launcher(self) -> LaunchRecord:
+        return self.run.launcher if self.run.launcher is not None else LaunchRecord.from_json({})
 
     @property
     def timed_out(self) -> bool:

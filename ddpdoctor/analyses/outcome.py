@@ -41,6 +41,37 @@ class Failure:
         return (self.kind, self.type, self.message.splitlines()[0] if self.message else "", self.signal, self.exitcode)
 
 
+_TB_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+, in ')
+
+
+def without_probe_frames(text: str) -> str:
+    """A recorded traceback as `python train.py` prints it: ddpdoctor's frames (recorded by runs from before the
+    probe left them out) and the runpy frames that start the script removed; every other line kept."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    leading = True  # still in the frames above the script's own (the bootstrap, runpy)
+    while i < len(lines):
+        m = _TB_FRAME.match(lines[i])
+        if m is None:
+            if not lines[i].startswith("  "):
+                leading = True  # a new traceback of a chained exception starts
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].startswith("    "):  # the source line and carets of this frame
+            j += 1
+        norm = os.path.normpath(m.group("file"))
+        ours = _is_ddpdoctor_file(norm) or (leading and norm in ("<frozen runpy>", "runpy.py") or (
+            leading and os.path.basename(norm) == "runpy.py"))
+        if not ours:
+            leading = False
+            out.extend(lines[i:j])
+        i = j
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
 def _peer_caused(text: str) -> bool:
     low = text.lower()
     return any(m in low for m in PEER_ERROR_MARKERS)
@@ -98,7 +129,7 @@ def failures(ctx: RunContext) -> list[Failure]:
                 kind="exception",
                 type=e.get("type"),
                 message=str(e.get("message") or ""),
-                traceback=str(e.get("traceback") or ""),
+                traceback=without_probe_frames(str(e.get("traceback") or "")),
                 user_frame=e.get("user_frame"),
                 exitcode=e.get("exit_code") if e.get("type") == "SystemExit" else None,
                 peer_caused=_peer_caused(str(e.get("message") or "")),
@@ -161,8 +192,70 @@ def failures(ctx: RunContext) -> list[Failure]:
                         )
                     )
                     seen_ranks.add(index)
+    launcher = launcher_failure(ctx)
+    if launcher is not None and not any(f.rank == launcher.rank and launcher.rank is not None for f in out):
+        out.append(launcher)
     out.sort(key=lambda f: f.t)
     return out
+
+
+LAUNCHERS = {"torchrun": "torch.distributed.run's agent (the launcher of the ranks)",
+             "spawn": "the script's main process (which starts its ranks)",
+             "single": "the script's process"}
+
+
+def launcher_failure(ctx: RunContext) -> Failure | None:
+    """The process the probe launched (the elastic agent, or the main process of a self-spawning script) died of
+    a signal, or exited with an error of its own, before the ranks finished: the run is cut short whatever the
+    ranks recorded (killed by the OOM killer, by the script, by another user). Not when the probe stopped it
+    itself (timeout, Ctrl-C, ranks already done)."""
+    launcher = ctx.launcher
+    code = launcher.get("returncode")
+    mode = launcher.get("mode") or ctx.run.meta.get("mode")
+    if (
+        code in (None, 0)
+        or mode not in LAUNCHERS
+        or launcher.get("stopped_by_probe")
+        or launcher.get("timed_out")
+        or launcher.get("interrupted")
+    ):
+        return None
+    if ctx.ranks and all(p.done is not None for p in ctx.ranks.values()):
+        return None  # every rank had finished its part: the measurement is complete
+    agent = launcher.get("agent") or {}
+    sig = _signal_name(code)
+    if sig is None and mode == "torchrun" and agent and (agent.get("failures") or not agent.get("error")):
+        return None  # the agent reports its ranks' failure (each one is a failure above)
+    if mode in ("spawn", "single"):
+        main = ctx.run.main_process if mode == "spawn" else ctx.ranks.get(0)
+        if main is not None and main.of("exception"):
+            return None  # the process raised: that exception is the failure
+    last = max((p.events[-1]["t"] for p in ctx.run.processes if p.events), default=0.0)
+    error = str(agent.get("error") or "")
+    if mode == "single":  # the one process is rank 0: it died as a rank does
+        return Failure(rank=0, pid=ctx.ranks[0].pid if 0 in ctx.ranks else None, t=float(last),
+                       kind="signal" if sig else "exit", message=crash_text(_launcher_tail(ctx, mode)),
+                       exitcode=code, signal=sig, user_frame=crash_frame(ctx, None),
+                       stderr_tail=_launcher_tail(ctx, mode))
+    return Failure(
+        rank=None,
+        pid=(launcher.get("agent") or {}).get("pid"),
+        t=float(last),
+        kind="launcher",
+        type=mode,
+        message=error or (f"died with {sig}" if sig else f"exited with code {code}"),
+        exitcode=code if code >= 0 else None,
+        signal=sig,
+        stderr_tail=_launcher_tail(ctx, mode),
+    )
+
+
+def _launcher_tail(ctx: RunContext, mode: str) -> list[str]:
+    path = ctx.run.path / "logs" / ("agent.stderr" if mode == "torchrun" else "main.stderr")
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+    except OSError:
+        return []
 
 
 def root_causes(fails: list[Failure]) -> list[Failure]:
@@ -252,6 +345,12 @@ PACE_FACTOR = 3.0
 PAUSE_FACTOR = 1.5
 
 _C10D_DIR = "torch/distributed/"
+# torch.distributed functions a rank waits in while the process group is being formed
+_RENDEZVOUS = {
+    "init_process_group", "rendezvous", "_store_based_barrier", "_env_rendezvous_handler",
+    "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_create_c10d_store", "_new_process_group_helper",
+}
+_POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 _DDP_FILE = "torch/nn/parallel/distributed.py"
 # DDP's own calls that wait for the other ranks (buffer broadcast, parameter checks at construction)
 _DDP_WAITS = {
@@ -310,8 +409,15 @@ def waiting_in(ctx: RunContext, frames: list[dict[str, Any]]) -> dict[str, Any] 
     waiting on something else (data, I/O, a lock)."""
     if not frames:
         return None
+    for outer in frames:  # anywhere on the stack: the wait itself is a store get/wait or a socket call
+        outer_path, outer_fn = str(outer["file"]).replace(os.sep, "/"), str(outer["function"])
+        if _C10D_DIR in outer_path and outer_fn in _RENDEZVOUS:
+            return {"kind": "rendezvous", "function": outer_fn,
+                    "what": f"the rendezvous ({outer_fn}): not every rank joined the process group"}
     f = frames[0]
     path, fn = str(f["file"]).replace(os.sep, "/"), str(f["function"])
+    if _C10D_DIR in path and fn in _POINT_TO_POINT:
+        return {"kind": "point_to_point", "function": fn, "what": f"dist.{fn}"}
     if _C10D_DIR in path or path.endswith("ddpdoctor/bn/syncbn.py"):
         return {"kind": "collective", "function": fn, "what": f"dist.{fn}"}
     if path.endswith(_DDP_FILE) and fn in _DDP_WAITS:

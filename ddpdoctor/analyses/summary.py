@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
+from ddpdoctor.analyses.files import add_file_notes
 from ddpdoctor.analyses.outcome import failures, root_causes, timeout_view
 from ddpdoctor.findings import Finding
 
@@ -178,6 +179,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"({fmt_ranks(ctx.ranks)}): with one directory per node, give `ddpdoctor report` all of them (or their "
             "parent directory), so that what differs between nodes is measured"
         )
+    add_file_notes(ctx)
     errors = [e for _, e in ctx.run.events("internal_error")]
     if errors:
         where = sorted({str(e.get("where")) for e in errors})

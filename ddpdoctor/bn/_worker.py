@@ -22,15 +22,12 @@ with `os._exit` after flushing: gloo sometimes aborts at interpreter exit otherw
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.util
 import json
 import os
 import random
-import signal
 import sys
-import threading
 import time
 import traceback
 import types
@@ -48,26 +45,6 @@ class WorkerUsageError(Exception):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """A worker must never outlive the command: ask the kernel to kill it when the parent dies (Linux), and
-    poll as a fallback elsewhere."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="ddpdoctor-parent-watch").start()
 
 
 # --------------------------------------------------------------------------------------------- factories
@@ -522,7 +499,6 @@ def main(argv: list[str]) -> None:
     job_path, rank_text = argv
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     rank = int(rank_text)
-    _die_with_parent(int(job["parent_pid"]))
     out = Path(job["out_dir"])
     code = 0
     try:

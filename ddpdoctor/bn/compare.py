@@ -21,16 +21,17 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.bn.analysis import CompareConfig, CompareResult, analyse
-from ddpdoctor.errors import InternalError, UsageError
+from ddpdoctor.errors import InternalError, UsageError, is_peer_error
+from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
 
 __all__ = ["CompareConfig", "CompareResult", "run_compare"]
 
@@ -93,80 +94,70 @@ def _loopback_interface() -> str | None:
 
 
 class _Ranks:
-    """The rank processes of one comparison: started in their own sessions, so killing one kills everything it
-    started; always reaped before the command returns."""
+    """The rank processes of one comparison, started and stopped by the probe's supervisor
+    (`ddpdoctor.probe.supervisor`): the same kill, timeout and signal path as a probe run, so no rank outlives the
+    command however it ends, and the work directory goes with them."""
 
     def __init__(self, work: Path, timeout: float) -> None:
         self.work = work
         self.timeout = timeout
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list[Any] = []
-        self.killed: set[int] = set()  # ranks we killed ourselves (their SIGKILL is not their failure)
+        self.supervisor: Supervisor | None = None
+        self.killed: set[int] = set()  # ranks we stopped ourselves (their SIGKILL is not their failure)
+        self.returncodes: list[int | None] = []
 
-    def start(self, job_path: Path, nproc: int, threads: int) -> None:
+    def start(self, job_path: Path, nproc: int, threads: int, deadline: float) -> None:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env["PYTHONUNBUFFERED"] = "1"
         lo = _loopback_interface()
         if lo and "GLOO_SOCKET_IFNAME" not in env:
             env["GLOO_SOCKET_IFNAME"] = lo  # rendezvous and traffic stay on this machine
-        for rank in range(nproc):
-            log = open(self.work / f"rank{rank}.log", "wb")
-            self.logs.append(log)
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "ddpdoctor.bn._worker", str(job_path), str(rank)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-            )
+        logs = [str(self.work / f"rank{rank}.log") for rank in range(nproc)]
+        commands = [
+            Command(argv=[sys.executable, "-m", "ddpdoctor.bn._worker", str(job_path), str(rank)], stdout=log,
+                    stderr=log)
+            for rank, log in enumerate(logs)
+        ]
+        self.supervisor = Supervisor(
+            commands, env=env, cwd=os.getcwd(), tag=uuid.uuid4().hex,
+            deadline=time.time() + max(0.0, deadline - time.monotonic()), scratch=[str(self.work)],
+        ).start()
+        self.returncodes = [None] * nproc
 
     def wait(self, deadline: float) -> None:
+        assert self.supervisor is not None
         while True:
-            codes = [p.poll() for p in self.procs]
+            codes = self.supervisor.poll()
             if all(c == 0 for c in codes):
                 return
-            if any(c not in (None, 0) for c in codes):
+            if any(c not in (None, 0) for c in codes) or not self.supervisor.running:
                 # let the peers that hit the same problem report it (a usage error reaches all ranks at once)
                 grace = min(time.monotonic() + 1.0, deadline)
-                while time.monotonic() < grace and any(p.poll() is None for p in self.procs):
+                while time.monotonic() < grace and any(c is None for c in self.supervisor.poll()):
                     time.sleep(0.02)
-                self.kill()
-                raise self._failure()
+                said = self._said()  # before stop: the supervisor removes the work directory with the ranks
+                raise self._failure(self.stop(), *said)
             if time.monotonic() > deadline:
                 phases = self._phases()
-                self.kill()
+                self.stop()
                 raise UsageError(
                     f"compare-bn did not finish within --timeout {self.timeout:g} s; ranks were at: {phases}"
                 )
             time.sleep(0.02)
 
-    def kill(self) -> None:
-        for rank, p in enumerate(self.procs):
-            if p.poll() is None:
-                self.killed.add(rank)
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    try:
-                        p.kill()
-                    except ProcessLookupError:
-                        pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not time out in practice
-                pass
-        for log in self.logs:
-            log.close()
-        self.logs = []
+    def stop(self) -> list[int | None]:
+        """Stop whatever still runs (a no-op once stopped); the ranks' return codes."""
+        if self.supervisor is not None:
+            final = self.supervisor.stop()
+            killed = set(final.get("killed") or ())
+            self.killed = {rank for rank, pid in enumerate(final.get("pids") or ()) if pid in killed}
+            self.returncodes = list(final.get("returncodes") or self.returncodes)
+            self.supervisor = None
+        return self.returncodes
 
     def _phases(self) -> str:
         parts = []
-        for rank in range(len(self.procs)):
+        for rank in range(len(self.returncodes)):
             try:
                 text = (self.work / f"rank{rank}.phase").read_text(encoding="utf-8").strip()
             except OSError:
@@ -174,29 +165,31 @@ class _Ranks:
             parts.append(f"rank {rank}: {text}")
         return "; ".join(parts)
 
-    def _failure(self) -> Exception:
+    def _said(self) -> tuple[list[dict[str, Any]], dict[int, str]]:
+        """What the ranks left to read: their one-line errors, and the last line of each rank's log."""
         errors = []
-        for rank in range(len(self.procs)):
+        for rank in range(len(self.returncodes)):
             try:
                 errors.append(json.loads((self.work / f"rank{rank}.error.json").read_text(encoding="utf-8")))
             except (OSError, ValueError):
                 continue
+        return errors, {rank: self._log_tail(rank) for rank in range(len(self.returncodes))}
+
+    def _failure(self, returncodes: list[int | None], errors: list[dict[str, Any]], tails: dict[int, str]) -> Exception:
         usage = [e for e in errors if e.get("kind") == "usage"]
         if usage:
             return UsageError(usage[0]["message"])
         # A rank that loses its peer reports that, not the cause: first the real errors, then ranks that died
         # without a word (a signal, os._exit), and only then the peers' "connection reset".
-        peer_loss = ("Connection closed", "Connection reset", "Broken pipe", "timed out", "Timeout")
-        primary = [e for e in errors if not any(s in e.get("message", "") for s in peer_loss)]
+        primary = [e for e in errors if not is_peer_error(e.get("message", ""))]
         if primary:
             e = primary[0]
             return InternalError(f"compare-bn rank {e['rank']} failed: {e['message']}")
         reported = {e.get("rank") for e in errors}
-        for rank, p in enumerate(self.procs):
-            code = p.returncode
+        for rank, code in enumerate(returncodes):
             if rank not in reported and rank not in self.killed and code not in (None, 0):
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                tail = self._log_tail(rank)
+                tail = tails.get(rank, "")
                 return InternalError(f"compare-bn rank {rank} {how}" + (f": {tail}" if tail else ""))
         if errors:
             e = errors[0]
@@ -212,31 +205,16 @@ class _Ranks:
         return lines[-1][:300] if lines else ""
 
 
-def _exit_cleanly_on_sigterm() -> Any:
-    """`timeout`, CI runners and job schedulers stop a command with SIGTERM, whose default action skips
-    `finally`: turn it into SystemExit(143) while the ranks run, so they are killed and the work directory goes.
-    (SIGKILL cannot be caught; the ranks then die with their parent through PR_SET_PDEATHSIG.)"""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
 def run_compare(cfg: CompareConfig) -> CompareResult:
-    """Launch the ranks, supervise them, and analyse what they measured. UsageError/InternalError: one line."""
+    """Launch the ranks, supervise them, and analyse what they measured. UsageError/InternalError: one line;
+    Ctrl-C, SIGTERM or SIGHUP stop the ranks and end as KeyboardInterrupt."""
     shard, rank_lists = _validate(cfg)
     started = time.monotonic()
     deadline = started + cfg.timeout
     cpus = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-compare-"))
     ranks = _Ranks(work, cfg.timeout)
-    restore_sigterm = _exit_cleanly_on_sigterm()
+    previous = trap_stop_signals()
     try:
         job = {
             "model": cfg.model,
@@ -253,17 +231,21 @@ def run_compare(cfg: CompareConfig) -> CompareResult:
             "out_dir": str(work),
             "threads": max(1, cpus // cfg.nproc),
             "reference_threads": cpus,
-            "parent_pid": os.getpid(),
         }
         job_path = work / "job.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
-        ranks.start(job_path, cfg.nproc, job["threads"])
+        ranks.start(job_path, cfg.nproc, job["threads"], deadline)
         ranks.wait(deadline)
         metas, arrays = _load_results(work, cfg.nproc)
+    except Stopped:
+        raise KeyboardInterrupt from None
     finally:
-        ranks.kill()  # every rank is reaped, whatever happened (a no-op for ranks that already exited)
-        shutil.rmtree(work, ignore_errors=True)
-        restore_sigterm()
+        restore_signals(previous, quiet=True)
+        try:
+            ranks.stop()  # every rank is gone, whatever happened (a no-op for ranks that already exited)
+        finally:
+            restore_signals(previous)
+            shutil.rmtree(work, ignore_errors=True)
     result = analyse(cfg, shard, metas, arrays)
     return replace(result, timings={**result.timings, "wall_s": round(time.monotonic() - started, 3)})
 

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
-from ddpdoctor.events import EVENTS_DIR, META_FILE, SCHEMA, STATIC_FILE, default_host
+from ddpdoctor.errors import UsageError
+from ddpdoctor.events import META_FILE, SCHEMA, STATIC_FILE, default_host
 from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
+from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
-from ddpdoctor.world import place_from_env
+from ddpdoctor.records import RunMeta, StaticRecord
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.sourcefile import check_source_path
+from ddpdoctor.world import place_from_env
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,20 +40,44 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a training script instrumented under your own launcher; analyse with `ddpdoctor report DIR`.",
     )
     p.add_argument("--out", required=True, type=Path, help="run directory (created; one per node or shared)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs observed before the run ends itself (default 2)")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps kept per epoch (default 4)")
+    p.add_argument("--epochs", type=_count, default=2, help="epochs observed before the run ends itself (default 2)")
+    p.add_argument("--steps", type=_count, default=4, help="optimizer steps kept per epoch (default 4)")
     p.add_argument("--no-limit", action="store_true", help="observe the whole run; never cut epochs or end it early")
-    p.add_argument("--timeout", type=float, default=600.0, help="how long a finished rank waits for its peers")
+    p.add_argument("--timeout", type=_seconds(1.0), default=600.0,
+                   help="how long a finished rank waits for its peers")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto/cuda: the devices the launcher gives (default); cpu: emulate CUDA on CPU with one "
                    "virtual GPU per local rank, to rehearse a GPU job (one node or several) on a machine without GPUs")
-    p.add_argument("--stall-timeout", type=float, default=300.0,
+    p.add_argument("--stall-timeout", type=_seconds(0.0), default=300.0,
                    help="dump every thread's stack when no optimizer step happened for this long (0 = off)")
     # torch.distributed.launch puts --local-rank=N right after the module; pass it on to the script
     p.add_argument(*LOCAL_RANK_OPTIONS, dest="local_rank", default=None, help=argparse.SUPPRESS)
     p.add_argument("script", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def _seconds(low: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < low or value > 7 * 24 * 3600:
+            raise argparse.ArgumentTypeError(f"{text} is not a number of seconds between {low:g} and 604800")
+        return value
+
+    return parse
 
 
 def _write_once(path: Path, data: object) -> None:
@@ -61,25 +90,36 @@ def _write_once(path: Path, data: object) -> None:
         json.dump(data, fh, indent=1, default=str)
 
 
-def _static_findings(script: Path) -> list[dict] | None:
+def _static_findings(script: Path) -> dict | None:
+    """static.json of an attached run (StaticRecord), or None when static analysis is unavailable or failed."""
     try:
         from ddpdoctor.static import analyze_file
     except ImportError:
         return None
     try:
-        return [{**f.to_json(), "magnitude": f.magnitude} for f in analyze_file(script)]
+        return StaticRecord(findings=tuple(analyze_file(script))).to_json()
     except Exception:
         return None
 
 
 def main(argv: list[str] | None = None) -> None:
     ns = _parser().parse_args(argv)
+    try:
+        claim = _prepare(ns)
+    except UsageError as exc:  # bad input: one line and exit 2, before the script runs
+        sys.stderr.write(f"ddpdoctor.probe: error: {exc}\n")
+        raise SystemExit(2) from None
+    _attach(ns, claim)
+
+
+def _prepare(ns: argparse.Namespace) -> RunDirClaim:
+    check_source_path(Path(ns.script))
+    return claim_for_attach(ns.out.resolve(), default_host())
+
+
+def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
     script = Path(ns.script)
-    if not script.is_file():
-        sys.stderr.write(f"ddpdoctor.probe: {script}: no such file\n")
-        raise SystemExit(2)
-    out = ns.out.resolve()
-    (out / EVENTS_DIR).mkdir(parents=True, exist_ok=True)
+    out = claim.path
     place = place_from_env(os.environ)  # torchrun's variables, else SLURM's (srun without torchrun), else MPI's
     world = place.world_size or 1
     plan = plan_for_file(script)
@@ -91,29 +131,26 @@ def main(argv: list[str] | None = None) -> None:
         sources = snapshot(out, [os.path.abspath(script), str(script.resolve())], cwd=os.getcwd())
     _write_once(
         out / META_FILE,
-        {
-            "schema": SCHEMA,
-            "mode": "attach",
-            "script": str(script),
-            "script_abs": str(script.resolve()),
-            "args": list(ns.args),
-            "cwd": os.getcwd(),
-            "nproc": world,
-            "epochs": ns.epochs if limited else 0,
-            "steps": ns.steps if limited else 0,
-            "timeout": ns.timeout,
-            "device": ns.device,
-            "base_lr": None,
-            "base_batch": None,
-            "lr_scaling": "auto",
-            "small_bn_batch": SMALL_BN_BATCH,
-            "legacy_local_rank_arg": None,
-            "plan": plan.to_json(),
-            "sources": sources,
-            "python": sys.version.split()[0],
-            "host": default_host(),
-            "started": time.time(),
-        },
+        RunMeta(
+            schema=SCHEMA,
+            mode="attach",
+            script=str(script),
+            script_abs=str(script.resolve()),
+            args=tuple(ns.args),
+            cwd=os.getcwd(),
+            nproc=world,
+            epochs=ns.epochs if limited else 0,
+            steps=ns.steps if limited else 0,
+            timeout=ns.timeout,
+            device=ns.device,
+            lr_scaling="auto",
+            small_bn_batch=SMALL_BN_BATCH,
+            plan=plan.to_json(),
+            sources=sources,
+            python=sys.version.split()[0],
+            host=default_host(),
+            started=time.time(),
+        ).to_json(without=("keep_run",)),  # attach mode never removes its run directory: nothing to keep
     )
     if (place.rank or 0) == 0 and not (out / STATIC_FILE).exists():
         static = _static_findings(script)

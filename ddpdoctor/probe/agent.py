@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.probe.procs import die_with_parent
+from ddpdoctor.probe.procs import PARENT_ENV
 from ddpdoctor.probe.settings import RUN_DIR_ENV
 
 AGENT_FILE = "agent.json"
@@ -39,7 +39,8 @@ def _failures(exc: Any) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    die_with_parent()
+    # the ranks ask for SIGKILL when this agent dies, checked against its pid (site/sitecustomize.py)
+    os.environ[PARENT_ENV] = str(os.getpid())
     run_dir = Path(os.environ.get(RUN_DIR_ENV, "."))
     started = time.time()
     outcome: dict[str, Any] = {"ok": False, "started": started}

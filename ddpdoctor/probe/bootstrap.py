@@ -17,8 +17,7 @@ import traceback
 
 from ddpdoctor.probe import launch_check, launch_env
 from ddpdoctor.probe.instrument import instrument_process
-from ddpdoctor.probe.procs import die_with_parent
-from ddpdoctor.probe.session import user_frame_of
+from ddpdoctor.probe.session import install_clean_excepthook, user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
 
@@ -45,10 +44,9 @@ def _join_threads(deadline: float) -> None:
 
 def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
-    if settings.mode in ("torchrun", "spawn", "single"):
-        die_with_parent()  # our launcher's processes never outlive it; under the user's launcher, theirs decide
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
+    install_clean_excepthook()
     contract = launch_env.apply(settings)
     if contract is not None:
         probe.emit("launch_env", **contract)
@@ -66,7 +64,7 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         script_globals = runpy.run_path(script_abs, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
-            _finish(probe, "sys.exit(0)")
+            _finish(probe, "sys.exit(0)", site=user_frame_of(traceback.extract_tb(exc.__traceback__)))
         probe.record_exception(exc, "script")
         probe.patcher.undo()
         raise
@@ -80,9 +78,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
     _finish(probe, "script returned", script_globals)
 
 
-def _finish(probe, reason: str, script_globals: object = None) -> None:  # noqa: ANN001
+def _finish(probe, reason: str, script_globals: object = None, site: dict | None = None) -> None:  # noqa: ANN001
     _join_threads(time.monotonic() + max(5.0, probe.settings.timeout))
-    probe.end_run(reason, run_atexit=True)
+    probe.end_run(reason, run_atexit=True, site=site)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,12 +16,23 @@ from ddpdoctor.world import place_from_env
 
 def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
     probe = session.start(settings, role)
+    redirect_writes(probe)
     install_recorders(probe, EARLY_RECORDERS)
     arms.seed_process(probe)
     # `import horovod` / `import apex` find ddpdoctor's stand-ins when the real packages are not importable
     probe.safely("stand-in finder", install_finder)
     when_imported("torch", lambda: _torch_imported(probe))
     return probe
+
+
+def redirect_writes(probe: session.Probe) -> None:
+    """Launcher modes: the script's writes go under the run directory (ddpdoctor.probe.fsview)."""
+    settings = probe.settings
+    if settings.mode == "attach":
+        return
+    from ddpdoctor.probe import fsview
+
+    fsview.install(settings.run_dir, settings.scratch or None, lambda event: probe.emit("file_write", **event))
 
 
 def resolve_device(settings: ProbeSettings) -> str:

@@ -14,8 +14,8 @@ Decisions:
   (`--master_port 0` hangs), `--max_restarts 0`.
 - The user's output never reaches our stdout (it would garble the report, JSON included): elastic redirects each
   rank's stdout/stderr into RUN/logs/rank<r>.{stdout,stderr}; the report shows tails in DD902/DD901 evidence.
-- Timeout: every instrumented process dumps its Python stacks (faulthandler on SIGUSR2) into the run directory,
-  then the whole run is SIGKILLed. Every process carries DDPDOCTOR_RUN_TAG, so nothing escapes the sweep. The
+- Timeout: every instrumented process dumps its Python stacks into the run directory a moment before it
+  (faulthandler's timer: no signal), then the supervisor (ddpdoctor.probe.supervisor) stops the whole run. The
   timeout covers everything from the start of `run_probe`, a relaunch included.
 - The mode follows what the script does with the given arguments (ddpdoctor.probe.plan). A script started once
   whose main process turns out to need a launcher leaves with launch_check.RELAUNCH_EXIT_CODE before any
@@ -34,11 +34,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -53,24 +52,26 @@ from ddpdoctor.events import (
     LOGS_DIR,
     META_FILE,
     SCHEMA,
-    SOURCE_DIR,
     STATIC_FILE,
     default_host,
-    is_run_dir,
 )
 from ddpdoctor.findings import Finding
 from ddpdoctor.probe.agent import AGENT_FILE
 from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
-from ddpdoctor.probe.procs import kill_run, signal_processes
+from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
+from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
+from ddpdoctor.probe.usertree import changes as tree_changes
+from ddpdoctor.probe.usertree import fingerprint
+from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
 from ddpdoctor.world import WORLD_ENV
 
-STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
+STACK_WAIT = 2.0  # how long, at the timeout, the launcher waits for the dumps to be complete
 # modes that start the script once (a self-spawning script; a single-process DataParallel script)
 SINGLE_LAUNCH = ("spawn", "single")
-_OURS = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, AGENT_FILE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,53 +93,36 @@ def free_port(avoid: int | None = None) -> int:
     return port
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """An empty or new directory, or an earlier run directory (its probe files are replaced)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: exists and is not a directory")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        if not is_run_dir(run_dir):
-            raise UsageError(f"{run_dir}: exists and is not a ddpdoctor run directory (use a new or empty one)")
-        for name in _OURS:
-            p = run_dir / name
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            elif p.exists():
-                p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / EVENTS_DIR).mkdir(exist_ok=True)
-    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
-
-
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "mode": mode,
-        "script": str(cfg.script),
-        "script_abs": str(Path(cfg.script).resolve()),
-        "args": list(cfg.script_args),
-        "cwd": os.getcwd(),
-        "nproc": cfg.nproc,
-        "epochs": cfg.epochs,
-        "steps": cfg.steps,
-        "timeout": cfg.timeout,
-        "device": cfg.device,
-        "base_lr": cfg.base_lr,
-        "base_batch": cfg.base_batch,
-        "lr_scaling": cfg.lr_scaling,
-        "small_bn_batch": cfg.small_bn_batch,
-        "legacy_local_rank_arg": plan.local_rank_option,
-        "plan": plan.to_json(),
-        "python": sys.version.split()[0],
-        "host": default_host(),
-        "started": time.time(),
-    }
+def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> RunMeta:
+    return RunMeta(
+        keep_run=str(cfg.keep_run) if cfg.keep_run is not None else None,
+        schema=SCHEMA,
+        mode=mode,
+        script=str(cfg.script),
+        script_abs=str(Path(cfg.script).resolve()),
+        args=tuple(cfg.script_args),
+        cwd=os.getcwd(),
+        nproc=cfg.nproc,
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        timeout=cfg.timeout,
+        device=cfg.device,
+        base_lr=cfg.base_lr,
+        base_batch=cfg.base_batch,
+        lr_scaling=cfg.lr_scaling,
+        small_bn_batch=cfg.small_bn_batch,
+        legacy_local_rank_arg=plan.local_rank_option,
+        plan=plan.to_json(),
+        python=sys.version.split()[0],
+        host=default_host(),
+        started=time.time(),
+    )
 
 
 def _require_cuda(timeout: float = 120.0) -> None:
@@ -173,7 +157,7 @@ def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]
     ]
 
 
-def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
+def _environment(settings: ProbeSettings, port: int, scratch: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("DDPDOCTOR_")]:
         del env[key]
@@ -184,6 +168,10 @@ def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
     env[RUN_TAG_ENV] = settings.run_tag
     env["MASTER_ADDR"] = "127.0.0.1"
     env["MASTER_PORT"] = str(port)
+    # the run's temporary files (multiprocessing's pymp-* folders and sockets, elastic's error files, the
+    # script's own tempfile use) go to a folder of the run, removed with it whatever happens
+    for key in ("TMPDIR", "TEMP", "TMP"):
+        env[key] = scratch
     entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([site_dir(), *entries])
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfaulting rank leaves its Python stack in its stderr
@@ -191,7 +179,7 @@ def _environment(settings: ProbeSettings, port: int) -> dict[str, str]:
 
 
 def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
-    """(pid, stack file) of every instrumented process that can dump its stacks."""
+    """(pid, stack file) of every instrumented process that arranged to dump its stacks before the timeout."""
     out = []
     for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
         try:
@@ -199,27 +187,26 @@ def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
                 first = json.loads(fh.readline() or "{}")
         except (OSError, ValueError):
             continue
-        if first.get("kind") == "process_start" and first.get("stack_signal") and first.get("stack_file"):
+        if first.get("kind") == "process_start" and first.get("stacks_at") and first.get("stack_file"):
             out.append((int(first["pid"]), first["stack_file"]))
     return out
 
 
-def dump_stacks(run_dir: Path, tag: str, wait: float = 2.0) -> list[int]:
-    """Ask every live instrumented process for its Python stacks; wait until the dumps are written."""
-    if STACK_SIGNAL is None:
-        return []
-    procs = _started_processes(run_dir)
-    sent = signal_processes([pid for pid, _ in procs], int(STACK_SIGNAL), tag)
-    files = [run_dir / EVENTS_DIR / f for pid, f in procs if pid in sent]
+def wait_for_stack_dumps(run_dir: Path, wait: float = STACK_WAIT) -> list[int]:
+    """Every live instrumented process dumps its stacks STACK_LEAD seconds before the timeout (session.StackTimer):
+    wait until their dumps are written (or `wait`). Returns the pids whose dump is there."""
+    from ddpdoctor.probe.procs import is_alive
+
+    live = [(pid, run_dir / EVENTS_DIR / f) for pid, f in _started_processes(run_dir) if is_alive(pid)]
     end = time.monotonic() + wait
     sizes: dict[Path, int] = {}
-    while time.monotonic() < end:
-        now = {f: (f.stat().st_size if f.exists() else 0) for f in files}
-        if all(v > 0 for v in now.values()) and now == sizes:
+    while True:
+        now = {f: (f.stat().st_size if f.exists() else 0) for _, f in live}
+        if (all(v > 0 for v in now.values()) and now == sizes) or time.monotonic() >= end:
             break
         sizes = now
         time.sleep(0.1)
-    return sent
+    return [pid for pid, f in live if f.exists() and f.stat().st_size > 0]
 
 
 def _collect_logs(run_dir: Path) -> None:
@@ -235,41 +222,9 @@ def _collect_logs(run_dir: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-class _Stopped(BaseException):
-    """SIGTERM / SIGHUP while the probe runs: stop the run as Ctrl-C does."""
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise _Stopped(signum)
-
-
-def _trap_stop_signals() -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous = {}
-    for name in ("SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            previous[int(sig)] = signal.signal(sig, _raise_stopped)
-    return previous
-
-
-def _restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
-    """Put the caller's handlers back; with quiet, ignore SIGINT/SIGTERM/SIGHUP meanwhile."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if quiet:
-        for sig in (signal.SIGINT, *previous):
-            previous.setdefault(int(sig), signal.getsignal(sig))
-            signal.signal(sig, signal.SIG_IGN)
-        return
-    for sig, handler in previous.items():
-        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
 def _launch_once(
     cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
-) -> dict[str, Any]:
+) -> LaunchRecord:
     mode = settings.mode
     port = free_port()
     if mode in SINGLE_LAUNCH:
@@ -277,54 +232,61 @@ def _launch_once(
         settings = replace(settings, rendezvous_port=port)
     else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
         settings = replace(settings, rendezvous_port=free_port(avoid=port))
+    # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
+    timeout_at = time.time() + max(0.0, deadline - time.monotonic())
+    scratch = tempfile.mkdtemp(prefix="ddpdoctor-tmp-")
+    settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
     cmd = _command(mode, cfg, run_dir, port)
-    env = _environment(settings, port)
+    env = _environment(settings, port, scratch)
     logs = run_dir / LOGS_DIR
     who = "main" if mode in SINGLE_LAUNCH else "agent"
     started = time.time()
     t0 = time.monotonic()
-    timed_out = interrupted = False
+    timed_out = interrupted = finished_early = False
     dumped: list[int] = []
-    with open(logs / f"{who}.stdout", "wb") as out, open(logs / f"{who}.stderr", "wb") as err:
-        proc = subprocess.Popen(
-            cmd, cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-        )
-        previous = _trap_stop_signals()
-        finished_early = False
+    supervisor = Supervisor(
+        [Command(argv=cmd, stdout=str(logs / f"{who}.stdout"), stderr=str(logs / f"{who}.stderr"))],
+        env=env,
+        cwd=os.getcwd(),
+        tag=settings.run_tag,
+        deadline=timeout_at + STACK_WAIT,
+        scratch=[scratch],
+        log=str(logs / "supervisor.stderr"),
+    )
+    previous = trap_stop_signals()
+    try:
+        supervisor.start()
+        polls = 0
+        while supervisor.poll()[0] is None and supervisor.running:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                dumped = wait_for_stack_dumps(run_dir)
+                break
+            polls += 1
+            if mode not in SINGLE_LAUNCH and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
+                # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
+                # teardown, ~1 s) tells us nothing more
+                finished_early = True
+                break
+            if progress is not None:
+                progress.update()
+            time.sleep(0.05)
+    except (KeyboardInterrupt, Stopped):
+        interrupted = True
+    finally:
+        restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
         try:
-            polls = 0
-            while proc.poll() is None:
-                if time.monotonic() >= deadline:
-                    timed_out = True
-                    dumped = dump_stacks(run_dir, settings.run_tag)
-                    break
-                polls += 1
-                if mode not in SINGLE_LAUNCH and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
-                    # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
-                    # teardown, ~1 s) tells us nothing more
-                    finished_early = True
-                    break
-                if progress is not None:
-                    progress.update()
-                time.sleep(0.05)
-        except (KeyboardInterrupt, _Stopped):
-            interrupted = True
+            stopped = supervisor.stop()
         finally:
-            _restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
-            try:
-                roots = [proc.pid] if proc.returncode is None else []
-                killed = kill_run(settings.run_tag, roots)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-                    proc.kill()
-                    proc.wait()
-            finally:
-                _restore_signals(previous)
+            restore_signals(previous)
+            shutil.rmtree(scratch, ignore_errors=True)
     _collect_logs(run_dir)
     for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
         if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
             stack.unlink()
+    supervisor_log = logs / "supervisor.stderr"
+    if supervisor_log.is_file() and supervisor_log.stat().st_size == 0:
+        supervisor_log.unlink()
     agent = None
     agent_file = run_dir / AGENT_FILE
     if agent_file.is_file():
@@ -333,24 +295,26 @@ def _launch_once(
         except (OSError, ValueError):
             agent = None
         agent_file.unlink(missing_ok=True)
-    record = {
-        "mode": mode,
-        "command": cmd,
-        "port": port,
-        "rendezvous_port": settings.rendezvous_port,
-        "returncode": proc.returncode,
-        "timed_out": timed_out,
-        "interrupted": interrupted,
-        "timeout": cfg.timeout,
-        "started": started,
-        "ended": time.time(),
-        "wall_seconds": round(time.monotonic() - t0, 3),
-        "stack_dumps": dumped,
-        "agent_stopped_after_ranks_exited": finished_early,
-        "killed": killed,
-        "agent": agent,
-    }
-    return record
+    returncode = stopped["returncodes"][0]
+    return LaunchRecord(
+        mode=mode,
+        command=tuple(cmd),
+        port=port,
+        rendezvous_port=settings.rendezvous_port,
+        returncode=returncode,
+        stopped_by_probe=stopped["pids"][0] in stopped.get("killed", ()),
+        timed_out=timed_out,
+        interrupted=interrupted,
+        timeout=cfg.timeout,
+        started=started,
+        ended=time.time(),
+        wall_seconds=round(time.monotonic() - t0, 3),
+        stack_dumps=tuple(dumped),
+        agent_stopped_after_ranks_exited=finished_early,
+        killed=tuple(stopped.get("killed", ())),
+        supervisor={k: stopped.get(k) for k in ("reason", "subreaper")},
+        agent=agent,
+    )
 
 
 def _last_event(log: Path) -> dict[str, Any] | None:
@@ -384,19 +348,19 @@ def _ranks_exited(run_dir: Path, nproc: int) -> bool:
     return exited >= nproc
 
 
-def _port_clash(record: dict[str, Any], run_dir: Path) -> bool:
+def _port_clash(record: LaunchRecord, run_dir: Path) -> bool:
     """The rendezvous port was taken between choosing it and binding it (nothing ran yet)."""
-    error = str((record.get("agent") or {}).get("error") or "")
+    error = str((record.agent or {}).get("error") or "")
     if any((run_dir / EVENTS_DIR).glob("*.jsonl")):
         return False
     return "address already in use" in error.lower() or "EADDRINUSE" in error
 
 
-def _relaunch_request(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def _relaunch_request(run_dir: Path, record: LaunchRecord) -> dict[str, Any] | None:
     """The main process of a single launch asked for torchrun (ddpdoctor.probe.launch_check): its decision."""
     from ddpdoctor.probe.launch_check import RELAUNCH_EXIT_CODE
 
-    if record["returncode"] != RELAUNCH_EXIT_CODE or record["timed_out"] or record["interrupted"]:
+    if record.returncode != RELAUNCH_EXIT_CODE or record.timed_out or record.interrupted:
         return None
     for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
         try:
@@ -427,15 +391,35 @@ def run_probe(
     static_findings: Sequence[Finding] = (),
     progress: Any = None,
     arm: dict[str, Any] | None = None,
+    claim: RunDirClaim | None = None,
+    static_notes: Sequence[str] = (),
 ) -> ProbeOutcome:
-    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, launcher.json). `progress`
-    (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch is over.
+    """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
+    `progress` (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch
+    is over. `claim`: the caller already holds the directory (ddpdoctor.probe.rundir); else it is claimed here.
+    `static_findings`/`static_notes`: the check's static analysis, kept in static.json for `ddpdoctor report`.
 
     `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
     also kept in meta.json `arm`."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
-    run_dir = Path(run_dir).resolve()
-    prepare_run_dir(run_dir)
+    own_claim = claim is None
+    claim = claim or claim_for_check(Path(run_dir))
+    try:
+        static = StaticRecord(findings=tuple(static_findings), notes=tuple(static_notes))
+        return _run_probe(cfg, claim.path.resolve(), static, deadline, progress, arm)
+    finally:
+        if own_claim:
+            claim.release()
+
+
+def _run_probe(
+    cfg: CheckConfig,
+    run_dir: Path,
+    static: StaticRecord,
+    deadline: float,
+    progress: Any,
+    arm: dict[str, Any] | None,
+) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
@@ -457,12 +441,15 @@ def run_probe(
         settings = replace(settings, **arm)
     meta = meta_for(cfg, plan, plan.mode)
     if arm:
-        meta["arm"] = dict(arm)
+        meta = meta.updated(arm=dict(arm))
     # the ranks record the script as os.path.abspath gives it; meta's script_abs is resolved (symlinks)
     script_as_run = os.path.abspath(cfg.script)
-    meta["sources"] = snapshot(run_dir, [script_as_run, meta["script_abs"]], cwd=meta["cwd"])
-    write_json(run_dir / META_FILE, meta)
-    write_json(run_dir / STATIC_FILE, [{**f.to_json(), "magnitude": f.magnitude} for f in static_findings])
+    meta = meta.updated(sources=snapshot(run_dir, [script_as_run, meta.script_abs], cwd=meta.cwd))
+    write_json(run_dir / META_FILE, meta.to_json())
+    write_json(run_dir / STATIC_FILE, static.to_json())
+    # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
+    roots = [meta.cwd, os.path.dirname(script_as_run)]
+    before = fingerprint(roots, skip=[str(run_dir)])
     record = _launch(cfg, run_dir, settings, deadline, progress)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
@@ -470,38 +457,43 @@ def run_probe(
         first = record
         _clear_attempt(run_dir)
         settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
-        meta["mode"] = "torchrun"
-        meta["legacy_local_rank_arg"] = plan.local_rank_option
-        meta["plan"] = {**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch}
-        write_json(run_dir / META_FILE, meta)
+        meta = meta.updated(
+            mode="torchrun",
+            legacy_local_rank_arg=plan.local_rank_option,
+            plan={**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch},
+        )
+        write_json(run_dir / META_FILE, meta.to_json())
         if progress is not None:
             progress.relaunched()
         record = _launch(cfg, run_dir, settings, deadline, progress)
-        record["first_launch"] = {k: first.get(k) for k in ("mode", "returncode", "wall_seconds")}
-        record["wall_seconds"] = round(float(record["wall_seconds"]) + float(first["wall_seconds"]), 3)
-    if not record["interrupted"]:
+        record = record.updated(
+            first_launch={"mode": first.mode, "returncode": first.returncode, "wall_seconds": first.wall_seconds},
+            wall_seconds=round(float(record.wall_seconds or 0.0) + float(first.wall_seconds or 0.0), 3),
+        )
+    if not record.interrupted:
         # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
-        meta["sources"] = snapshot_run(run_dir, cwd=meta["cwd"], script=script_as_run, taken=meta["sources"])
-        write_json(run_dir / META_FILE, meta)
-    write_json(run_dir / LAUNCHER_FILE, record)
+        meta = meta.updated(sources=snapshot_run(run_dir, cwd=meta.cwd, script=script_as_run, taken=meta.sources))
+        write_json(run_dir / META_FILE, meta.to_json())
+    record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)]))
+    write_json(run_dir / LAUNCHER_FILE, record.to_json())
     if progress is not None:
-        progress.close(timed_out=bool(record["timed_out"]), interrupted=bool(record["interrupted"]))
-    if record["interrupted"]:
+        progress.close(timed_out=record.timed_out, interrupted=record.interrupted)
+    if record.interrupted:
         raise KeyboardInterrupt
     return ProbeOutcome(
         run_dir=run_dir,
         mode=settings.mode,
-        returncode=record["returncode"],
-        timed_out=record["timed_out"],
-        wall_seconds=record["wall_seconds"],
+        returncode=record.returncode,
+        timed_out=record.timed_out,
+        wall_seconds=record.wall_seconds,
     )
 
 
 def _launch(
     cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
-) -> dict[str, Any]:
+) -> LaunchRecord:
     for _attempt in range(2):
         record = _launch_once(cfg, run_dir, settings, deadline, progress)
-        if not _port_clash(record, run_dir) or record["interrupted"]:
+        if not _port_clash(record, run_dir) or record.interrupted:
             break
     return record

@@ -1,9 +1,24 @@
-"""Finding and stopping every process of a probe run, whatever became of the process tree.
+"""Finding and stopping every process of a run, whatever became of the process tree.
 
-torch.distributed.run starts each worker in a new session, DataLoader workers and mp.spawn children hang below
-them, and an orphan is re-parented away from us. Every process of a run inherits DDPDOCTOR_RUN_TAG in its
-environment; on Linux /proc tells us which processes carry it. Elsewhere the parent/child links from `ps` are
-used.
+A run's processes are found three ways, and stopped by whichever finds them:
+
+- **descendants** of the run's supervisor (ddpdoctor.probe.supervisor). On Linux the supervisor is a child
+  subreaper (PR_SET_CHILD_SUBREAPER): a process that double-forks or calls setsid() is re-parented to it, not to
+  init, so it stays a descendant — also one that replaced its environment. Elsewhere parent links from `ps` are
+  followed, and a re-parented orphan is out of reach unless the tag finds it.
+- **the run tag**: every process of a run inherits DDPDOCTOR_RUN_TAG in its environment; on Linux /proc tells
+  which processes carry it (a process started with a new environment does not).
+- **process groups**, for what the two above cannot see on a system without /proc.
+
+Stopping freezes first (SIGSTOP every process found, look again until nothing new appears, so a process that
+forks in a loop cannot outrun us), then SIGKILLs: a script that ignores SIGINT/SIGTERM stops as surely as one
+that does not.
+
+Parent death: a process started by the probe's own launcher machinery asks the kernel (PR_SET_PDEATHSIG) for a
+SIGKILL when its parent dies, and checks, after asking, that its parent is still the one that started it
+(`DDPDOCTOR_PARENT_PID`); the supervisor does this between fork and exec for the process it starts, the
+sitecustomize hook at interpreter start for the ranks. So a SIGKILL of the supervisor itself takes the launcher
+and the ranks with it (Linux only).
 """
 
 from __future__ import annotations
@@ -18,6 +33,14 @@ from pathlib import Path
 from ddpdoctor.probe.settings import RUN_TAG_ENV
 
 _PROC = Path("/proc")
+# pid of the process that started this one through the probe's launcher machinery (supervisor → launcher →
+# ranks); a process whose parent is no longer that pid when it starts has been orphaned already
+PARENT_ENV = "DDPDOCTOR_PARENT_PID"
+# pid of the run's supervisor: an orphaned process of the run is re-parented to it (Linux)
+SUPERVISOR_ENV = "DDPDOCTOR_SUPERVISOR_PID"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _proc_table() -> dict[int, int]:
@@ -37,7 +60,7 @@ def _proc_table() -> dict[int, int]:
                 table[int(entry.name)] = int(fields[1])
         return table
     try:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return table
     for line in out.splitlines():
@@ -55,20 +78,23 @@ def _tagged(pid: int, tag: str) -> bool:
     return f"{RUN_TAG_ENV}={tag}".encode() in environ.split(b"\0")
 
 
-def run_processes(tag: str, roots: list[int]) -> set[int]:
-    """Live processes of the run: carrying the tag, or descendants of `roots`."""
+def run_processes(tag: str | None, roots: list[int], *, below: int | None = None) -> set[int]:
+    """Live processes of the run: carrying the tag, descendants of `roots`, or descendants of `below` (the
+    supervisor itself, not included)."""
     me = os.getpid()
     table = _proc_table()
     found: set[int] = set()
-    if _PROC.is_dir():
-        found |= {pid for pid in table if pid != me and _tagged(pid, tag)}
+    if tag and _PROC.is_dir():
+        found |= {pid for pid in table if pid not in (me, below) and _tagged(pid, tag)}
     children: dict[int, list[int]] = {}
     for pid, ppid in table.items():
         children.setdefault(ppid, []).append(pid)
     stack = [r for r in roots if r in table]
+    if below is not None:
+        stack.extend(children.get(below, ()))
     while stack:
         pid = stack.pop()
-        if pid in found or pid == me:
+        if pid in found or pid in (me, below):
             continue
         found.add(pid)
         stack.extend(children.get(pid, ()))
@@ -89,54 +115,81 @@ def is_alive(pid: int) -> bool:
         return True
 
 
-def kill_run(tag: str, roots: list[int], timeout: float = 5.0) -> list[int]:
-    """SIGKILL every process of the run until none is left (or `timeout`); returns the pids killed."""
+def _send(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _reap_children(reaped: dict[int, int]) -> None:
+    """Collect exited children into `reaped` (pid → wait status). The supervisor inherits orphans as a subreaper:
+    their zombies must not pile up, and where /proc cannot tell a zombie from a live process, only reaping can."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        reaped[pid] = status
+
+
+def kill_run(tag: str | None, roots: list[int], timeout: float = 5.0, *, below: int | None = None,
+             reaped: dict[int, int] | None = None) -> list[int]:
+    """Freeze, then SIGKILL every process of the run until none is left (or `timeout`); returns the pids killed.
+    `reaped`: also collect this process's exited children there (pid → wait status; the supervisor's case)."""
     killed: set[int] = set()
     end = time.monotonic() + timeout
+    stop = getattr(signal, "SIGSTOP", None)
     while True:
-        pids = {p for p in run_processes(tag, roots) if is_alive(p)}
+        frozen: set[int] = set()
+        if stop is not None:
+            # freeze until a look finds nothing new: a process that forks in a loop cannot outrun the kill
+            for _ in range(20):
+                new = {p for p in run_processes(tag, roots, below=below) if p not in frozen and is_alive(p)}
+                if not new:
+                    break
+                frozen |= {p for p in new if _send(p, stop)}
+        pids = frozen | {p for p in run_processes(tag, roots, below=below) if is_alive(p)}
+        if reaped is not None:
+            _reap_children(reaped)
+            pids = {p for p in pids if p not in reaped}
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
+        killed |= {p for p in pids if _send(p, signal.SIGKILL)}
         if time.monotonic() > end:
             break
         time.sleep(0.02)
+    if reaped is not None:
+        _reap_children(reaped)
     return sorted(killed)
 
 
-def signal_processes(pids: list[int], signum: int, tag: str | None = None) -> list[int]:
-    """Send `signum` to the live pids (those carrying `tag`, when /proc can tell)."""
-    sent = []
-    for pid in pids:
-        if not is_alive(pid):
-            continue
-        if tag and _PROC.is_dir() and not _tagged(pid, tag):
-            continue
-        try:
-            os.kill(pid, signum)
-            sent.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return sent
-
-
-def die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies. The probe's agent and ranks use it, so
-    that even a ddpdoctor killed with SIGKILL (which cannot clean up) takes its run with it."""
+def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
-        return
+        return False
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getppid()
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
+        return libc.prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        pass
+        return False
+
+
+def become_subreaper() -> bool:
+    """Linux: orphaned descendants of this process are re-parented to it instead of init."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(expected_parent: int) -> bool:
+    """Linux: have the kernel SIGKILL this process when its parent dies. Checked against the parent that started
+    it (not the parent it has now, read too late): if that one is already gone, leave at once. Returns whether
+    the request was made."""
+    if not _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)):
+        return False
+    if expected_parent and os.getppid() != expected_parent:
+        os._exit(1)  # the parent died before the request took effect: nobody would stop us
+    return True

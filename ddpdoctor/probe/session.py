@@ -4,6 +4,10 @@ One `Probe` lives in every instrumented process (rank, main process of a self-sp
 Recorders (ddpdoctor/probe/recorders/) patch torch through `probe.patcher`, write through `probe.emit`, and
 subscribe to `probe.step_hooks` / `probe.end_hooks`. A failure inside a recorder becomes an `internal_error`
 event (`probe.safely`); the user's own exceptions always propagate untouched.
+
+Size: one module (~650 lines) because the event writer, the stack timer, the user-frame filter and the clean
+end of a process share the one Probe object every recorder holds; each part is a class or a small group of
+functions here, and nothing outside the probe imports them separately.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import faulthandler
 import hashlib
 import json
 import os
-import signal
 import sys
 import sysconfig
 import threading
@@ -28,7 +31,8 @@ from ddpdoctor.probe.registry import Registry
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.world import WORLD_ENV
 
-STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+WRITE_WAIT_MARGIN = 2.0  # a write still open this close to the probe's timeout is left (and reported)
+THREAD_GRACE = 1.0  # seconds the script's other non-daemon threads get to start their writes
 # what each process records of its launcher: torchrun's, SLURM's and Open MPI's variables (ddpdoctor.world)
 _LAUNCH_ENV = tuple(dict.fromkeys(("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", *WORLD_ENV)))
 
@@ -87,6 +91,54 @@ def user_site(depth: int = 2) -> dict[str, Any] | None:
             return {"file": code.co_filename, "line": f.f_lineno, "function": code.co_name}
         f = f.f_back
     return None
+
+
+def is_probe_file(filename: str) -> bool:
+    return os.path.realpath(filename).startswith(_PROBE_DIR + os.sep) if filename else False
+
+
+def _without_probe_frames(stack: traceback.StackSummary) -> None:
+    """Drop ddpdoctor's frames (the bootstrap, the CUDA emulation's __torch_function__, recorders' wrappers) and
+    the runpy frames that start the script, in place: what is left is the traceback `python train.py` prints."""
+    kept = [f for f in stack if not is_probe_file(f.filename)]
+    while kept and (kept[0].filename == "<frozen runpy>" or os.path.basename(kept[0].filename) == "runpy.py"):
+        kept.pop(0)
+    stack[:] = kept
+
+
+def clean_traceback(exc: BaseException) -> traceback.TracebackException:
+    """The exception as the script alone would have raised it: chained causes and contexts included, without the
+    probe's frames. The user's frames — where it was raised — are untouched."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        _without_probe_frames(t.stack)
+        todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
+    return te
+
+
+def install_clean_excepthook() -> None:
+    """An uncaught exception is printed (the rank's stderr, shown in DD902's evidence) without the probe's frames,
+    also through hooks that chain to this one (torch.distributed's rank prefix); a script's own sys.excepthook is
+    left to do what it does."""
+    default = sys.__excepthook__
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if exc is None:
+            return default(exc_type, exc, tb)
+        try:
+            sys.stderr.write("".join(clean_traceback(exc).format()))
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - never lose the traceback: print Python's own
+            default(exc_type, exc, tb)
+
+    if sys.excepthook is default:
+        sys.excepthook = excepthook
 
 
 def user_callers(depth: int = 2, limit: int = 4) -> list[dict[str, Any]]:
@@ -157,14 +209,11 @@ class EventWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         stack_file = self.directory / f"{self.name}.stack"
-        signum = None
-        if STACK_SIGNAL is not None:
-            try:
-                self._stack_fh = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
-                faulthandler.register(STACK_SIGNAL, file=self._stack_fh, all_threads=True, chain=False)
-                signum = int(STACK_SIGNAL)
-            except (OSError, RuntimeError, ValueError):
-                signum = None
+        try:
+            self._stack_fh = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        except OSError:
+            self._stack_fh = None
+        stacks_at = self.probe.stacks.attach(self._stack_fh) if self._stack_fh is not None else None
         main = threading.main_thread().ident or 0
         self._write_locked(
             "process_start",
@@ -178,8 +227,8 @@ class EventWriter:
                 "python": sys.version.split()[0],
                 "schema": SCHEMA,
                 "main_thread": f"0x{main:016x}",
-                "stack_file": stack_file.name if signum is not None else None,
-                "stack_signal": signum,
+                "stack_file": stack_file.name if self._stack_fh is not None else None,
+                "stacks_at": stacks_at,
                 "mode": self.probe.settings.mode,
             },
         )
@@ -227,6 +276,130 @@ class EventWriter:
         }
 
 
+# --------------------------------------------------------------------------------------------- stack dumps
+
+_DUMP_LATER = faulthandler.dump_traceback_later
+_CANCEL_LATER = faulthandler.cancel_dump_traceback_later
+
+
+class StackTimer:
+    """Dumps the Python stack of every thread into the process's stack file at a set moment: a moment before the
+    probe's timeout (launcher modes), or when no optimizer step happened for --stall-timeout (attach mode).
+
+    No signal is involved — a signal could be one the script owns (a cluster's SIGUSR2 "save and requeue"
+    handler). faulthandler's timer runs in its own C thread, so a main thread stuck in C code that holds the GIL
+    still gets dumped. Two hazards of that timer are handled here: re-arming it in a forked child deadlocks in
+    CPython (the child inherits the parent's lock state without the timer thread), so it is cancelled around
+    every fork and re-armed in the parent; and it has one slot per process, so when the script arms or cancels
+    its own, the script keeps the slot and the dump falls back to a Python thread (which needs the GIL).
+    """
+
+    def __init__(self, probe: "Probe") -> None:
+        self.probe = probe
+        self._reset()
+
+    def _reset(self) -> None:
+        self.fh: Any = None
+        self.at: float | None = None
+        self.armed = False  # faulthandler's timer holds our dump
+        self.user_owns_timer = False
+        self._rearm_after_fork = False
+        self._fallback: threading.Thread | None = None
+        self._fired_for: float | None = None
+        self._wake = threading.Event()
+
+    def attach(self, fh: Any) -> float | None:
+        """The process's stack file is open: arm the launcher's moment, if there is one. Returns it."""
+        self.fh = fh
+        s = self.probe.settings
+        if s.stacks_at > 0 and s.stall_timeout <= 0:
+            self.set(s.stacks_at)
+        return self.at
+
+    def set(self, at: float | None) -> None:
+        self.at = at
+        if self.fh is None or at is None:
+            return
+        if self.user_owns_timer:
+            self._start_fallback()
+            self._wake.set()
+            return
+        delay = at - time.time()
+        if delay > 0:
+            _DUMP_LATER(delay, repeat=False, file=self.fh, exit=False)
+            self.armed = True
+
+    def cancel(self) -> None:
+        self.at = None
+        if self.armed:
+            _CANCEL_LATER()
+            self.armed = False
+        self._wake.set()
+
+    # -- fork safety
+    def before_fork(self) -> None:
+        self._rearm_after_fork = self.armed
+        if self.armed:
+            _CANCEL_LATER()
+            self.armed = False
+
+    def after_fork_in_parent(self) -> None:
+        if self._rearm_after_fork:
+            self._rearm_after_fork = False
+            self.set(self.at)
+
+    def after_fork_in_child(self) -> None:
+        self._reset()  # the child arms its own timer when it opens its own stack file
+
+    # -- the script's own use of faulthandler's timer
+    def script_takes_timer(self) -> None:
+        self.user_owns_timer = True
+        self.armed = False
+        if self.at is not None:
+            self._start_fallback()
+
+    def _start_fallback(self) -> None:
+        if self._fallback is not None and self._fallback.is_alive():
+            return
+        self._fallback = threading.Thread(target=self._fallback_loop, name="ddpdoctor-stacks", daemon=True)
+        self._fallback.start()
+
+    def _fallback_loop(self) -> None:
+        while True:
+            at = self.at
+            if at is None:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            delay = at - time.time()
+            if delay > 0:
+                self._wake.wait(delay)
+                self._wake.clear()
+                continue
+            if self._fired_for != at and self.fh is not None:
+                self._fired_for = at
+                try:
+                    faulthandler.dump_traceback(file=self.fh, all_threads=True)
+                except (OSError, ValueError, RuntimeError):
+                    return
+            self._wake.wait()
+            self._wake.clear()
+
+
+def _guard_faulthandler(probe: "Probe") -> None:
+    """The script arming or cancelling faulthandler's timer takes the slot from us (see StackTimer)."""
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            probe.stacks.script_takes_timer()
+            return orig(*args, **kwargs)
+
+        return call
+
+    for name in ("dump_traceback_later", "cancel_dump_traceback_later"):
+        probe.patcher.wrap(faulthandler, name, make)
+
+
 # --------------------------------------------------------------------------------------------- probe
 
 
@@ -242,9 +415,12 @@ class Probe:
         )
         if settings.mode == "single" and self.rank is None:
             self.rank, self.world_size = 0, 1  # the one process that trains (DataParallel drives every GPU)
+        # the rendezvous the launcher gave this process, before the script could change it (process_group)
+        self.launcher_rendezvous = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
         self.patcher = Patcher()
         self.registry = Registry()
         self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions
+        self.stacks = StackTimer(self)
         self.writer = EventWriter(self, Path(settings.run_dir) / EVENTS_DIR)
         self.step_hooks: list[Callable[[Any], None]] = []
         self.end_hooks: list[Callable[[], None]] = []
@@ -267,7 +443,12 @@ class Probe:
         self.quiet = 0
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
+            os.register_at_fork(
+                before=self.stacks.before_fork,
+                after_in_parent=self.stacks.after_fork_in_parent,
+                after_in_child=self._after_fork,
+            )
+        _guard_faulthandler(self)
 
     # -- events
     def emit(self, kind: str, **fields: Any) -> None:
@@ -309,11 +490,12 @@ class Probe:
 
     def record_exception(self, exc: BaseException, where: str) -> None:
         frames = traceback.extract_tb(exc.__traceback__)
+        clean = clean_traceback(exc)
         fields: dict[str, Any] = {
             "type": type(exc).__name__,
             "message": str(exc)[:4000],
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-            "frames": [[f.filename, f.lineno, f.name] for f in frames][-60:],
+            "traceback": "".join(clean.format())[-20000:],
+            "frames": [[f.filename, f.lineno, f.name] for f in clean.stack][-60:],
             "user_frame": user_frame_of(frames),
             "where": where,
         }
@@ -334,15 +516,15 @@ class Probe:
         self.arm_stall_watchdog()
 
     def arm_stall_watchdog(self) -> None:
+        """Attach mode: dump the stacks if the next optimizer step does not come within --stall-timeout."""
         if self.settings.stall_timeout > 0:
             self.safely("stall watchdog", self._arm_stall_watchdog)
 
     def _arm_stall_watchdog(self) -> None:
-        fh = self.writer._stack_fh
-        if fh is not None:
-            faulthandler.dump_traceback_later(self.settings.stall_timeout, repeat=False, file=fh)
+        if self.stacks.fh is not None:
+            self.stacks.set(time.time() + self.settings.stall_timeout)
 
-    def end_run(self, reason: str, code: int = 0, *, run_atexit: bool = False) -> None:
+    def end_run(self, reason: str, code: int = 0, *, run_atexit: bool = False, site: dict | None = None) -> None:
         """Finish this process's part of the run: close what is open, record `done`, wait for the peers (so a
         peer stuck in a collective shows as a hang, as it would with NCCL, not as a closed connection), flush,
         and leave with os._exit — the interpreter's teardown of gloo aborts in a few percent of runs."""
@@ -350,10 +532,12 @@ class Probe:
             return
         self.ending = True
         if self.settings.stall_timeout > 0:
-            faulthandler.cancel_dump_traceback_later()
+            self.stacks.cancel()
         for hook in list(self.end_hooks):
             self.safely(f"end hook {getattr(hook, '__qualname__', hook)}", hook)
-        self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed)
+        waited, cut = self._let_writes_finish()
+        self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed, writes_waited=waited,
+                  writes_cut=cut, **({"site": site} if site else {}))
         if self.peer_waiter is not None:
             self.safely("peers wait", self.peer_waiter)
         if run_atexit:
@@ -361,6 +545,26 @@ class Probe:
         else:
             self.safely("children", _kill_children)
         self.leave(code)
+
+    def _let_writes_finish(self) -> tuple[float, list[str]]:
+        """Ending mid-script (os._exit) must not cut off a write in progress — a checkpoint a background thread
+        is saving, a log another thread is writing: wait for the writes the redirection sees in flight (until a
+        moment before the probe's timeout), and give the script's other non-daemon threads a short grace to start
+        theirs (the interpreter would have waited for them at exit). Returns (seconds waited, writes still open)."""
+        from ddpdoctor.probe import fsview
+
+        t0 = time.time()
+        timeout_at = self.settings.stacks_at or (t0 + max(self.settings.timeout, 1.0))
+        end = max(t0, timeout_at - WRITE_WAIT_MARGIN)
+        grace = t0 + THREAD_GRACE
+        me = threading.current_thread()
+        while time.time() < end:
+            writing = fsview.in_flight()
+            threads = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+            if not writing and (not threads or time.time() > grace):
+                break
+            time.sleep(0.02)
+        return round(time.time() - t0, 3), fsview.in_flight()[:8]
 
     def leave(self, code: int) -> None:
         self.emit("exit", code=code)
@@ -372,6 +576,7 @@ class Probe:
         os._exit(code)
 
     def _after_fork(self) -> None:
+        self.stacks.after_fork_in_child()
         self.writer.after_fork()
         self.role = "forked"
         self.ending = False

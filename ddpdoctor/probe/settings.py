@@ -27,6 +27,13 @@ class ProbeSettings:
     script: str = ""
     local_rank_arg: str = ""  # "--local_rank" for legacy scripts: the bootstrap passes it as the old launcher did
     stall_timeout: float = 0.0  # attach mode: dump stacks when no step happened for this long (0 = off)
+    # launcher modes: the time (seconds since the epoch) at which every process still running dumps the Python
+    # stacks of all its threads (faulthandler's own timer thread: no signal the script could own); a moment before
+    # the probe's timeout, so the launcher finds them written when it stops the run (0 = off)
+    stacks_at: float = 0.0
+    # launcher modes: the run's own temporary directory (TMPDIR of every process, removed with the run); writes
+    # there are real, everything else the script writes is redirected into the run directory (probe.fsview)
+    scratch: str = ""
     # spawn mode: the main process may ask to be relaunched under torchrun (ddpdoctor.probe.launch_check); 0/1
     launch_check: int = 0
     # a free port on 127.0.0.1 the launcher chose for the script's own rendezvous (tcp://host:port init methods,

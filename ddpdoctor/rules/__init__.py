@@ -69,6 +69,7 @@ from ddpdoctor.rules import (
     dd901_probe_hang,
     dd902_rank_failed,
     dd903_not_distributed,
+    dd904_nothing_observed,
 )
 from ddpdoctor.rules.rule import CATEGORIES, HOOKS, Rule
 
@@ -121,6 +122,7 @@ PACKAGES: tuple[ModuleType, ...] = (
     dd901_probe_hang,
     dd902_rank_failed,
     dd903_not_distributed,
+    dd904_nothing_observed,
 )
 
 RULES: tuple[Rule, ...] = tuple(p.RULE for p in PACKAGES)

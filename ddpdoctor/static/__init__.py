@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
+from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.findings import Finding, rank_findings
 from ddpdoctor.rules import hooks
 from ddpdoctor.static.engine import SourceFile
@@ -66,18 +67,8 @@ class StaticResult:
 def read_source(path: Path, shown: str | None = None) -> SourceFile:
     """Read and parse a file the user named; anything that stops it is a one-line UsageError."""
     shown = str(path) if shown is None else shown
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{shown}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{shown}: not a file") from None
-    except OSError as exc:
-        raise UsageError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    try:
-        source = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{shown}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    # as Python reads a source file (PEP 263), and only a regular file of bounded size (ddpdoctor.sourcefile)
+    source = decode_source(read_source_bytes(Path(path)), shown)
     return SourceFile(shown, source, parse(source, shown))
 
 

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpdoctor.errors import UsageError
+from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine.support import SourceFile
 
 # never resolved to a project file: the library the models stand for
@@ -295,9 +297,10 @@ class Project:
     def _read(self, path: Path) -> LoadedFile:
         shown = self.display_path(path)
         try:
-            text = path.read_bytes().decode("utf-8-sig")
-        except (OSError, UnicodeDecodeError) as exc:
-            return LoadedFile(None, f"{shown}: not read ({type(exc).__name__}); its imports were not followed")
+            text = decode_source(read_source_bytes(path), shown)  # as Python reads it, bounded (ddpdoctor.sourcefile)
+        except UsageError as exc:
+            return LoadedFile(None, f"{shown}: not read ({str(exc).removeprefix(shown + ': ')}); its imports were "
+                              "not followed")
         try:
             tree = ast.parse(text, filename=shown)
         except SyntaxError as exc:

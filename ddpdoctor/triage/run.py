@@ -226,18 +226,19 @@ def _text_extras(result: Any, arms: list[Any]) -> dict[str, Any]:
 
 
 def _prepare_triage_dir(base: Path) -> None:
-    if base.exists() and not base.is_dir():
-        raise UsageError(f"{base}: exists and is not a directory")
-    if base.is_dir() and any(base.iterdir()):
-        ours = {TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"}
-        if not {p.name for p in base.iterdir()} <= ours:
-            raise UsageError(f"{base}: exists and is not a ddpdoctor triage directory (use a new or empty one)")
-        for p in base.iterdir():
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink()
-    base.mkdir(parents=True, exist_ok=True)
+    """`triage --keep-run DIR`: new, empty, or one of ddpdoctor's own (its marker, ddpdoctor.probe.rundir); only
+    the names a triage writes are cleared, and a folder without the marker is refused, whatever it holds."""
+    from ddpdoctor.probe.rundir import MARKER, has_marker, mark_folder
+
+    if base.is_dir() and any(p.name != MARKER for p in base.iterdir()) and not has_marker(base):
+        raise UsageError(f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder")
+    mark_folder(base, "--keep-run")
+    for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
+        p = base / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
 
 
 def _set_meta_arm(run_dir: Path, name: str) -> None:

@@ -1,9 +1,11 @@
-"""Checkpoint recorder: every `torch.save` (where it wrote, from which rank and node, what the saved object holds)
-and every `Module.load_state_dict` (strict or not, and the keys it skipped).
+"""Checkpoint recorder: every `torch.save` (where it wrote, from which rank and node, what the saved object holds),
+every `torch.load` of a file (and whether it is a file the user had before the probe: a resume), and every
+`Module.load_state_dict` (strict or not, and the keys it skipped).
 
-Saves are not redirected or suppressed: they go where the script says, as in a real run (a probe that wrote
-elsewhere would hide the clobbering it is meant to see, and a script that reloads its checkpoint would break).
-The events say which files the run wrote and whether they existed before, so the report can say where.
+In launcher modes the script's writes are redirected under the run directory (ddpdoctor.probe.fsview): torch.save
+and torch.load open paths in C++, so their path arguments are mapped here (a save lands in RUN/writes/<path>, a
+load of that path reads it back). The events keep the path as the script gave it: what DD502 needs (every rank
+writing the same file) is about the script's intent, not where the probe put the bytes.
 
 What DD501 needs is cheap to read from the object before it is pickled: state dicts are mappings whose keys are
 dotted strings, so we look at the keys of the object and of its values one level down (`{"model": sd, ...}`),
@@ -16,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from ddpdoctor.probe import fsview
 from ddpdoctor.probe.patching import wrap_everywhere
 from ddpdoctor.probe.session import Probe
 
@@ -23,6 +26,7 @@ NAME = "checkpoint"
 KEYS_SHOWN = 12  # key names kept per event; the counts are always complete
 PREFIX = "module."
 MAX_KEYS = 200_000  # a bigger mapping is data, not a model's state dict: not inspected
+LOADS_RECORDED = 20  # torch.load events per process
 
 
 def _path_of(f: Any) -> tuple[str | None, str | None]:
@@ -78,12 +82,15 @@ def install(probe: Probe) -> None:
 
     def make_save(orig):
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            target = fsview.map_write(f) if isinstance(f, (str, bytes, os.PathLike)) else f
             if probe.ending:
-                return orig(obj, f, *args, **kwargs)
+                with fsview.writing(target):
+                    return orig(obj, target, *args, **kwargs)
             before = probe.safely("torch.save before", _before_save, probe, obj, f)
             t0 = time.perf_counter()
             try:
-                result = orig(obj, f, *args, **kwargs)
+                with fsview.writing(target):
+                    result = orig(obj, target, *args, **kwargs)
             except BaseException as exc:
                 if before is not None:
                     probe.safely("torch.save", _after_save, probe, before, f, time.perf_counter() - t0,
@@ -96,6 +103,24 @@ def install(probe: Probe) -> None:
         return save
 
     wrap_everywhere(probe, (torch, torch.serialization), "save", make_save)
+
+    loads = {"n": 0}
+
+    def make_torch_load(orig):
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(f, (str, bytes, os.PathLike)):
+                return orig(f, *args, **kwargs)
+            users = fsview.user_file(f)
+            site = probe.site()
+            result = orig(fsview.map_read(f), *args, **kwargs)
+            if loads["n"] < LOADS_RECORDED and not probe.ending:
+                loads["n"] += 1
+                probe.safely("torch.load", _file_loaded, probe, f, users, result, site)
+            return result
+
+        return load
+
+    wrap_everywhere(probe, (torch, torch.serialization), "load", make_torch_load)
 
     depth = {"n": 0}
 
@@ -153,6 +178,34 @@ def _after_save(probe: Probe, before: dict[str, Any], f: Any, seconds: float, er
         error=error,
         step=probe.steps,
         **before,
+    )
+
+
+def _counters(obj: Any) -> dict[str, int]:
+    """Integer values at the top of a loaded checkpoint (epoch, step, iteration...): where a resume starts."""
+    if not isinstance(obj, dict):
+        return {}
+    out = {}
+    for key, value in obj.items():
+        if isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
+            if len(out) >= KEYS_SHOWN:
+                break
+    return out
+
+
+def _file_loaded(probe: Probe, f: Any, users: str | None, obj: Any, site: Any) -> None:
+    path, abspath = _path_of(f)
+    probe.emit(
+        "checkpoint_load",
+        site=site,
+        path=path,
+        abspath=abspath,
+        users_file=users is not None,
+        object=type(obj).__name__,
+        top_keys=_top_keys(obj),
+        counters=_counters(obj),
+        step=probe.steps,
     )
 
 

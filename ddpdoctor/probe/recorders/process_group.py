@@ -176,7 +176,18 @@ def _rendezvous(probe: Probe, bound: inspect.BoundArguments) -> dict[str, str] |
             return None
         bound.arguments["init_method"] = used
         return {"given": init, "used": used}
-    if probe.settings.mode == "spawn" and (init is None or (isinstance(init, str) and init.startswith("env:"))):
+    env_init = init is None or (isinstance(init, str) and init.startswith("env:"))
+    launcher = probe.launcher_rendezvous
+    if probe.settings.mode == "torchrun" and probe.role == "rank" and env_init and all(launcher.values()):
+        # the script set MASTER_ADDR/MASTER_PORT itself (a tutorial's "localhost:12355"): torchrun's store is
+        # where the launcher said, so ranks meeting at the script's address would wait there forever
+        given = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        used = f"{launcher['MASTER_ADDR']}:{launcher['MASTER_PORT']}"
+        if given == used:
+            return None
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = launcher["MASTER_ADDR"], launcher["MASTER_PORT"]
+        return {"given": f"MASTER_ADDR:MASTER_PORT={given}", "used": f"MASTER_ADDR:MASTER_PORT={used}"}
+    if probe.settings.mode == "spawn" and env_init:
         given = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         used = f"127.0.0.1:{port}"
         if given == used:

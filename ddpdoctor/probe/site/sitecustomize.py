@@ -1,9 +1,33 @@
-"""ddpdoctor probe hook, active only inside a probe run (DDPDOCTOR_RUN_DIR set) and only in children started by
-multiprocessing's spawn/forkserver machinery. Chains to any other sitecustomize on sys.path first, so a project's
-or a distribution's own sitecustomize still runs. Installs torch patches lazily, when the child imports torch."""
+"""ddpdoctor probe hook, active only inside a probe run (DDPDOCTOR_RUN_DIR set).
+
+First, before anything else can run (a project's own sitecustomize may take seconds): a process started by the
+probe's launcher machinery (DDPDOCTOR_PARENT_PID is its parent's pid) asks to die with its parent, so a rank
+whose launcher is SIGKILLed during start-up does not run on (ddpdoctor.probe.procs.die_with_parent). Then chains
+to any other sitecustomize on sys.path, so a project's or a distribution's own sitecustomize still runs. Then
+instruments children started by multiprocessing's spawn/forkserver machinery (torch patches are installed
+lazily, when the child imports torch), and redirects the file writes of any other Python process the script
+starts (ddpdoctor.probe.fsview)."""
 
 import os
 import sys
+
+
+def _die_with_parent() -> None:
+    expected = os.environ.get("DDPDOCTOR_PARENT_PID", "")
+    if not expected.isdigit() or not os.environ.get("DDPDOCTOR_RUN_TAG"):
+        return
+    parent = int(expected)
+    if os.getppid() == parent:
+        from ddpdoctor.probe.procs import die_with_parent
+
+        die_with_parent(parent)
+        return
+    try:  # not a child of the launcher (a DataLoader worker of a rank): leave alone, unless the launcher is gone
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        os._exit(1)
+    except OSError:
+        pass
 
 
 def _chain() -> None:
@@ -21,21 +45,37 @@ def _chain() -> None:
 
 
 def _activate() -> None:
-    if not os.environ.get("DDPDOCTOR_RUN_DIR") or "--multiprocessing-fork" not in sys.argv:
+    if not os.environ.get("DDPDOCTOR_RUN_DIR"):
         return
     from ddpdoctor.probe.settings import ProbeSettings
-    from ddpdoctor.probe.instrument import instrument_process
 
     settings = ProbeSettings.from_env()
-    if settings is not None:
+    if settings is None:
+        return
+    if "--multiprocessing-fork" in sys.argv:  # a rank (or worker) started by multiprocessing's spawn
+        from ddpdoctor.probe.instrument import instrument_process
+
         instrument_process(settings, "spawned")
+        return
+    parent = os.environ.get("DDPDOCTOR_PARENT_PID", "")
+    if settings.mode == "attach" or (parent.isdigit() and int(parent) == os.getppid()):
+        return  # started by the probe's launcher: the launcher itself, or a rank the bootstrap instruments
+    # any other Python process of the run (the script runs `python eval.py`): its writes are redirected too
+    from ddpdoctor.probe import session
+    from ddpdoctor.probe.instrument import redirect_writes
+
+    redirect_writes(session.start(settings, "child"))
 
 
 try:
+    _die_with_parent()
+except Exception as _exc:  # noqa: BLE001 - never break the interpreter start of a rank
+    sys.stderr.write(f"ddpdoctor: parent-death check failed: {_exc}\n")
+try:
     _chain()
-except Exception as _exc:  # a broken chained sitecustomize must not be blamed on us, nor break the child
+except Exception as _exc:  # noqa: BLE001 - a broken chained sitecustomize must not be blamed on us, nor break the child
     sys.stderr.write(f"ddpdoctor: chained sitecustomize failed: {_exc}\n")
 try:
     _activate()
-except Exception as _exc:
+except Exception as _exc:  # noqa: BLE001 - the child runs uninstrumented rather than not at all
     sys.stderr.write(f"ddpdoctor: probe instrumentation failed in child: {_exc}\n")

@@ -42,16 +42,31 @@ def analyze(ctx: RunContext) -> list[Finding]:
         if given_world:
             parts.append(f"passes world_size={', '.join(map(str, given_world))} while {world} processes were launched")
         site = begins[0][1].get("site")
+        joined = {p.pid for p, e in ctx.run.events("pg_init") if e.get("ok")}
+        stuck = [p for p, _ in overridden if p.pid not in joined]
+        moved = sorted({str(r.get("given")) for _, e in overridden if (r := e.get("rendezvous"))})
+        instead = "the probe passed the launcher's RANK/WORLD_SIZE instead" + (
+            f" (and the launcher's rendezvous for the script's own {', '.join(moved)})" if moved else ""
+        )
+        if stuck:
+            who = fmt_ranks(sorted(r for r in (p.rank for p in stuck) if r is not None)) or "some processes"
+            outcome = (
+                f"{instead}, but {who} still did not join the process group "
+                + ("before the timeout" if ctx.timed_out else "(init_process_group failed)")
+                + ": nothing past init_process_group was measured"
+            )
+        else:
+            outcome = f"{instead} and went on measuring"
         message = (
             f"init_process_group at {ctx.at(site)} " + " and ".join(parts)
-            + ": every process would claim the same rank and the rendezvous would never complete; the probe used "
-            "the launcher's RANK/WORLD_SIZE to keep measuring"
+            + f": every process would claim the same rank and the rendezvous would never complete; {outcome}"
         )
         evidence = {
             "calls": [
                 {"rank": e.get("env_rank"), "rank_arg": e.get("rank_arg"), "world_size_arg": e.get("world_size_arg"),
-                 "overridden": e.get("overridden")}
-                for _, e in begins
+                 "overridden": e.get("overridden"), "rendezvous": e.get("rendezvous"),
+                 "joined": p.pid in joined}
+                for p, e in begins
             ]
         }
         return [ctx.finding(CODE, message=message, fix_variant="probe", site=site, ranks=[r for r in used], evidence=evidence,

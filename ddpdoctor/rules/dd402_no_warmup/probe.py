@@ -46,11 +46,9 @@ def lr_trace(ctx: RunContext) -> dict[str, Any] | None:
     return None
 
 
-def _static_scaled(ctx: RunContext) -> dict[str, Any] | None:
-    for f in ctx.run.static or []:
-        if f.get("rule") == CODE:
-            return f
-    return None
+def _static_scaled(ctx: RunContext) -> Finding | None:
+    """The static DD402 of the check that recorded the run: where the script scales its lr with the world size."""
+    return next((f for f in (ctx.run.static.findings if ctx.run.static else ()) if f.rule == CODE), None)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -69,8 +67,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"{fmt_num(peak)}): a warmup, whatever implements it"
         ), evidence={"lr_trace": trace[:20]})
         static = _static_scaled(ctx)
-        if static is not None and static.get("file") and static.get("line"):
-            ctx.clear(CODE, site={"file": static["file"], "line": static["line"]},
+        if static is not None and static.file and static.line:
+            ctx.clear(CODE, site={"file": static.file, "line": static.line},
                       reason=f"the lr the ranks stepped with ramps up: {shown} (peak {fmt_num(peak)})")
         return []
     base = ctx.settings.base_lr
@@ -86,7 +84,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         reference = f"{fmt_num(ratio)}× the reference recipe's lr {fmt_num(base)} (--base-lr)"
     elif static is not None:
         ratio = None
-        reference = f"an lr scaled with the world size ({ctx.path(static.get('file'))}:{static.get('line')})"
+        reference = f"an lr scaled with the world size ({ctx.path(static.file)}:{static.line})"
     else:
         return []
     steps = len(trace)

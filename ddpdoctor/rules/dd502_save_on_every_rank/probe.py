@@ -6,7 +6,8 @@ one rank wrote it: every rank, or local rank 0 of every node (a `local_rank == 0
 Saves into per-rank paths are left alone (per-rank state such as RNG states is saved that way on purpose). Writes
 whose time intervals overlap are counted: those are the ones that can interleave.
 
-Saves during the probe go where the script says, as in a real run; a note lists the files the run wrote.
+In attach mode saves go where the script says, as in a real run, and a note lists the files the run wrote; in a
+`check` they were redirected into the run directory, and the report's files table lists them instead.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
 
 
 def _note_written(ctx: RunContext, files: dict[str, list[tuple[int, dict[str, Any], str]]]) -> None:
-    """Say where the probe run's saves went: they are real files written where the script says."""
-    if not files:
+    """Where the run's saves went when they are real files where the script says (attach mode, runs recorded
+    before the redirection). A `check` that redirected them (file_write events) lists them in its files table."""
+    if not files or any(True for _ in ctx.run.events("file_write")):
         return
     parts = []
     for path, saves in list(files.items())[:4]:

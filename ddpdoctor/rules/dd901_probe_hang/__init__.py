@@ -58,5 +58,22 @@ RULE = Rule(
             "Make every rank call the same collectives in the same order (no collective or DDP forward inside a "
             "rank-dependent branch); the blocked frames are in evidence."
         ),
+        "rendezvous": (
+            "The ranks never all joined the process group: give init_process_group the launcher's rank and world "
+            "size (not literals), the same init_method/MASTER_ADDR/MASTER_PORT on every rank, and make sure every "
+            "process reaches it."
+        ),
+        "point_to_point": (
+            "Pair every send/recv (isend/irecv) with the matching call on the peer rank, in the same order; the "
+            "blocked call is in evidence."
+        ),
+        "backward": (
+            "Some ranks wait in DDP's gradient all-reduce that the others never reach: give every rank the same "
+            "number of backward passes (drop_last, even shards, or DDP's join() context for uneven inputs)."
+        ),
+        "not_started": (
+            "Nothing reached the training loop within the timeout: rerun with a longer --timeout, check data "
+            "loading and input(), or read the ranks' logs in the run directory (--keep-run DIR)."
+        ),
     },
 )

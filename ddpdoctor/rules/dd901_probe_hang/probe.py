@@ -75,7 +75,8 @@ def _after_timeout(ctx: RunContext, view: TimeoutView) -> list[Finding]:
             "(the script did not reach its training loop: slow data loading, a blocking input, or a rendezvous "
             "that never completed)"
         )
-        return [ctx.finding(CODE, message=message, fix_variant="probe", evidence={"timeout": ctx.launcher.get("timeout")})]
+        return [ctx.finding(CODE, message=message, fix_variant="not_started",
+                            evidence={"timeout": ctx.launcher.get("timeout")})]
     if view.out_of_time:
         ctx.notes.append(out_of_time_note(ctx, view))
         return []
@@ -144,13 +145,26 @@ def _stall_finding(
     return ctx.finding(
         CODE,
         message=message,
-        fix_variant="probe",
+        fix_variant=fix_for(stuck),
         confidence=confidence,
         site=first_user,
         ranks=[s["rank"] for s in stuck],
         evidence=evidence,
         magnitude=silent,
     )
+
+
+def fix_for(stuck: list[dict[str, Any]]) -> str:
+    """The fix that fits the call the stalled ranks were waiting in: a rendezvous that never completed is not a
+    collective-order problem, nor is an unmatched send/recv, nor a backward some ranks never reached."""
+    kinds = [(s.get("waiting_in") or {}).get("kind") for s in stuck]
+    if "rendezvous" in kinds or any((s.get("last_event") or {}).get("kind") == "pg_init_begin" for s in stuck):
+        return "rendezvous"
+    if "point_to_point" in kinds:
+        return "point_to_point"
+    if "backward" in kinds and "collective" not in kinds:
+        return "backward"
+    return "probe"
 
 
 def out_of_time_note(ctx: RunContext, view: TimeoutView) -> str:

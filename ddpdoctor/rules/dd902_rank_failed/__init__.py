@@ -59,5 +59,9 @@ RULE = Rule(
         "native_crash": (
             "Read the rank's stderr tail in evidence (native crash: collective mismatch, out of memory, segfault)."
         ),
+        "launcher": (
+            "Find what killed the launcher (dmesg for the OOM killer; a script that signals its parent process); "
+            "with fewer ranks (--nproc) the probe needs less memory."
+        ),
     },
 )

@@ -9,7 +9,7 @@ A rank that recorded `done` and died in interpreter teardown is not a failure.
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.analyses.outcome import Failure, crash_text, failures, root_causes
+from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd902_rank_failed import CODE
 
@@ -17,6 +17,11 @@ RUN_FIRST = True  # how the run ended: analysed first, so its notes lead the rep
 
 
 def _describe(f: Failure) -> str:
+    if f.kind == "launcher":
+        if f.signal:
+            why = " (the kernel's OOM killer, the script or another process sent it)" if f.signal == "SIGKILL" else ""
+            return f"{LAUNCHERS.get(f.type or '', 'the launcher')} died with {f.signal}{why}"
+        return f"{LAUNCHERS.get(f.type or '', 'the launcher')} failed: {f.message[:300]}"
     if f.kind == "exception":
         first = f.message.splitlines()[0] if f.message else ""
         if f.type == "SystemExit":
@@ -37,7 +42,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     first = roots[0]
     ranks = [f.rank for f in roots if f.rank is not None]
-    who = fmt_ranks(ranks) if ranks else "the script"
+    who = fmt_ranks(ranks) if ranks else ("" if first.kind == "launcher" else "the script")
     where = f" at {ctx.at(first.user_frame)}" if first.user_frame else ""
     steps = ctx.steps_of(first.rank) if first.rank is not None else 0
     when = f" after {steps} optimizer step{'s' if steps != 1 else ''}" if first.rank is not None else ""
@@ -47,7 +52,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
         tail = f"; {fmt_ranks([f.rank for f in others if f.rank is not None])} then failed as a consequence"
     elif len(ctx.ranks) > len(ranks):
         tail = "; the other ranks were stopped"
-    message = f"{who} {_describe(first)}{where}{when}{tail}"
+    if first.kind == "launcher":
+        unfinished = [r for r, p in ctx.ranks.items() if p.done is None]
+        steps_seen = sorted({ctx.steps_of(r) for r in ctx.ranks}) or [0]
+        tail = (
+            f"; {fmt_ranks(unfinished)} had not finished ({'/'.join(map(str, steps_seen))} optimizer steps "
+            "recorded) and were stopped with it" if unfinished else ""
+        )
+    message = f"{who} {_describe(first)}{where}{when}{tail}".strip()
     if "collective mismatch" in (first.message + "\n".join(first.stderr_tail)).lower():
         message += " — the ranks called different collectives (a collective inside a rank-dependent branch?)"
     p = ctx.ranks.get(first.rank) if first.rank is not None else None
@@ -79,7 +91,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "stderr_tail": first.stderr_tail[-20:],
         "last_event": {"kind": last.get("kind"), "t": last.get("t")} if last else None,
     }
-    variant = "exception" if first.kind == "exception" else "native_crash"
+    variant = {"exception": "exception", "launcher": "launcher"}.get(first.kind, "native_crash")
     return [
         ctx.finding(
             CODE,

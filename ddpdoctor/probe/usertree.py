@@ -1,0 +1,106 @@
+"""The safety net under the write redirection: fingerprint the user's files before the run and after it, and say
+which ones changed anyway.
+
+ddpdoctor.probe.fsview redirects what the script writes through Python's file functions. Native code with its own
+file calls (HDF5, a C++ logger) and programs the script runs that are not Python write where they like. This
+module cannot stop them; it makes sure such a write is never silent: the folders the script most likely touches
+— its working directory and the script's own folder — are fingerprinted (path → size, modification time, inode)
+before the launch and compared after it. Bounded: at most MAX_ENTRIES entries, MAX_DEPTH levels and MAX_SECONDS
+per fingerprint; the run directory and the run's temporary folder are skipped; a bounded fingerprint says so.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_ENTRIES = 20_000
+MAX_DEPTH = 8
+MAX_SECONDS = 2.0
+SHOWN = 20  # paths listed per kind of change
+
+
+@dataclass
+class Fingerprint:
+    roots: list[str]
+    entries: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # path → (mode, size, mtime, ino)
+    complete: bool = True
+
+
+def fingerprint(roots: list[str], skip: list[str]) -> Fingerprint:
+    """What is in `roots` now (symlinks are not followed; `skip` subtrees are left out)."""
+    skipped = {os.path.realpath(s) for s in skip if s}
+    fp = Fingerprint(roots=[])
+    end = time.monotonic() + MAX_SECONDS
+    seen: set[str] = set()
+    for root in roots:
+        real = os.path.realpath(root)
+        if real in seen or not os.path.isdir(real):
+            continue
+        seen.add(real)
+        fp.roots.append(real)
+        stack = [(real, 0)]
+        while stack:
+            d, depth = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for e in entries:
+                if len(fp.entries) >= MAX_ENTRIES or time.monotonic() > end:
+                    fp.complete = False
+                    return fp
+                path = e.path
+                if path in skipped or os.path.realpath(path) in skipped:
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                fp.entries[path] = _entry(st)
+                if stat.S_ISDIR(st.st_mode):
+                    if depth + 1 < MAX_DEPTH:
+                        stack.append((path, depth + 1))
+                    else:
+                        fp.complete = False
+    return fp
+
+
+def _entry(st: os.stat_result) -> tuple[int, int, int, int]:
+    kind = stat.S_IFMT(st.st_mode)
+    if kind == stat.S_IFDIR:
+        return (kind, 0, 0, st.st_ino)  # a folder's size and time change with its entries: those are compared
+    return (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
+    """What changed since `before`, as JSON for launcher.json `user_tree`. Every path of `before` is looked at
+    again (modified, deleted: exact); new paths come from a second walk, listed only when both walks were
+    complete (a bounded walk cannot tell a new file from one it did not reach the first time)."""
+    modified, deleted = [], []
+    for path, old in before.entries.items():
+        try:
+            now = _entry(os.lstat(path))
+        except OSError:
+            deleted.append(path)
+            continue
+        if now != old and old[0] != stat.S_IFDIR:
+            modified.append(path)
+    after = fingerprint(before.roots, skip)
+    complete = before.complete and after.complete
+    created = sorted(p for p in after.entries if p not in before.entries) if complete else []
+    modified.sort()
+    deleted.sort()
+    return {
+        "roots": before.roots,
+        "entries": len(before.entries),
+        "complete": complete,
+        "modified": modified[:SHOWN],
+        "deleted": deleted[:SHOWN],
+        "created": created[:SHOWN],
+        "counts": {"modified": len(modified), "deleted": len(deleted), "created": len(created)},
+    }

@@ -1,0 +1,238 @@
+"""Bad input is one line and exit 2, and never costs the user a file: the adversarial cases of issue 9 that need no
+probe run (options, output paths, run directories, source files, attach mode), as real `ddpdoctor` processes on
+real files in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "fixtures" / "demo" / "train.py"
+RUN = REPO / "fixtures" / "runs" / "bn_iid_default"
+
+
+def ddpdoctor(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "ddpdoctor", *args], cwd=cwd or REPO, capture_output=True, text=True,
+                          timeout=timeout, check=False, env=env)
+
+
+def one_line_error(done: subprocess.CompletedProcess, needle: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert needle in lines[0], lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))}
+
+
+# ------------------------------------------------------------------ --keep-run (issue 9 item 2) and locking (item 8)
+
+
+def test_keep_run_never_clears_a_folder_that_is_not_a_run_directory(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "logs").mkdir(parents=True)
+    (project / "logs" / "train.log").write_text("a week of training\n")
+    (project / "events").mkdir()
+    (project / "meta.json").write_text('{"schema": "ddpdoctor.events/1", "experiment": "mine"}')
+    before = snapshot(project)
+    one_line_error(ddpdoctor("check", str(DEMO), "--keep-run", str(project)), "not a ddpdoctor run directory")
+    assert snapshot(project) == before
+
+
+def test_a_run_directory_in_use_is_refused_not_cleared(tmp_path: Path) -> None:
+    from ddpdoctor.probe.rundir import claim_for_check
+
+    run = tmp_path / "run"
+    with claim_for_check(run):  # another check is writing into it
+        (run / "events" / "theirs.jsonl").write_text("{}\n")
+        done = ddpdoctor("check", str(DEMO), "--keep-run", str(run))
+        one_line_error(done, "in use by another ddpdoctor run")
+        assert (run / "events" / "theirs.jsonl").exists()
+
+
+def test_two_attach_jobs_cannot_share_an_out_directory(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    script = tmp_path / "job.py"
+    script.write_text("print('hello')\n")
+    first = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+             "TORCHELASTIC_RUN_ID": "job-a"}
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor.probe", "--out", str(out), str(script)], env=first,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    second = {**first, "TORCHELASTIC_RUN_ID": "job-b"}
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor.probe", "--out", str(out), str(script)], env=second,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "holds the run of another job" in done.stderr and "hello" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--out", "{file}"], "exists and is not a directory"),
+        (["--out", "{dir}", "--epochs", "-1"], "--epochs"),
+        (["--out", "{dir}", "--timeout", "nan"], "--timeout"),
+    ],
+)
+def test_attach_bad_options_are_refused_before_the_script_runs(tmp_path: Path, args: list[str], needle: str) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("print('ran')\n")
+    (tmp_path / "a_file").write_text("mine")
+    argv = [a.format(file=tmp_path / "a_file", dir=tmp_path / "out") for a in args]
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor.probe", *argv, str(script)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+    assert "ran" not in done.stdout and (tmp_path / "a_file").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ --output (item 3)
+
+
+def test_output_never_overwrites_the_script_or_a_run_file(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    shutil.copy(DEMO, script)
+    link = tmp_path / "report.txt"
+    link.symlink_to(script)
+    original = script.read_bytes()
+    for target in (str(script), str(tmp_path / ".." / tmp_path.name / "t.py"), str(link)):
+        one_line_error(ddpdoctor("check", str(script), "--static", "--output", target), "the script being analysed")
+    assert script.read_bytes() == original
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    meta = (run / "meta.json").read_bytes()
+    one_line_error(ddpdoctor("report", str(run), "--output", str(run / "meta.json")), "inside the run directory")
+    assert (run / "meta.json").read_bytes() == meta
+
+
+def test_output_is_written_whole_and_keeps_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    real.chmod(0o640)
+    link = tmp_path / "report.txt"
+    link.symlink_to(real)
+    done = ddpdoctor("check", str(DEMO), "--static", "--output", str(link))
+    assert done.returncode in (0, 1) and done.stdout == ""
+    assert link.is_symlink() and real.read_text().startswith("ddpdoctor") and stat.S_IMODE(real.stat().st_mode) == 0o640
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# ------------------------------------------------------------------ numbers (item 10)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--base-lr", "0.1", "--base-batch", "-8"], "--base-batch -8"),
+        (["--base-lr", "0.1", "--base-batch", "0"], "--base-batch 0"),
+        (["--base-lr", "nan", "--base-batch", "32"], "--base-lr nan"),
+        (["--base-lr", "inf", "--base-batch", "32"], "--base-lr inf"),
+        (["--base-lr", "-0.1", "--base-batch", "32"], "--base-lr -0.1"),
+        (["--nproc", "1000"], "--nproc 1000"),
+        (["--nproc", "0"], "--nproc 0"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--timeout", "inf"], "--timeout"),
+    ],
+)
+def test_bad_numbers_are_refused(args: list[str], needle: str) -> None:
+    one_line_error(ddpdoctor("check", str(DEMO), *args), needle)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [("nproc = 1e9", "nproc must be an integer"), ("nproc = 2.5", "nproc must be an integer"),
+     ("nproc = 100000", "--nproc 100000"), ("base_batch = true", "base_batch must be an integer"),
+     ("base_lr = 'fast'", "base_lr must be a number")],
+)
+def test_bad_numbers_in_pyproject_are_refused(tmp_path: Path, line: str, needle: str) -> None:
+    shutil.copy(DEMO, tmp_path / "train.py")
+    (tmp_path / "pyproject.toml").write_text(f"[tool.ddpdoctor]\n{line}\n")
+    one_line_error(ddpdoctor("check", "train.py", cwd=tmp_path), needle)
+
+
+def test_report_refuses_a_negative_recipe() -> None:
+    one_line_error(ddpdoctor("report", str(RUN), "--base-lr", "0.1", "--base-batch", "-8"), "--base-batch -8")
+
+
+# ------------------------------------------------------------------ damaged run directories (item 12)
+
+
+def test_a_run_without_one_readable_event_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    for log in (run / "events").glob("*.jsonl"):
+        log.write_bytes(b"\x00garbage\n{not json\n")
+    one_line_error(ddpdoctor("report", str(run)), "not one readable event")
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_truncated_side_file_is_refused_not_silently_dropped(tmp_path: Path, damage: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    blob = min((run / "events").glob("*.bin"))
+    if damage == "missing":
+        blob.unlink()
+    else:
+        blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+    one_line_error(ddpdoctor("report", str(run)), damage)
+
+
+def test_a_run_directory_with_no_events_is_not_a_clean_report(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text((RUN / "meta.json").read_text())
+    (run / "events").mkdir()
+    done = ddpdoctor("report", str(run), "--format", "json")
+    assert done.returncode == 1, done.stderr
+    assert [f["rule"] for f in json.loads(done.stdout)["findings"]] == ["DD904"]
+
+
+# ------------------------------------------------------------------ source files (items 13-15)
+
+
+def test_a_latin1_script_is_read_as_python_reads_it(tmp_path: Path) -> None:
+    script = tmp_path / "legacy.py"
+    script.write_bytes(b"# -*- coding: latin-1 -*-\n" + DEMO.read_bytes().replace(b"import", b"import", 1)
+                       + b"\nAUTHOR = '\xe9l\xe8ve'\n")
+    done = ddpdoctor("check", str(script), "--static", "--format", "json")
+    assert done.returncode in (0, 1) and json.loads(done.stdout)["findings"], done.stderr
+
+
+def test_a_notebook_is_refused(tmp_path: Path) -> None:
+    nb = tmp_path / "train.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["import torch\n"]}], "metadata": {},
+                              "nbformat": 4, "nbformat_minor": 5}))
+    one_line_error(ddpdoctor("check", str(nb), "--static"), "Jupyter notebook")
+    one_line_error(ddpdoctor("check", str(nb)), "Jupyter notebook")
+    renamed = tmp_path / "train.py"
+    renamed.write_text(nb.read_text())
+    one_line_error(ddpdoctor("check", str(renamed), "--static"), "Jupyter notebook")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX")
+def test_files_whose_read_would_block_are_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "train.py"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    one_line_error(ddpdoctor("check", str(fifo), "--static", timeout=30), "not a regular file")
+    if Path("/proc/kmsg").exists():
+        one_line_error(ddpdoctor("check", "/proc/kmsg", "--static", timeout=30), "pseudo-file")
+    one_line_error(ddpdoctor("check", "/dev/zero", "--static", timeout=30), "not a regular file")
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_huge_script_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    big = tmp_path / "generated.py"
+    big.write_bytes(DEMO.read_bytes() * (10_000_000 // len(DEMO.read_bytes())))
+    t0 = time.monotonic()
+    one_line_error(ddpdoctor("check", str(big), "--static"), "larger than")
+    assert time.monotonic() - t0 < 30

@@ -1,0 +1,198 @@
+"""The run's view of the file system (ddpdoctor.probe.fsview), in real processes on real files: every write the
+script makes lands in RUN/writes, reads see it, and the user's folder is byte-identical afterwards.
+
+Each scenario runs in a fresh interpreter (the view patches builtins and os for the whole process), from a user
+folder holding files that must not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+PRELUDE = """
+import glob, json, os, pathlib, shutil, sys
+sys.path.insert(0, {repo!r})
+from ddpdoctor.probe import fsview
+EVENTS = []
+fsview.install({run!r}, None, EVENTS.append)
+os.chdir({user!r})
+OUT = {{}}
+"""
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file and folder under `folder` with a hash of its bytes and its mode: what must not change."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(folder))] = (
+            f"dir {oct(st.st_mode)}" if p.is_dir() else f"{hashlib.sha256(p.read_bytes()).hexdigest()} "
+            f"{oct(st.st_mode)} {st.st_mtime_ns}"
+        )
+    return out
+
+
+@pytest.fixture
+def folder(tmp_path: Path):
+    user, run = tmp_path / "user", tmp_path / "run"
+    (user / "ckpt").mkdir(parents=True)
+    (user / "ckpt" / "last.pt").write_bytes(b"the user's checkpoint")
+    (user / "ckpt" / "epoch1.pt").write_bytes(b"epoch 1")
+    (user / "train.log").write_text("earlier run\n")
+    (user / "data").mkdir()
+    (user / "data" / "a.txt").write_text("a")
+    run.mkdir()
+    before = tree(user)
+    yield user, run
+    assert tree(user) == before, "the user's folder changed"
+
+
+def scenario(user: Path, run: Path, body: str) -> dict:
+    code = PRELUDE.format(repo=str(REPO), run=str(run), user=str(user)) + textwrap.dedent(body) + (
+        "\nOUT['events'] = [[e['op'], e['path'], e['existed']] for e in EVENTS]\nprint(json.dumps(OUT))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_save_then_reload_and_the_resume_checks_a_script_makes(folder) -> None:
+    user, run = folder
+    out = scenario(user, run, """
+        with open("ckpt/last.pt", "wb") as f:
+            f.write(b"new")
+        OUT["read"] = open("ckpt/last.pt", "rb").read().decode()
+        OUT["exists"] = [os.path.exists("ckpt/last.pt"), os.path.isfile("ckpt/last.pt"), os.path.isdir("ckpt")]
+        OUT["size"] = os.path.getsize("ckpt/last.pt")
+        pathlib.Path("ckpt/epoch2.pt").write_bytes(b"2")
+        OUT["glob"] = sorted(glob.glob("ckpt/epoch*.pt"))
+        OUT["listdir"] = sorted(os.listdir("ckpt"))
+        OUT["iterdir"] = sorted(p.name for p in pathlib.Path("ckpt").iterdir())
+        OUT["walk"] = sorted((d, sorted(f)) for d, _, f in os.walk("ckpt"))
+    """)
+    assert out["read"] == "new" and out["exists"] == [True, True, True] and out["size"] == 3
+    assert out["glob"] == ["ckpt/epoch1.pt", "ckpt/epoch2.pt"]
+    assert out["listdir"] == out["iterdir"] == ["epoch1.pt", "epoch2.pt", "last.pt"]
+    assert out["walk"] == [["ckpt", ["epoch1.pt", "epoch2.pt", "last.pt"]]]
+    assert ["write", "ckpt/last.pt", True] in out["events"] and ["write", "ckpt/epoch2.pt", False] in out["events"]
+    assert (run / "writes" / str(user / "ckpt/last.pt").lstrip("/")).read_bytes() == b"new"
+
+
+def test_deleting_and_rotating_the_users_files_only_hides_them(folder) -> None:
+    user, run = folder
+    out = scenario(user, run, """
+        os.remove("ckpt/epoch1.pt")
+        OUT["after_remove"] = [os.path.exists("ckpt/epoch1.pt"), sorted(os.listdir("ckpt"))]
+        try:
+            open("ckpt/epoch1.pt")
+        except FileNotFoundError:
+            OUT["read_deleted"] = "FileNotFoundError"
+        shutil.rmtree("data")
+        OUT["rmtree"] = os.path.exists("data/a.txt") or os.path.exists("data")
+        os.makedirs("data")
+        OUT["recreated"] = os.listdir("data")
+        pathlib.Path("data/b.txt").write_text("b")
+        OUT["recreated_after_write"] = sorted(os.listdir("data"))
+    """)
+    assert out["after_remove"] == [False, ["last.pt"]] and out["read_deleted"] == "FileNotFoundError"
+    assert out["rmtree"] is False
+    assert out["recreated"] == [] and out["recreated_after_write"] == ["b.txt"]
+    assert ["delete", "ckpt/epoch1.pt", True] in out["events"]
+
+
+def test_modifying_the_users_files_copies_them_first(folder) -> None:
+    user, run = folder
+    out = scenario(user, run, """
+        with open("train.log", "a") as f:
+            f.write("probe run\\n")
+        OUT["log"] = open("train.log").read()
+        with open("ckpt/last.pt", "r+b") as f:
+            f.write(b"THE")
+        OUT["rplus"] = open("ckpt/last.pt", "rb").read().decode()
+        os.chmod("train.log", 0o600)
+        pathlib.Path("ckpt/epoch1.pt").touch()
+        os.truncate("ckpt/epoch1.pt", 2)
+        OUT["truncated"] = open("ckpt/epoch1.pt", "rb").read().decode()
+        shutil.copy2("ckpt/last.pt", "data/copy.pt")
+        OUT["copy"] = open("data/copy.pt", "rb").read().decode()
+        with open("ckpt/tmp", "wb") as f:
+            f.write(b"atomic")
+        os.replace("ckpt/tmp", "ckpt/last.pt")
+        OUT["replaced"] = [open("ckpt/last.pt", "rb").read().decode(), os.path.exists("ckpt/tmp")]
+        shutil.move("data", "moved")
+        OUT["moved"] = [os.path.exists("data"), sorted(os.listdir("moved"))]
+    """)
+    assert out["log"] == "earlier run\nprobe run\n"
+    assert out["rplus"] == "THE user's checkpoint"
+    assert out["truncated"] == "ep" and out["copy"] == "THE user's checkpoint"
+    assert out["replaced"] == ["atomic", False]
+    assert out["moved"] == [False, ["a.txt", "copy.pt"]]
+
+
+def test_errors_are_the_ones_the_real_calls_raise(folder) -> None:
+    user, run = folder
+    out = scenario(user, run, """
+        for name, call in [
+            ("x_on_existing", lambda: open("train.log", "x")),
+            ("missing_parent", lambda: open("nope/f.txt", "w")),
+            ("mkdir_existing", lambda: os.mkdir("ckpt")),
+            ("rmdir_not_empty", lambda: os.rmdir("ckpt")),
+            ("remove_missing", lambda: os.remove("missing.txt")),
+            ("unlink_dir", lambda: os.unlink("ckpt")),
+        ]:
+            try:
+                call()
+                OUT[name] = "no error"
+            except OSError as exc:
+                OUT[name] = type(exc).__name__
+    """)
+    assert out == {**out, "x_on_existing": "FileExistsError", "missing_parent": "FileNotFoundError",
+                   "mkdir_existing": "FileExistsError", "rmdir_not_empty": "OSError",
+                   "remove_missing": "FileNotFoundError", "unlink_dir": "IsADirectoryError"}
+
+
+def test_a_child_process_started_by_the_script_shares_the_view(folder) -> None:
+    """What one process of the run wrote, another reads (the view is files, not process memory)."""
+    user, run = folder
+    out = scenario(user, run, f"""
+        with open("ckpt/last.pt", "wb") as f:
+            f.write(b"from the parent")
+        import subprocess
+        child = {PRELUDE!r}.format(repo={str(REPO)!r}, run={str(run)!r}, user={str(user)!r})
+        child += "print(open('ckpt/last.pt', 'rb').read().decode(), os.path.exists('ckpt/epoch1.pt'))"
+        os.remove("ckpt/epoch1.pt")
+        OUT["child"] = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip()
+    """)
+    assert out["child"] == "from the parent False"
+
+
+def test_paths_inside_the_run_directory_are_real(folder) -> None:
+    user, run = folder
+    scenario(user, run, f"""
+        with open({str(run / 'note.txt')!r}, "w") as f:
+            f.write("real")
+    """)
+    assert (run / "note.txt").read_text() == "real"
+    assert not (run / "writes").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="POSIX")
+def test_writes_in_flight_are_seen(folder) -> None:
+    user, run = folder
+    out = scenario(user, run, """
+        f = open("big.bin", "wb")
+        OUT["open"] = [os.path.basename(p) for p in fsview.in_flight()]
+        f.close()
+        OUT["closed"] = fsview.in_flight()
+    """)
+    assert out["open"] == ["big.bin"] and out["closed"] == []

@@ -1,0 +1,222 @@
+"""Nothing keeps running after ddpdoctor exits, however it exits: real `ddpdoctor check` processes, real signals,
+scripts that escape the process tree, ignore signals, kill their launcher or own the signals a probe could use.
+
+Each test marks everything it starts: an environment variable every process of the run inherits, and a token in
+the command line of processes that start with a fresh environment. After each test no process carrying either is
+alive, and the temporary directory the run used is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = "fixtures/probe/lifecycle"
+MARK = "DDPD_TEST_MARK"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find leftover processes"),
+]
+
+
+def _carrying(mark: str, token: str) -> list[int]:
+    """Live processes with the mark in their environment or the token in their command line (zombies are dead)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if stat[stat.rfind(")") + 2 :].split()[0] == "Z":
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"{MARK}={mark}".encode() in environ or token.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_gone(mark: str, token: str, seconds: float) -> list[int]:
+    end = time.monotonic() + seconds
+    while True:
+        left = _carrying(mark, token)
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def marked(tmp_path: Path):
+    """(env for ddpdoctor, token, temp dir) — and, after the test, nothing of it left."""
+    mark, token = uuid.uuid4().hex, f"ddpd-token-{uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, MARK: mark, "TMPDIR": str(tmp)}
+    yield env, token, tmp
+    left = _wait_gone(mark, token, 10.0)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert left == [], "processes of the run outlived the test"
+
+
+def _check(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpdoctor", "check", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_processes_that_escape_the_tree_and_the_environment_end_with_the_run(marked, tmp_path: Path) -> None:
+    env, token, tmp = marked
+    run = tmp_path / "run"
+    done = _check(env, f"{FIXTURES}/escape.py", "--keep-run", str(run), "--timeout", "60", "--", token)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert _wait_gone(env[MARK], token, 2.0) == []
+    assert "started the escapees" in (run / "logs" / "rank0.stdout").read_text()
+    launch = json.loads((run / "launcher.json").read_text())
+    assert len(launch["killed"]) >= 2  # both sleepers, found although they left the session and the environment
+    assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("kill_after", [0.0, 1.0, 2.5, 4.5])
+def test_sigkill_of_ddpdoctor_during_start_up_takes_the_run_with_it(marked, tmp_path: Path, kill_after: float) -> None:
+    """A project sitecustomize that takes 3 s makes every start-up slow (the launcher's, then the ranks'): SIGKILL
+    of ddpdoctor `kill_after` seconds after the launcher appeared leaves nothing."""
+    env, token, tmp = marked
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\ntime.sleep(3)\n")
+    env = {**env, "PYTHONPATH": str(site)}
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", f"{FIXTURES}/runs_forever.py",
+                             "--timeout", "300", "--", token], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not any(
+            b"ddpdoctor.probe.agent" in Path(f"/proc/{p}/cmdline").read_bytes() for p in _carrying(env[MARK], token)
+        ):
+            time.sleep(0.05)
+        time.sleep(kill_after)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 5.0) == []
+
+
+def _wait_until_empty(folder: Path, seconds: float) -> list[str]:
+    end = time.monotonic() + seconds
+    while True:
+        left = sorted(p.name for p in folder.iterdir())
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)
+
+
+def test_sigkill_of_ddpdoctor_stops_spawned_workers_that_ignore_sigint_and_sigterm(marked) -> None:
+    env, token, tmp = marked
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", f"{FIXTURES}/spawn_ignores_signals.py",
+                             "--timeout", "300", "--", token], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        spinning = []
+        while time.monotonic() < end and len(spinning) < 2:
+            spinning = [p for p in _carrying(env[MARK], token) if b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            time.sleep(0.2)
+        assert len(spinning) >= 2, "the workers never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 5.0) == []
+
+
+def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) -> None:
+    env, token, _ = marked
+    run = tmp_path / "run"
+    done = _check(env, f"{FIXTURES}/kills_launcher.py", "--keep-run", str(run), "--timeout", "60",
+                  "--format", "json", "--", token)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    dd902 = [f for f in report["findings"] if f["rule"] == "DD902"]
+    assert dd902 and "died with SIGKILL" in dd902[0]["message"], report["findings"]
+    assert dd902[0]["evidence"]["root_cause"]["kind"] == "launcher"
+    assert json.loads((run / "launcher.json").read_text())["returncode"] == -signal.SIGKILL
+
+
+def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked, tmp_path: Path) -> None:
+    env, token, _ = marked
+    run = tmp_path / "run"
+    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "45",
+                  "--format", "json", "--", token)
+    report = json.loads(done.stdout)
+    dd901 = [f for f in report["findings"] if f["rule"] == "DD901"]
+    assert dd901, report["findings"]
+    stuck = {s["rank"]: s for s in dd901[0]["evidence"]["stuck"]}
+    assert stuck[1]["blocked_in"] is not None and "all_reduce" in json.dumps(stuck[1]["stack"])
+    logs = "".join(p.read_text() for p in (run / "logs").glob("rank*.std*"))
+    assert "REQUEUE HANDLER RAN" not in logs
+
+
+def test_a_failure_under_cuda_emulation_points_at_the_script_without_the_probes_frames(marked, tmp_path: Path) -> None:
+    env, _, _ = marked
+    run = tmp_path / "run"
+    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "90",
+                  "--format", "json")
+    report = json.loads(done.stdout)
+    [f] = [f for f in report["findings"] if f["rule"] == "DD902"]
+    root = f["evidence"]["root_cause"]
+    assert root["user_frame"]["line"] == 11 and f["line"] == 11
+    text = "\n".join(root["traceback"]) + "\n".join(f["evidence"]["stderr_tail"])
+    assert "cuda_op_raises.py" in text and "view" in text
+    assert "ddpdoctor" not in text and "runpy" not in text, text
+
+
+def test_a_literal_rank_and_the_scripts_own_master_port_are_measured_past(marked, tmp_path: Path) -> None:
+    """DD104: rank 0 hard-coded and MASTER_PORT set by the script. Overriding the rank alone left both ranks in
+    the rendezvous until the timeout while the finding claimed the probe kept measuring."""
+    env, _, _ = marked
+    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "90", "--format", "json")
+    report = json.loads(done.stdout)
+    rules = {f["rule"]: f for f in report["findings"]}
+    assert "DD901" not in rules and "went on measuring" in rules["DD104"]["message"]
+    steps = report["tables"]["ranks"]["rows"]
+    assert [row[3] for row in steps] == [8, 8]
+
+
+def test_scratch_outlives_the_processes_until_the_caller_lets_the_supervisor_go(tmp_path: Path) -> None:
+    """compare-bn reads its ranks' results from the supervisor's scratch directory after they exit: the supervisor
+    must not remove it the moment the last process is gone (it did, and rank 1's results vanished under load)."""
+    from ddpdoctor.probe.supervisor import Command, Supervisor
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = scratch / "result.json"
+    log = str(tmp_path / "out.log")
+    code = f"open({str(result)!r}, 'w').write('{{}}')"
+    sup = Supervisor([Command(argv=[sys.executable, "-c", code], stdout=log, stderr=log)], env=dict(os.environ),
+                     cwd=str(tmp_path), tag=uuid.uuid4().hex, deadline=time.time() + 60, scratch=[str(scratch)])
+    sup.start()
+    try:
+        end = time.monotonic() + 60
+        while sup.poll()[0] is None and time.monotonic() < end:
+            time.sleep(0.02)
+        assert sup.poll() == [0]
+        time.sleep(0.5)  # the supervisor has long seen its only process exit
+        assert result.read_text() == "{}"
+    finally:
+        final = sup.stop()
+    assert final["reason"] == "exited" and not scratch.exists()

@@ -1,0 +1,122 @@
+"""The user's files are safe: real `ddpdoctor check` runs, in a folder holding the user's checkpoint, of scripts
+that save, resume, rotate checkpoints, write in background threads, or write behind the probe's back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures" / "probe" / "files"
+pytestmark = pytest.mark.slow
+
+
+def tree(folder: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(folder))] = (
+            "dir" if p.is_dir() else f"{hashlib.sha256(p.read_bytes()).hexdigest()} {oct(st.st_mode)} {st.st_mtime_ns}"
+        )
+    return out
+
+
+def check(folder: Path, script: str, *args: str, env: dict | None = None) -> tuple[int, dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "check", script, "--format", "json", "--timeout", "90", *args],
+        cwd=folder, capture_output=True, text=True, timeout=200, check=False, env=env,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def steps(report: dict) -> list[int]:
+    table = report["tables"]["ranks"]
+    return [row[table["columns"].index("steps")] for row in table["rows"]]
+
+
+def _user_checkpoint(folder: Path, epoch: int) -> None:
+    """A checkpoint of the fixture's model, as an earlier run of it left it."""
+    import torch
+    from torch import nn
+
+    model = nn.Linear(8, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    (folder / "ckpt").mkdir()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+               folder / "ckpt" / "last.pt")
+    torch.save({"epoch": epoch - 1}, folder / "ckpt" / f"epoch{epoch - 1}.pt")
+    (folder / "train.log").write_text("epoch 0 done\nepoch 1 done\n")
+
+
+def test_two_checks_in_a_row_leave_the_folder_byte_identical_and_observe_the_same_steps(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "auto_resume.py", folder / "train.py")
+    _user_checkpoint(folder, epoch=2)
+    before = tree(folder)
+    _, first = check(folder, "train.py")
+    assert tree(folder) == before
+    _, second = check(folder, "train.py")
+    assert tree(folder) == before
+    assert steps(first) == steps(second) == [8, 8]
+    for report in (first, second):
+        notes = "\n".join(report["notes"])
+        assert "resumed from an earlier run" in notes and "ckpt/last.pt" in notes and "epoch=2" in notes
+        files = {row[0]: row for row in report["tables"]["files"]["rows"]}
+        assert files["ckpt/last.pt"][2] == "yes" and files["train.log"][2] == "yes"
+        assert "ckpt/epoch3.pt" in files and "ckpt/last.pt.tmp" in files
+
+
+def test_a_checkpoint_saved_in_a_background_thread_is_complete_and_the_users_is_untouched(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "background_save.py", folder / "train.py")
+    (folder / "last.pt").write_bytes(b"the user's 400 MB checkpoint" * 1000)
+    before = tree(folder)
+    run = tmp_path / "run"
+    check(folder, "train.py", "--keep-run", str(run), "--", "48")
+    assert tree(folder) == before
+    kept = run / "writes" / str(folder).lstrip("/")
+    import torch
+
+    saved = torch.load(kept / "last.pt")
+    assert saved["weights"].numel() == 48 * (1 << 20) // 4
+    assert (kept / "chunks.bin").stat().st_size == 16 << 20
+    done = [json.loads(line) for p in (run / "events").glob("*.jsonl") for line in p.read_text().splitlines()
+            if '"kind":"done"' in line]
+    assert done and all(not d["writes_cut"] for d in done)
+    assert any(d["writes_waited"] > 0 for d in done)
+
+
+def test_a_write_behind_the_probes_back_is_reported(tmp_path: Path) -> None:
+    """A program the script runs (not Python) writes into the user's folder directly: the redirection cannot
+    see it, the before/after fingerprint does, and the report says so first."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(
+        "import subprocess\n"
+        "subprocess.run(['sh', '-c', 'echo more >> notes.txt; rm gone.txt; echo new > made.txt'], check=True)\n"
+    )
+    (folder / "notes.txt").write_text("mine\n")
+    (folder / "gone.txt").write_text("mine too\n")
+    _, report = check(folder, "train.py")
+    warning = report["notes"][0]
+    assert warning.startswith("WARNING") and "modified notes.txt" in warning and "deleted gone.txt" in warning
+    assert "created made.txt" in warning
+
+
+def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
+    """DataLoader workers create multiprocessing's pymp-* folders; torchrun its own; all go with the run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    check(REPO, "fixtures/probe/loader_workers.py", env=env)
+    assert sorted(p.name for p in tmp.iterdir()) == []
