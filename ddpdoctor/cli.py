@@ -5,6 +5,8 @@ Bad input of any kind ends as one line on stderr and exit code 2, never a traceb
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -374,7 +376,15 @@ def _paths_and_script_args(static: bool, positional: list[str]) -> tuple[list[Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input."""
+    """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input.
+
+    As the process's entry point (no `argv`), the cyclic garbage collector stays off and the process ends without
+    tearing down its heap: a command runs once and exits, and what it builds (the trees and the semantic model of
+    a large project) stays alive until then, so the collector would only walk it again and again, and the
+    interpreter's shutdown free it object by object (together a fifth of `check --static` on a 4,000-line
+    script). Everything a command opens is closed by the command itself; no atexit handler is registered."""
+    if argv is None:
+        gc.disable()
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
     _RAW_ARGS[:] = args
@@ -397,8 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         code = _click_exception(exc)
     if argv is None:
-        sys.exit(code)
+        _exit(code)
     return code
+
+
+def _exit(code: int) -> None:
+    """End the process now, after what it wrote (see `main`)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach the reader
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
