@@ -34,7 +34,8 @@ def _random_case(seed: int):
     xs = []
     for r in range(world):
         shift = torch.tensor(rng.normal(size=channels) * rng.choice([0, 0.5, 3]), dtype=torch.float32)
-        x = torch.randn(sizes[r], channels, *spatial, generator=g) * scale.view(view) + (offset + shift * scale).view(view)
+        x = torch.randn(sizes[r], channels, *spatial, generator=g) * scale.view(view)
+        x = x + (offset + shift * scale).view(view)
         xs.append(x)
     w = torch.tensor(rng.normal(size=channels) * rng.choice([1, 1e-3, 1e-7], size=channels), dtype=torch.float32)
     w[torch.tensor(rng.random(channels) < 0.15)] = 0.0
@@ -123,7 +124,8 @@ def test_applied_statistics_detects_equal_weight_averaging_of_unequal_batches():
             continue
         ys, mean_eq, var_eq = _syncbn_outputs(xs, w, b, eps, combine="equal")
         _, mean, var = _syncbn_outputs(xs, w, b, eps)
-        big = (np.abs(mean_eq - mean) / np.sqrt(var + eps) >= 0.005) | (np.abs((var_eq + eps) / (var + eps) - 1) >= 0.005)
+        big = ((np.abs(mean_eq - mean) / np.sqrt(var + eps) >= 0.005)
+               | (np.abs((var_eq + eps) / (var + eps) - 1) >= 0.005))
         checks = _check(xs, ys, w, b, eps)
         hit = np.zeros_like(big)
         meas = np.zeros_like(big)

@@ -1,6 +1,6 @@
-"""A recorded `ddpdoctor triage --keep-run` directory (fixtures/runs/triage_fused_act: fixtures/triage/fused_act_torch.py,
-arms A and P, 1 epoch x 8 steps) re-analysed by `ddpdoctor report DIR` without running anything: the verdicts, the
-JSON `triage` object, the text sections, and no torch import."""
+"""A recorded `ddpdoctor triage --keep-run` directory (fixtures/runs/triage_fused_act:
+fixtures/triage/fused_act_torch.py, arms A and P, 1 epoch x 8 steps) re-analysed by `ddpdoctor report DIR` without
+running anything: the verdicts, the JSON `triage` object, the text sections, and no torch import."""
 
 from __future__ import annotations
 

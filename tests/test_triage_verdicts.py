@@ -193,7 +193,8 @@ def test_a_port_cause_that_cannot_change_accuracy_is_a_row_not_the_answer():
     ports = port_causes(a, p)
     assert {c.rule: c.run_only for c in ports} == {"DD501": True, "DD105": True, "DD401": False}
     assert all(c.verdict == "both_arms" for c in ports)
-    ranked = rank_causes(ports + [cause("DD204", "ruled_out", "syncbn", per_rank_samples=4), cause("DD213", "possible")])
+    ranked = rank_causes(ports + [cause("DD204", "ruled_out", "syncbn", per_rank_samples=4),
+                                  cause("DD213", "possible")])
     assert [c.rule for c in ranked] == ["DD401", "DD213", "DD204", "DD105", "DD501"]
     text = headline(ranked, False)
     assert "DD401" in text and "DD105" not in text and "DD501" not in text, text

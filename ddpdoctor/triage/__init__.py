@@ -7,8 +7,8 @@
       a cause explained by another is folded through ddpdoctor.causes, the relation `check` folds findings with
     report                               check report of the as-written arm + the `triage` object
 
-Nothing in verdicts/checks/measures/model imports torch; a triage directory (`--keep-run`) holds one run directory per arm and is
-re-analysed by `ddpdoctor report DIR` like a check run.
+Nothing in verdicts/checks/measures/model imports torch; a triage directory (`--keep-run`) holds one run directory per
+arm and is re-analysed by `ddpdoctor report DIR` like a check run.
 """
 
 from __future__ import annotations

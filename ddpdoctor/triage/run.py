@@ -71,8 +71,8 @@ def _arm_settings(name: str, mirror: bool, seed: int, group_size: int | None, as
 
 def _what(name: str, mirror: bool, group_size: int | None, sync_layers: int, plain_layers: int) -> str:
     if name == "A":
-        return ("converted by ddpdoctor: convert_sync_batchnorm when DDP wraps the model (the mirror question)" if mirror
-                else f"as written: {sync_layers} SyncBatchNorm layer{'s' if sync_layers != 1 else ''}")
+        return ("converted by ddpdoctor: convert_sync_batchnorm when DDP wraps the model (the mirror question)"
+                if mirror else f"as written: {sync_layers} SyncBatchNorm layer{'s' if sync_layers != 1 else ''}")
     if name == "L":
         return "the same SyncBatchNorm layers normalising with per-rank statistics"
     if name == "P":
@@ -231,7 +231,9 @@ def _prepare_triage_dir(base: Path) -> None:
     from ddpdoctor.probe.rundir import MARKER, has_marker, mark_folder
 
     if base.is_dir() and any(p.name != MARKER for p in base.iterdir()) and not has_marker(base):
-        raise UsageError(f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder")
+        raise UsageError(
+            f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder"
+        )
     mark_folder(base, "--keep-run")
     for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
         p = base / name

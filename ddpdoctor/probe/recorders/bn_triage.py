@@ -307,12 +307,14 @@ def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> No
             continue
         pm, pv = local[n]
         gm, gv = (pooled or local)[n]
-        parts.extend([r.running_mean.detach().double().reshape(-1).cpu(), r.running_var.detach().double().reshape(-1).cpu(),
+        parts.extend([r.running_mean.detach().double().reshape(-1).cpu(),
+                      r.running_var.detach().double().reshape(-1).cpu(),
                       pm.reshape(-1).cpu(), pv.reshape(-1).cpu(), gm.reshape(-1).cpu(), gv.reshape(-1).cpu(),
                       torch.stack(means).reshape(-1).cpu()])
         entries.append({"name": n, "channels": c, "batches": len(means), "eps": float(m.eps),
                         "momentum": None if r.momentum is None else float(r.momentum),
-                        "batches_tracked": int(r.num_batches_tracked.item()) if r.num_batches_tracked is not None else None})
+                        "batches_tracked": (int(r.num_batches_tracked.item())
+                                            if r.num_batches_tracked is not None else None)})
     shift = None
     if out_running is not None and out_population is not None and out_running.shape == out_population.shape:
         a, b = out_running.detach().double(), out_population.detach().double()

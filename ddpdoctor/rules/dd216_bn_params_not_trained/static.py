@@ -143,8 +143,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
                 yield script.finding(
                     CODE,
                     line=node.lineno,
-                    message=f"`{converter}({name})` at line {node.lineno} gives the BatchNorm layers new weight/bias tensors, "
-                    f"but the optimizer built at line {opt_line} holds `{name}`'s parameters from before the "
+                    message=f"`{converter}({name})` at line {node.lineno} gives the BatchNorm layers new weight/bias "
+                    f"tensors, but the optimizer built at line {opt_line} holds `{name}`'s parameters from before the "
                     "conversion: the converted layers' affine parameters are never updated",
                     confidence=Confidence.CERTAIN if converter == APEX else Confidence.LIKELY,
                     evidence={"optimizer_line": opt_line, "convert_line": node.lineno, "converter": converter,
