@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from ddpdoctor.causes import fold_consequences
@@ -166,8 +165,7 @@ def run_check(cfg: CheckConfig) -> Report:
 
         guard = None
         if cfg.keep_run is None:
-            run_dir = Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
-            guard = Supervisor.guard([str(run_dir)])  # removes it even if this process is killed
+            run_dir, guard = Supervisor.guarded_tempdir("ddpdoctor-run-")  # removed even if this process is killed
         else:
             run_dir = cfg.keep_run
         try:
