@@ -6,15 +6,12 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from pathlib import Path
 
 from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
-from ddpdoctor.events import META_FILE
 from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
@@ -157,6 +154,8 @@ def run_check(cfg: CheckConfig) -> Report:
     environment: dict = {"nproc": cfg.nproc}
     tables: dict = {}
     if not cfg.static_only:
+        import shutil
+
         require_torch("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
@@ -218,7 +217,9 @@ def progress_display(cfg: CheckConfig, run_dir: Path):  # noqa: ANN201 - ddpdoct
 def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
     """Where `report` looks for the project's `[tool.ddpdoctor]`: beside the recorded script when it is on this
     machine, else from the current directory. Several directories (one per node): the first that names it."""
-    from ddpdoctor.events import find_run_dirs
+    import json
+
+    from ddpdoctor.events import META_FILE, find_run_dirs
 
     try:
         dirs = find_run_dirs([Path(run_dir)] if isinstance(run_dir, (str, Path)) else list(run_dir))

@@ -16,11 +16,6 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 OUTPUT_FORMATS = ("text", "json", "sarif", "github")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
@@ -108,6 +103,10 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
     """`[tool.ddpdoctor]` of a pyproject.toml, validated; {} when absent."""
     if pyproject is None:
         return {}
+    if sys.version_info >= (3, 11):  # imported here: most runs find no pyproject.toml, and its parser costs
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

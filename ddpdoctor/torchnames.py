@@ -208,6 +208,7 @@ def name_tags(ident: str | None) -> frozenset[str]:
     return frozenset()
 
 
+@lru_cache(maxsize=4096)
 def is_main_predicate(ident: str | None) -> bool:
     """`is_main_process`, `is_master`, `master_process`…: true on the main rank only."""
     return bool(ident) and bool(_MAIN_PREDICATE.match(ident.lower()))
@@ -242,6 +243,7 @@ _LR_NOT = re.compile(r"sched|decay|min_lr|lr_min|final|end_lr|warmup_lr|lr_noise
 _LOSS_NAME = re.compile(r"(^|_)loss(es)?(_|$)")
 
 
+@lru_cache(maxsize=4096)
 def is_lr_name(ident: str | None) -> bool:
     if not ident:
         return False
@@ -249,6 +251,7 @@ def is_lr_name(ident: str | None) -> bool:
     return bool(_LR_NAME.search(low)) and not _LR_NOT.search(low)
 
 
+@lru_cache(maxsize=4096)
 def is_loss_name(ident: str | None) -> bool:
     return bool(ident) and bool(_LOSS_NAME.search(ident.lower()))
 

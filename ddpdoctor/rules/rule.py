@@ -13,6 +13,7 @@ has (`static.py`, `probe.py`), so the documentation cannot claim a half that doe
 from __future__ import annotations
 
 import importlib.util
+import os
 import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,15 +32,27 @@ CATEGORIES = {
 HOOKS = ("static", "probe")
 
 
+def _blank_lines_emptied(text: str) -> list[str]:
+    """The lines of `text`, those of spaces and tabs only made empty (as `textwrap.dedent` does first)."""
+    return [line if line.strip(" \t") else "" for line in text.split("\n")]
+
+
 def prose(text: str) -> str:
-    """Dedent a triple-quoted block and join each paragraph's source lines into one line."""
-    paragraphs = textwrap.dedent(text).strip().split("\n\n")
+    """Dedent a triple-quoted block and join each paragraph's source lines into one line.
+
+    Every rule's documentation goes through here when the catalog is imported (each command, `check --static` in
+    a pre-commit hook included): the lines are stripped one by one, so only the blank lines need what
+    `textwrap.dedent` does to them, without its regular expressions."""
+    paragraphs = "\n".join(_blank_lines_emptied(text)).strip().split("\n\n")
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def snippet(text: str) -> str:
-    """Dedent a triple-quoted code snippet, keeping its lines."""
-    return textwrap.dedent(text).strip("\n")
+    """Dedent a triple-quoted code snippet, keeping its lines (`textwrap.dedent`, without its regular
+    expressions)."""
+    lines = _blank_lines_emptied(text)
+    margin = os.path.commonprefix([line[: len(line) - len(line.lstrip(" \t"))] for line in lines if line])
+    return "\n".join(line[len(margin) :] for line in lines).strip("\n")
 
 
 @lru_cache(maxsize=None)

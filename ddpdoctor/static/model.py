@@ -17,7 +17,7 @@ from typing import Any
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
-from ddpdoctor.static.engine import SourceFile
+from ddpdoctor.static.engine import SourceFile, SourceIndex
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
 
@@ -232,10 +232,19 @@ class ScriptModel:
         s = " ".join(s.split())
         return s if len(s) <= limit else s[: limit - 1] + "…"
 
+    @property
+    def index(self) -> SourceIndex:
+        """The one-walk index of the script's own tree (`engine.SourceIndex`)."""
+        return (self.file or self._own_file).index
+
+    @cached_property
+    def _own_file(self) -> SourceFile:
+        return SourceFile(self.filename, self.source, self.tree)
+
     @cached_property
     def _scan(self) -> tuple[str, frozenset[str], frozenset[str]]:
         """(identifiers and string constants lower-cased, string constants, imports) of every file read."""
-        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        files = list(self.sources.values()) or [self.file or self._own_file]
         if len(files) == 1:
             index = files[0].index
             return index.words, frozenset(index.strings), frozenset(index.imports)
@@ -249,7 +258,7 @@ class ScriptModel:
     @property
     def with_items(self) -> list[ast.withitem]:
         """The `with` items of every file read."""
-        files = list(self.sources.values()) or [self.file or SourceFile(self.filename, self.source, self.tree)]
+        files = list(self.sources.values()) or [self.file or self._own_file]
         return [item for f in files for item in f.index.with_items]
 
     @property

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn import CODE
-from ddpdoctor.static.engine.support import walk
+from ddpdoctor.static.engine.support import SourceIndex, walk
 from ddpdoctor.static.model import ScriptModel
 
 EXACT = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
@@ -82,29 +82,36 @@ def _strings(node: ast.AST) -> list[str] | None:
     return None
 
 
-def _converters(tree: ast.Module) -> set[int]:
+def _converters(index: SourceIndex) -> set[int]:
     """ids of the nodes inside functions that build SyncBatchNorm (converters select the plain layers)."""
     inside: set[int] = set()
-    for fn in walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-            isinstance(n, ast.Call) and _class_name(n.func) == "SyncBatchNorm" for n in walk(fn)
-        ):
-            inside |= {id(n) for n in walk(fn)}
+    if "SyncBatchNorm" not in index.called_names:
+        return inside  # no function of the file builds one
+    for fn in index.functions:
+        nodes = walk(fn)
+        if any(isinstance(n, ast.Call) and _class_name(n.func) == "SyncBatchNorm" for n in nodes):
+            inside |= {id(n) for n in nodes}
     return inside
 
 
-def exact_class_tests(tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """(line, source form) of every BatchNorm test by exact class in the module, outside converters."""
+def exact_class_tests(tree: ast.Module, index: SourceIndex) -> Iterator[tuple[int, str]]:
+    """(line, source form) of every BatchNorm test by exact class in the module (`index` is its tree's),
+    outside converters."""
+    if not ("isinstance" in index.called_names or "type" in index.called_names or "__class__" in index.words):
+        return  # every test below calls isinstance() or type(), or reads __class__
     constants = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
                  for t in n.targets if isinstance(t, ast.Name)}
-    skip = _converters(tree)
-    for node in walk(tree):
+    skip = _converters(index)
+    for node in index.nodes:
+        t = type(node)
+        if t is not ast.Call and t is not ast.Compare:
+            continue  # the tests below look at calls and comparisons only
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+        if t is ast.Call and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
                 and len(node.args) == 2 and _misses_syncbn(_classes(node.args[1], constants)):
             yield node.lineno, "isinstance"
-        elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+        elif t is ast.Compare and len(node.ops) == 1:
             left, op, right = node.left, node.ops[0], node.comparators[0]
             if not isinstance(op, (ast.Is, ast.Eq, ast.In, ast.IsNot, ast.NotEq, ast.NotIn)):
                 continue
@@ -121,11 +128,11 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         return
     line = (script.of("convert_syncbn") or script.of("syncbn_layer"))[0].line
     seen: set[int] = set()
-    for lineno, how in exact_class_tests(script.tree):
+    for lineno, how in exact_class_tests(script.tree, script.index):
         if lineno in seen:
             continue
         seen.add(lineno)
-        text = script.source.splitlines()[lineno - 1].strip()
+        text = script.lines[lineno - 1].strip()
         yield script.finding(
             CODE,
             line=lineno,

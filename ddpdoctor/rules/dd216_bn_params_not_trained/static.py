@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
-from ddpdoctor.static.engine.support import walk
+from ddpdoctor.static.engine.support import SourceIndex, walk
 from ddpdoctor.static.model import ScriptModel
 
 APEX = "convert_syncbn_model"
@@ -49,9 +49,12 @@ def _reuses_weight(fn: ast.FunctionDef) -> bool:
     return False
 
 
-def cloning_converters(tree: ast.Module) -> set[str]:
-    return {n.name for n in walk(tree) if isinstance(n, ast.FunctionDef) and _builds_syncbn(n)
-            and not _reuses_weight(n)}
+def cloning_converters(index: SourceIndex) -> set[str]:
+    """The file's functions that build SyncBatchNorm layers with parameters of their own."""
+    if "SyncBatchNorm" not in index.called_names:
+        return set()  # no function of the file builds one
+    return {fn.name for fn in index.functions if isinstance(fn, ast.FunctionDef) and _builds_syncbn(fn)
+            and not _reuses_weight(fn)}
 
 
 def _root(node: ast.AST) -> str | None:
@@ -105,20 +108,22 @@ def _conversion(node: ast.AST, local: set[str]) -> tuple[str, str] | None:
     return (root, name) if root else None
 
 
-def _bodies(tree: ast.Module) -> Iterator[list[ast.stmt]]:
+def _bodies(tree: ast.Module, index: SourceIndex) -> Iterator[list[ast.stmt]]:
     yield tree.body
-    for n in walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield n.body
+    for fn in index.functions:
+        yield fn.body
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
-    local = cloning_converters(script.tree)
+    index = script.index
+    local = cloning_converters(index)
+    if APEX not in index.called_names and not local & index.called_names:
+        return  # a finding is at a conversion call, and nothing in the file calls a converter
     # a statement's calls are looked at once per body that holds it (a method's in the class's module body too):
     # what each call is, is worked out once
     optimizers: dict[int, set[str]] = {}
     conversions: dict[int, tuple[str, str] | None] = {}
-    for body in _bodies(script.tree):
+    for body in _bodies(script.tree, index):
         optimised: dict[str, int] = {}
         for stmt in body:
             for node in walk(stmt):

@@ -12,7 +12,7 @@ import ast
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.registry import Call, method
 from ddpdoctor.static.apis.state import TorchState
-from ddpdoctor.static.engine.support import Args, dotted, first_const_str
+from ddpdoctor.static.engine.support import Args, dotted, first_const_str, walk
 from ddpdoctor.static.semantic import EMPTY, Family, Obj, Value, union
 
 CONVERT_NAMES = ("convert_sync_batchnorm", "convert_syncbn_model")
@@ -393,7 +393,7 @@ def class_has_bn(w: TorchState, cls_node: ast.AST, file: str) -> bool:
     memo[cls_node] = False
     defs = w.index_of(file).defs_by_name
     found = False
-    for n in ast.walk(cls_node):
+    for n in walk(cls_node):
         ident = n.id if isinstance(n, ast.Name) else (n.attr if isinstance(n, ast.Attribute) else None)
         if ident is None:
             continue

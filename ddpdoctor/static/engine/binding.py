@@ -16,7 +16,7 @@ class BindingMixin:
 
     def lookup(self, name: str, node: ast.AST) -> Value:
         frame = self.frames[-1]
-        module_frame = self.module_frame_of(frame.file)
+        module_frame = self._file_frames.get(frame.file) or self.module_frame  # module_frame_of, inlined: hot
         if name in frame.globals_declared:
             if name in module_frame.locals:
                 return self.resolve_lazy(module_frame, name)

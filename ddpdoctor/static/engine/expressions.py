@@ -98,7 +98,8 @@ class ExpressionsMixin:
         return value
 
     def ex_Name(self, node: ast.Name) -> Value:
-        return self._on_path(self.lookup(node.id, node))
+        value = self.lookup(node.id, node)
+        return value if len(value) < 2 or not self.ctx else self._on_path(value)
 
     def ex_Attribute(self, node: ast.Attribute) -> Value:
         out: list[Obj] = []

@@ -37,6 +37,7 @@ from ddpdoctor.static.engine.support import (
     VISIT_BUDGET,
     SourceFile,
     SourceIndex,
+    dotted_name,
     merge_env,
     target_ident,
 )
@@ -206,13 +207,8 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         return self.frames[-1]
 
     def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
-        obj = Obj(
-            kind=kind,
-            line=getattr(node, "lineno", 0) or 0,
-            node=node,
-            file=self.frames[-1].file if self.frames else self.source.path,
-            **kw,
-        )
+        frames = self.frames
+        obj = Obj(kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw)
         if self.ctx:
             if kind in self.PATH_KINDS:
                 path = self._path()
@@ -232,7 +228,7 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
             negated, inner = 0, test
             while isinstance(inner, ast.UnaryOp) and isinstance(inner.op, ast.Not):
                 inner, negated = inner.operand, negated ^ 1
-            key = (ast.unparse(inner), negated)
+            key = (self.source_text(inner), negated)
             self._cond_keys[id(test)] = key
         return (key[0], c.branch ^ key[1])
 
@@ -282,14 +278,22 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
     def text(self, node: ast.AST | None, limit: int = 60) -> str:
         if node is None:
             return "?"
+        cached = self.source_text(node)
+        return cached if len(cached) <= limit else cached[: limit - 1] + "…"
+
+    def source_text(self, node: ast.AST) -> str:
+        """`ast.unparse(node)`, once per node; a name or a chain of attributes on one (most of what is asked)
+        is joined directly, as unparse would write it, without building an unparser."""
         cached = self._texts.get(id(node))
         if cached is None:
-            try:
-                cached = ast.unparse(node)
-            except Exception:  # pragma: no cover - unparse handles every node the parser makes
-                cached = "?"
+            cached = dotted_name(node)
+            if cached is None:
+                try:
+                    cached = ast.unparse(node)
+                except Exception:  # pragma: no cover - unparse handles every node the parser makes
+                    cached = "?"
             self._texts[id(node)] = cached
-        return cached if len(cached) <= limit else cached[: limit - 1] + "…"
+        return cached
 
     def capped(self, value: Value) -> Value:
         """Keep every object of interest a variable may hold, but only a few plain numbers and unknowns: a
