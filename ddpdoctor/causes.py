@@ -26,6 +26,7 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -106,6 +107,19 @@ def _default_local_rank_shared(cause: Finding, consequence: Finding, findings: S
     return "every rank kept the option's default local rank, so they all bound the same device"
 
 
+def _crash_on_default_local_rank(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    """The ranks ran with the option's default (the probe neither passed nor overrode it) and the first failure is
+    a device error naming that default (`.cuda(-1)`: "... but got:-1")."""
+    if _ev(cause, "injected_by_probe") or _ev(cause, "overridden_by_probe"):
+        return None
+    defaults = {str(v.get("default")) for v in (_ev(cause, "per_rank") or {}).values() if isinstance(v, dict)}
+    root = _ev(consequence, "root_cause") or {}
+    message = str(root.get("message") or "") if isinstance(root, dict) else ""
+    value = next(iter(defaults)) if len(defaults) == 1 else None
+    named = value is not None and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.])", message)
+    if named and "device" in message.lower():
+        return f"every rank kept the option's default local rank {value}, and the device call that took it failed"
+    return None
 def _favours_syncbn(consequence: Finding) -> bool:
     """A triage verdict that the arm with per-rank statistics did worse (its running statistics lag more, its
     evaluation shifts more)."""
@@ -154,6 +168,7 @@ EXPLAINS: tuple[Explains, ...] = (
     Explains("DD104", "DD901", _rendezvous_hang),
     Explains("DD305", "DD302", _split_differs),
     Explains("DD108", "DD105", _default_local_rank_shared),
+    Explains("DD108", "DD902", _crash_on_default_local_rank),
     # triage (ddpdoctor.triage): running statistics worse with per-rank statistics, and why
     Explains("DD203", "DD213", _non_iid_per_rank),
     Explains("DD203", "DD214", _non_iid_per_rank),

@@ -12,7 +12,7 @@ from pathlib import Path
 from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
-from ddpdoctor.findings import Clearance, Finding, apply_clearances, merge_findings
+from ddpdoctor.findings import Clearance, Finding, Measurement, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
 from ddpdoctor.sourcefile import check_source_path
@@ -77,19 +77,22 @@ def merge_static_and_probe(
     probe: list[Finding],
     clearances: tuple[Clearance, ...] | list[Clearance],
     *,
+    unmeasured: tuple[Measurement, ...] | list[Measurement] = (),
     select: tuple[str, ...] = (),
     ignore: tuple[str, ...] = (),
 ) -> tuple[list[Finding], list[str]]:
     """Static findings the probe's measurements contradict are dropped (findings.Clearance), then static and probe
-    findings of the same cause are merged. Returns (findings, one note per cleared static finding); notes only
-    for the rules the report shows."""
+    findings of the same cause are merged. Returns (findings, one note per cleared static finding and per static
+    finding the probe could not measure); notes only for the rules the report shows."""
     try:
         selected = select_codes(select) if select else None
         ignored = select_codes(ignore) if ignore else set()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    shown = [c for c in clearances if (selected is None or c.rule in selected) and c.rule not in ignored]
-    kept, notes = apply_clearances(static, shown)
+    def shown(items: list) -> list:
+        return [c for c in items if (selected is None or c.rule in selected) and c.rule not in ignored]
+
+    kept, notes = apply_clearances(static, shown(clearances), shown(unmeasured))
     return merge_findings(kept + probe), notes
 
 
@@ -151,6 +154,7 @@ def run_check(cfg: CheckConfig) -> Report:
     notes.extend(analysis.notes)
     probe: list[Finding] = []
     clearances: tuple[Clearance, ...] = ()
+    unmeasured: tuple[Measurement, ...] = ()
     environment: dict = {"nproc": cfg.nproc}
     tables: dict = {}
     if not cfg.static_only:
@@ -187,12 +191,14 @@ def run_check(cfg: CheckConfig) -> Report:
                 guard.stop()
         probe = list(analysis.findings)
         clearances = analysis.clearances
+        unmeasured = analysis.unmeasured
         environment = analysis.environment
         notes.extend(analysis.notes)
         tables.update(analysis.tables)
     else:
         environment = {"nproc": cfg.nproc, "static_only": True}
-    merged, cleared = merge_static_and_probe(static, probe, clearances, select=cfg.select, ignore=cfg.ignore)
+    merged, cleared = merge_static_and_probe(static, probe, clearances, unmeasured=unmeasured, select=cfg.select,
+                                             ignore=cfg.ignore)
     notes.extend(cleared)
     kept = fold_consequences(filter_findings(merged, select=cfg.select, ignore=cfg.ignore, base_dir=Path.cwd()))
     return Report(
@@ -273,7 +279,8 @@ def report_run(
     analysis = analyze_run(dirs, overrides=overrides)
     static = load_static(dirs)
     merged, cleared = merge_static_and_probe(
-        list(static.findings), list(analysis.findings), analysis.clearances, select=select, ignore=ignore
+        list(static.findings), list(analysis.findings), analysis.clearances, unmeasured=analysis.unmeasured,
+        select=select, ignore=ignore,
     )
     kept = fold_consequences(
         filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)

@@ -1,103 +1,44 @@
 """Thin command line: parse options, build a config, call one library function, render, return an exit code.
 
 Bad input of any kind ends as one line on stderr and exit code 2, never a traceback.
-
-The parser is the standard library's argparse, built for the one command being run: `check --static` runs in
-pre-commit hooks and CI on every change, and a CLI framework that validates each option through pydantic cost
-a third of a large script's analysis before anything was read.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import List, Optional
+
+import typer
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import InternalError, UsageError
 
-PROG = "ddpdoctor"
-DESCRIPTION = "Find out why a DistributedDataParallel / SyncBatchNorm run trains worse than it should."
+app = typer.Typer(
+    name="ddpdoctor",
+    help="Find out why a DistributedDataParallel / SyncBatchNorm run trains worse than it should.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 
-class Exit(Exception):
-    """End the command with this exit code (what a command raises after rendering its report)."""
-
-    def __init__(self, code: int = 0) -> None:
-        super().__init__(code)
-        self.code = code
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddpdoctor {__version__}")
+        raise typer.Exit(0)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as a UsageError (one line, exit 2) and ends `--help` with Exit(0)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog.split(' ', 1)[-1]}: {message}" if " " in self.prog else message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
-        if message:
-            sys.stderr.write(message)
-        raise Exit(status)
-
-
-class _Help(argparse.HelpFormatter):
-    """Help that shows an option's default where it has a meaningful one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
-            text += " [default: %(default)s]"
-        return text
-
-
-def _at_least(low: float, kind: type) -> Callable[[str], float]:
-    """An argparse type: `kind(text)`, refused below `low`."""
-
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text} is below the minimum {kind(low)}")
-        return value
-
-    convert.__name__ = kind.__name__
-    return convert
-
-
-def _command(options: Callable[[argparse.ArgumentParser], object], name: str | None = None):
-    """Register a command: `options` declares its arguments on its parser, the values argparse gives them are the
-    function's keyword arguments, and its docstring is its help."""
-
-    def register(fn: Callable) -> Callable:
-        COMMANDS[name or fn.__name__] = (fn, options)
-        return fn
-
-    return register
-
-
-COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], object]]] = {}
-
-
-def _report_options(p: argparse.ArgumentParser, formats: str, output: str = "Write the report to FILE.") -> None:
-    p.add_argument("--format", dest="output_format", default="text", metavar="FORMAT", help=formats)
-    p.add_argument("--output", "-o", type=Path, default=None, metavar="FILE", help=output)
-
-
-def _selection_options(p: argparse.ArgumentParser, prefix: str = "prefix match, comma list") -> None:
-    p.add_argument("--fail-on", default=None, metavar="LEVEL", help="info|low|medium|high|critical (default medium).")
-    p.add_argument("--select", action="append", default=None, metavar="CODES", help=f"Only these rules ({prefix}).")
-    p.add_argument("--ignore", action="append", default=None, metavar="CODES", help=f"Skip these rules ({prefix}).")
-
-
-def _recipe_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-lr", type=float, default=None, help="lr of the single-process recipe.")
-    p.add_argument("--base-batch", type=int, default=None, help="Batch size of the single-process recipe.")
-    p.add_argument("--lr-scaling", default=None, help="auto | linear | sqrt | none.")
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """ddpdoctor: ranked causes, with evidence and fixes, for DDP accuracy regressions."""
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
@@ -106,7 +47,7 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
     return choice(value, allowed, option)
 
 
-def _emit(text: str, output: Path | None, *, protect=(), run_dirs=()) -> None:
+def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None:
     if output is None:
         sys.stdout.write(text)
         if not text.endswith("\n"):
@@ -119,57 +60,42 @@ def _emit(text: str, output: Path | None, *, protect=(), run_dirs=()) -> None:
     write_output(text, output, check_output(output, protected=protect, run_dirs=run_dirs))
 
 
-def _render_and_exit(report, fmt: str, output: Path | None, fail_on, *, protect=(), run_dirs=()) -> None:
+def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=()) -> None:
     from ddpdoctor.report.render import render
 
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render(report, fmt, color=color, base_dir=report.base_dir), output, protect=protect, run_dirs=run_dirs)
-    raise Exit(report.exit_code(fail_on))
+    raise typer.Exit(report.exit_code(fail_on))
 
 
-def _check_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("script", type=Path, help="The training script to diagnose (with --static: files or directories).")
-    p.add_argument("extra", nargs="*", metavar="PATH", help="With --static, more files or directories (without it, "
-                   "arguments for the script, as after `--`).")
-    p.add_argument(
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def check(
+    script: Path = typer.Argument(..., help="The training script to diagnose (with --static: files or directories)."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`; with --static, more files or directories before it.",
+        show_default=False,
+    ),
+    static: bool = typer.Option(
+        False,
         "--static",
-        action="store_true",
         help="AST analysis only (the script and the project modules it imports): never imports torch or runs "
         "anything. Takes several files or directories, as a pre-commit hook passes them.",
-    )
-    p.add_argument("--nproc", type=int, default=None, help="Ranks to launch (default 2).")
-    p.add_argument("--epochs", type=_at_least(1, int), default=2, help="Epochs observed.")
-    p.add_argument("--steps", type=_at_least(1, int), default=4, help="Steps kept per epoch.")
-    p.add_argument("--timeout", type=_at_least(1.0, float), default=120.0, help="Seconds for the whole probe.")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda.")
-    _recipe_options(p)
-    _report_options(p, "text | json | sarif | github (workflow annotations).")
-    _selection_options(p)
-    p.add_argument("--keep-run", type=Path, default=None, metavar="DIR", help="Keep the probe's event logs in DIR.")
-    p.add_argument("--quiet", "-q", action="store_true", help="No progress display on stderr while probing.")
-
-
-@_command(_check_options)
-def check(
-    script: Path,
-    extra: list[str],
-    script_args: list[str],
-    static: bool,
-    nproc: int | None,
-    epochs: int,
-    steps: int,
-    timeout: float,
-    device: str,
-    base_lr: float | None,
-    base_batch: int | None,
-    lr_scaling: str | None,
-    output_format: str,
-    output: Path | None,
-    fail_on: str | None,
-    select: list[str] | None,
-    ignore: list[str] | None,
-    keep_run: Path | None,
-    quiet: bool,
+    ),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: int = typer.Option(2, "--epochs", min=1, help="Epochs observed."),
+    steps: int = typer.Option(4, "--steps", min=1, help="Steps kept per epoch."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for the whole probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report.
 
@@ -185,7 +111,7 @@ def check(
     dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
-    extra_paths, script_args = _paths_and_script_args(static, extra, script_args)
+    extra_paths, script_args = _paths_and_script_args(static, list(script_args or ()))
     for p in extra_paths:
         if not p.exists():
             raise UsageError(f"{p}: no such file or directory")
@@ -223,49 +149,31 @@ def check(
                      run_dirs=run_dirs)
 
 
-def _triage_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("script", type=Path, help="The training script to diagnose.")
-    p.add_argument("extra", nargs="*", metavar="ARG", help="Arguments for the script (also after `--`).")
-    p.add_argument("--arms", default=None, help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size).")
-    p.add_argument("--group-size", type=_at_least(1, int), default=None, help="Ranks per SyncBN subgroup (arm G).")
-    p.add_argument(
-        "--seed", type=int, default=0, help="Seed every arm starts from (seed + rank), for scripts that set none."
-    )
-    p.add_argument("--nproc", type=int, default=None, help="Ranks to launch (default 2).")
-    p.add_argument("--epochs", type=_at_least(1, int), default=None, help="Epochs observed per arm (default 3).")
-    p.add_argument("--steps", type=_at_least(1, int), default=None, help="Steps kept per epoch (default 10).")
-    p.add_argument("--timeout", type=_at_least(1.0, float), default=120.0, help="Seconds for each arm's probe.")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda.")
-    _recipe_options(p)
-    _report_options(p, "text | json | sarif.")
-    _selection_options(p)
-    p.add_argument(
-        "--keep-run", type=Path, default=None, metavar="DIR", help="Keep every arm's run directory in DIR."
-    )
-
-
-@_command(_triage_options)
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def triage(
-    script: Path,
-    extra: list[str],
-    script_args: list[str],
-    arms: str | None,
-    group_size: int | None,
-    seed: int,
-    nproc: int | None,
-    epochs: int | None,
-    steps: int | None,
-    timeout: float,
-    device: str,
-    base_lr: float | None,
-    base_batch: int | None,
-    lr_scaling: str | None,
-    output_format: str,
-    output: Path | None,
-    fail_on: str | None,
-    select: list[str] | None,
-    ignore: list[str] | None,
-    keep_run: Path | None,
+    script: Path = typer.Argument(..., help="The training script to diagnose."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script, after `--`.", show_default=False
+    ),
+    arms: Optional[str] = typer.Option(
+        None, "--arms", help="Arms to run: A,L,P[,G] (default A,L,P; G with --group-size)."
+    ),
+    group_size: Optional[int] = typer.Option(None, "--group-size", min=1, help="Ranks per SyncBN subgroup (arm G)."),
+    seed: int = typer.Option(0, "--seed", help="Seed every arm starts from (seed + rank), for scripts that set none."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to launch (default 2)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs observed per arm (default 3)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Steps kept per epoch (default 10)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds for each arm's probe."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
+    keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
@@ -282,7 +190,7 @@ def triage(
     )
     cfg = CheckConfig(
         script=script,
-        script_args=(*extra, *script_args),
+        script_args=tuple(script_args or ()),
         nproc=opts.nproc if opts.nproc is not None else 2,
         epochs=epochs or DEFAULT_EPOCHS,
         steps=steps or DEFAULT_STEPS,
@@ -303,28 +211,20 @@ def triage(
     _render_and_exit(report, fmt, output, opts.fail_on)
 
 
-def _report_command_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
-        help="A probe run directory (from --keep-run or attach mode); a run recorded per node: its directories, or "
-        "their parent.",
-    )
-    _report_options(p, "text | json | sarif | github (workflow annotations).")
-    _selection_options(p, "prefix match")
-    _recipe_options(p)
-
-
-@_command(_report_command_options)
+@app.command()
 def report(
-    run_dirs: list[Path],
-    output_format: str,
-    output: Path | None,
-    fail_on: str | None,
-    select: list[str] | None,
-    ignore: list[str] | None,
-    base_lr: float | None,
-    base_batch: int | None,
-    lr_scaling: str | None,
+    run_dirs: List[Path] = typer.Argument(
+        ..., help="A probe run directory (from --keep-run or attach mode); a run recorded per node: its "
+        "directories, or their parent."
+    ),
+    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
+    base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
+    lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
 ) -> None:
     """Re-analyse a recorded probe run without running anything (several directories: one run, one per node)."""
     from ddpdoctor.check import findings_files, report_run, run_dir_files, run_project
@@ -367,10 +267,10 @@ def report(
     _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=run_dirs)
 
 
-@_command(
-    lambda p: p.add_argument("--format", dest="output_format", default="text", metavar="FORMAT", help="text | json.")
-)
-def rules(output_format: str) -> None:
+@app.command()
+def rules(
+    output_format: str = typer.Option("text", "--format", help="text | json."),
+) -> None:
     """List the rule catalog."""
     from ddpdoctor.report.render import render_rules
 
@@ -378,8 +278,8 @@ def rules(output_format: str) -> None:
     _emit(render_rules(fmt, color=sys.stdout.isatty()), None)
 
 
-@_command(lambda p: p.add_argument("code", help="A rule code, e.g. DD101."))
-def explain(code: str) -> None:
+@app.command()
+def explain(code: str = typer.Argument(..., help="A rule code, e.g. DD101.")) -> None:
     """Print one rule's documentation: what it detects, why it hurts accuracy, an example, the fix."""
     from ddpdoctor.rules import get_rule
 
@@ -390,32 +290,19 @@ def explain(code: str) -> None:
     _emit(rule.documentation(), None)
 
 
-def _compare_bn_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="MODULE:FACTORY returning an nn.Module.")
-    p.add_argument("--data", default=None, help="MODULE:FACTORY returning a map-style Dataset.")
-    p.add_argument("--nproc", type=_at_least(1, int), default=2, help="Ranks.")
-    p.add_argument("--batch-size", type=_at_least(1, int), default=16, help="Per-rank batch size.")
-    p.add_argument("--steps", type=_at_least(1, int), default=20, help="Train-mode forwards.")
-    p.add_argument("--shard", default="iid", help="iid | sorted | FILE (per-rank index lists, JSON).")
-    p.add_argument("--seed", type=int, default=0, help="Seed for the shuffle and the demo data.")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda.")
-    _report_options(p, "text | json.", output="Write the result to FILE.")
-    p.add_argument("--timeout", type=_at_least(1.0, float), default=300.0, help="Seconds for the whole comparison.")
-
-
-@_command(_compare_bn_options, name="compare-bn")
+@app.command("compare-bn")
 def compare_bn(
-    model: str | None,
-    data: str | None,
-    nproc: int,
-    batch_size: int,
-    steps: int,
-    shard: str,
-    seed: int,
-    device: str,
-    output_format: str,
-    output: Path | None,
-    timeout: float,
+    model: Optional[str] = typer.Option(None, "--model", help="MODULE:FACTORY returning an nn.Module."),
+    data: Optional[str] = typer.Option(None, "--data", help="MODULE:FACTORY returning a map-style Dataset."),
+    nproc: int = typer.Option(2, "--nproc", min=1, help="Ranks."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Per-rank batch size."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Train-mode forwards."),
+    shard: str = typer.Option("iid", "--shard", help="iid | sorted | FILE (per-rank index lists, JSON)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    output_format: str = typer.Option("text", "--format", help="text | json."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
     from ddpdoctor.bn.compare import CompareConfig, run_compare
@@ -438,14 +325,13 @@ def compare_bn(
     result = run_compare(cfg)
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render_compare(result, fmt, color=color), output)
+    raise typer.Exit(0)
 
 
-@_command(
-    lambda p: p.add_argument(
-        "--format", dest="output_format", default="text", metavar="FORMAT", help="text (a fenced block to paste) | json."
-    )
-)
-def env(output_format: str) -> None:
+@app.command()
+def env(
+    output_format: str = typer.Option("text", "--format", help="text (a fenced block to paste) | json."),
+) -> None:
     """Describe this machine for a bug report: ddpdoctor, Python, torch (CUDA, cuDNN, NCCL), GPUs, backends,
     MASTER_*/NCCL_* variables (no other environment variable is shown)."""
     from ddpdoctor.envinfo import collect, render_env
@@ -462,97 +348,68 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _paths_and_script_args(static: bool, before: list[str], after: list[str]) -> tuple[list[Path], list[str]]:
-    """`check`'s positional arguments after SCRIPT: with --static, those before `--` are more paths to lint and
-    those after it are for the script; without, all of them are the script's."""
+def _click_exception(exc: Exception) -> int:
+    """Click's exceptions, recognised by shape: typer vendors click in recent releases and depends on it in
+    older ones, so the classes live in different modules."""
+    kind = type(exc).__name__
+    if kind == "Exit":
+        return int(getattr(exc, "exit_code", 0) or 0)
+    if kind == "NoArgsIsHelpError":
+        sys.stdout.write(exc.format_message().rstrip() + "\n")
+        return 0
+    if kind == "Abort":
+        return _fail("aborted")
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+        lines = [ln for ln in exc.format_message().splitlines() if ln.strip()]
+        return _fail(lines[0] if lines else kind)
+    # an internal failure still gets one line, never a traceback
+    return _fail(f"internal error: {kind}: {exc}")
+
+
+_RAW_ARGS: list[str] = []
+
+
+def _paths_and_script_args(static: bool, positional: list[str]) -> tuple[list[Path], list[str]]:
+    """Split `check`'s positional arguments after SCRIPT: what follows `--` is for the script; with --static, what
+    comes before it is more paths to lint (click does not say where `--` was, so the raw arguments do)."""
+    after = _RAW_ARGS[_RAW_ARGS.index("--") + 1 :] if "--" in _RAW_ARGS else []
+    before = positional[: len(positional) - len(after)] if after else positional
     if not static:
-        return [], [*before, *after]
-    return [Path(p) for p in before], list(after)
-
-
-def _summary(fn: Callable) -> str:
-    """A command's first docstring paragraph, on one line."""
-    return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
-
-
-def _root_help() -> str:
-    width = max(len(name) for name in COMMANDS) + 2
-    lines = [
-        f"usage: {PROG} [--version] [-h] COMMAND [ARGS]...",
-        "",
-        DESCRIPTION,
-        "",
-        "commands:",
-        *(f"  {name:<{width}}{_summary(fn)}" for name, (fn, _) in COMMANDS.items()),
-        "",
-        f"`{PROG} COMMAND --help` describes a command's options.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _parameters(fn: Callable) -> tuple[str, ...]:
-    code = fn.__code__
-    return code.co_varnames[: code.co_argcount]
-
-
-def parser_for(name: str) -> argparse.ArgumentParser:
-    """The argument parser of one command (only the command being run is built)."""
-    fn, options = COMMANDS[name]
-    parser = _Parser(prog=f"{PROG} {name}", description=(fn.__doc__ or "").strip(), formatter_class=_Help,
-                     allow_abbrev=False)
-    if "script_args" in _parameters(fn):
-        parser.epilog = "Arguments after `--` are the script's own."
-    options(parser)
-    return parser
-
-
-def _run(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        sys.stdout.write(_root_help())
-        return 0
-    if args[0] == "--version":
-        sys.stdout.write(f"{PROG} {__version__}\n")
-        return 0
-    name, rest = args[0], args[1:]
-    if name not in COMMANDS:
-        what = "option" if name.startswith("-") else "command"
-        raise UsageError(f"no such {what} {name!r} (commands: {', '.join(COMMANDS)})")
-    parser = parser_for(name)
-    # options may come between positional arguments, as click allowed; SCRIPT's own arguments follow `--`
-    takes_script_args = "script_args" in _parameters(COMMANDS[name][0])
-    cut_at = rest.index("--") if takes_script_args and "--" in rest else len(rest)
-    values = vars(parser.parse_intermixed_args(rest[:cut_at]))
-    if takes_script_args:
-        values["script_args"] = rest[cut_at + 1 :]
-    COMMANDS[name][0](**values)
-    return 0
+        return [], positional
+    return [Path(p) for p in before], positional[len(before) :]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the command with one-line errors and exit code 2 for every kind of bad input.
+    """Entry point: run the app with one-line errors and exit code 2 for every kind of bad input.
 
     As the process's entry point (no `argv`), the cyclic garbage collector stays off and the process ends without
     tearing down its heap: a command runs once and exits, and what it builds (the trees and the semantic model of
     a large project) stays alive until then, so the collector would only walk it again and again, and the
     interpreter's shutdown free it object by object (together a fifth of `check --static` on a 4,000-line
     script). Everything a command opens is closed by the command itself; no atexit handler is registered."""
-    args = list(sys.argv[1:] if argv is None else argv)
     if argv is None:
         gc.disable()
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    _RAW_ARGS[:] = args
     try:
-        code = _run(args)
-    except Exit as exc:
-        code = exc.code
+        rv = command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
+        # non-standalone click returns (not raises) the code of Exit, and turns Ctrl-C into 130
+        code = _fail("interrupted") if rv == 130 else (rv if isinstance(rv, int) else 0)
     except UsageError as exc:
         code = _fail(str(exc))
     except InternalError as exc:
         code = _fail(f"internal error: {exc}")
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        code = _fail("aborted")
     except KeyboardInterrupt:
         code = _fail("interrupted")
     except BrokenPipeError:
         code = 0
-    except Exception as exc:  # noqa: BLE001 - an internal failure still gets one line, never a traceback
-        code = _fail(f"internal error: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        code = _click_exception(exc)
     if argv is None:
         _exit(code)
     return code

@@ -554,11 +554,20 @@ EVENT_KINDS: dict[str, EventKind] = {
             option_strings="declared spellings",
             default="default value",
             required="required=True",
-            value="value after parsing",
+            value="value after parsing, as torchrun leaves it (before any override)",
+            overridden_to="the rank's LOCAL_RANK the probe put in the parsed namespace instead of a default that names "
+            "no device (-1, None), as torch.distributed.launch passed it, so the run goes on; null when not overridden",
             injected="the probe passed it (legacy launcher behaviour)",
             dest="argparse destination",
             site="where add_argument declared it",
             env_local_rank="LOCAL_RANK in this process's environment",
+        ),
+        _k(
+            "parsed_args",
+            "an argparse parser parsed the command line (first parse per parser): its numeric options, so analyses "
+            "can evaluate what the script computed from them (the unscaled lr in `args.lr * args.batch_size / 256`)",
+            values="{dest: value} of the int/float options after parsing (booleans left out; first 64)",
+            site="the parse_args / parse_known_args call in user code",
         ),
         _k(
             "env_read",
@@ -631,6 +640,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "no_grad_forwards, eval_forwards}] in bn_layer order; channels 0 = no running statistics",
             stats="blob ref (float64): per layer with channels > 0, running_mean then running_var",
             no_grad_sites="[{file, line, forwards}]: model forwards with BN in training mode and no grad, per site",
+            eval_no_grad_sites="[{file, line, forwards}]: model forwards with BN in eval mode and no grad, per site "
+            "(evaluation done right: what clears a static DD207 suspicion there)",
         ),
         # --- BN conversion and applied statistics (probe/recorders/bn_conversion.py, bn_applied.py; DD208-DD212, DD216)
         _k(

@@ -12,8 +12,8 @@ from typing import Any, Iterable, Mapping
 from ddpdoctor.levels import Confidence, Severity
 from ddpdoctor.rules import get_rule
 
-__all__ = ["Clearance", "Confidence", "Finding", "SOURCES", "Severity", "merge_findings", "new_finding",
-           "rank_findings", "sort_key", "summarize"]
+__all__ = ["SOURCES", "Clearance", "Confidence", "Finding", "Measurement", "Measures", "Severity", "merge_findings",
+           "new_finding", "rank_findings", "resolve_measurements", "sort_key", "summarize"]
 
 
 SOURCES = ("static", "probe", "compare-bn")
@@ -278,6 +278,90 @@ def merge_same_site(findings: Iterable[Finding]) -> list[Finding]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Measures:
+    """What the probe half of a rule that also has a static half measures of the condition the static half
+    suspects: `probe.py`'s module-level `MEASURES`, required of every rule with both halves (tests/test_measured.py).
+
+    `scope` is "site" when the condition belongs to a place in the code (a save call, a sampler, an optimizer
+    constructor: the probe measures it where that code ran) or "run" when it is a property of the whole run (the
+    gradients were never averaged, every forward went through DDP). `what` says, in the user's words, what the probe
+    reads. In each run the analysis then calls `RunContext.measured` where it could measure the condition, or
+    `RunContext.not_measured` where it could not (the code did not run, too few steps), and the report follows:
+    a static suspicion measured and not found is dropped with the numbers (`resolve_measurements`)."""
+
+    scope: str
+    what: str
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("site", "run"):
+            raise ValueError(f"Measures.scope must be 'site' or 'run', not {self.scope!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One rule's condition measured on the ranks (`measured`), or not measurable in this run (`reason` says why),
+    at a place in the code (`file`/`line`) or for the whole run (`file` None).
+
+    A measurement with no probe finding of its rule in its scope — at its place (or whose recorded call sites
+    include it), anywhere for a run-wide one — means the probe looked and the condition was absent: it becomes a
+    `Clearance` (`resolve_measurements`). One with a probe finding there is a confirmation: the probe finding
+    carries the measurement and merges with the static one. `about` narrows which static suspicions of the rule
+    the measurement speaks to: evidence keys a static finding must have one of (empty: all of them)."""
+
+    rule: str
+    reason: str
+    measured: bool = True
+    file: str | None = None
+    line: int | None = None
+    about: tuple[str, ...] = ()
+    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def in_scope(self, f: Finding) -> bool:
+        """Whether probe finding `f` is this measurement's rule at its place: the condition was found there."""
+        if f.rule != self.rule or "probe" not in f.sources:
+            return False
+        if self.file is None:
+            return True
+        if f.file == self.file and (self.line is None or f.line == self.line):
+            return True
+        places = f.evidence.get("call_sites") or ()
+        return any(
+            isinstance(c, dict) and c.get("file") == self.file and (self.line is None or c.get("line") == self.line)
+            for c in places
+        )
+
+    def clearance(self) -> Clearance:
+        return Clearance(rule=self.rule, reason=self.reason, file=self.file, line=self.line, about=self.about,
+                         evidence=self.evidence)
+
+    def covers(self, f: Finding) -> bool:
+        return self.clearance().covers(f)
+
+    def note(self, f: Finding) -> str:
+        return f"static {f.rule} at {f.location} not measured by the probe: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "reason": self.reason, "measured": self.measured, "file": self.file,
+                "line": self.line, "about": list(self.about), "evidence": self.evidence}
+
+
+def resolve_measurements(
+    findings: Iterable[Finding], measurements: Iterable[Measurement]
+) -> tuple[list[Clearance], list[Measurement]]:
+    """(clearances, not-measured marks) from a run's measurements and its probe findings: a measured condition
+    with no probe finding of its rule in its scope was absent there."""
+    findings = list(findings)
+    clearances: list[Clearance] = []
+    unmeasured: list[Measurement] = []
+    for m in measurements:
+        if not m.measured:
+            unmeasured.append(m)
+        elif not any(m.in_scope(f) for f in findings):
+            clearances.append(m.clearance())
+    return clearances, unmeasured
+
+
+@dataclass(frozen=True, kw_only=True)
 class Clearance:
     """A rule's condition measured on the ranks and found absent at a place in the code.
 
@@ -285,13 +369,15 @@ class Clearance:
     world size", a literal lr "while nothing scales it"); the probe can measure that it did not (48 evaluation
     samples on 2 ranks, no padding). A clearance removes the static-only findings of its rule below `certain`
     confidence at its file and line (`line` None: anywhere in the file; `file` None: in any file), and the report
-    says so in a note, with the numbers in `reason`. Static findings that are certain from syntax stay.
+    says so in a note, with the numbers in `reason`. Static findings that are certain from syntax stay. `about`:
+    only static findings whose evidence has one of these keys (empty: any).
     """
 
     rule: str
     reason: str
     file: str | None = None
     line: int | None = None
+    about: tuple[str, ...] = ()
     evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def covers(self, f: Finding) -> bool:
@@ -301,31 +387,43 @@ class Clearance:
             and f.confidence < Confidence.CERTAIN
             and (self.file is None or f.file == self.file)
             and (self.line is None or f.line == self.line)
+            and (not self.about or any(k in f.evidence for k in self.about))
         )
 
     def note(self, f: Finding) -> str:
         return f"static {f.rule} at {f.location} cleared by the probe: {self.reason}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "reason": self.reason, "file": self.file, "line": self.line,
-                "evidence": self.evidence}
+        out = {"rule": self.rule, "reason": self.reason, "file": self.file, "line": self.line,
+               "evidence": self.evidence}
+        if self.about:
+            out["about"] = list(self.about)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Clearance":
         return cls(rule=data["rule"], reason=data["reason"], file=data.get("file"), line=data.get("line"),
-                   evidence=dict(data.get("evidence") or {}))
+                   about=tuple(data.get("about") or ()), evidence=dict(data.get("evidence") or {}))
 
 
-def apply_clearances(findings: Iterable[Finding], clearances: Iterable[Clearance]) -> tuple[list[Finding], list[str]]:
-    """(the findings no clearance covers, one note per finding cleared). Apply to the static findings before
-    `merge_findings`, so that a cleared static finding cannot pair up with a probe finding of another place."""
+def apply_clearances(
+    findings: Iterable[Finding], clearances: Iterable[Clearance], unmeasured: Iterable[Measurement] = ()
+) -> tuple[list[Finding], list[str]]:
+    """(the findings no clearance covers, one note per finding cleared or left unmeasured). Apply to the static
+    findings before `merge_findings`, so that a cleared static finding cannot pair up with a probe finding of
+    another place. A static finding a not-measured mark covers stays, with a note saying why the probe could not
+    settle it."""
     clearances = list(clearances)
+    unmeasured = list(unmeasured)
     kept: list[Finding] = []
     notes: list[str] = []
     for f in findings:
         by = next((c for c in clearances if c.covers(f)), None)
         if by is None:
             kept.append(f)
+            why = next((m for m in unmeasured if m.covers(f)), None)
+            if why is not None:
+                notes.append(why.note(f))
         else:
             notes.append(by.note(f))
     return kept, list(dict.fromkeys(notes))

@@ -113,6 +113,46 @@ def test_dd108_legacy_local_rank_measured_as_under_torchrun() -> None:
     assert top.rule == "DD108" and [c.finding.rule for c in top.consequences] == ["DD105"]
 
 
+def test_dd108_default_minus_one_is_measured_then_overridden_so_the_run_goes_on() -> None:
+    """torchrun leaves the legacy option at -1 on every rank (`.cuda(-1)` would raise before the first step): the
+    probe records that, gives each rank its LOCAL_RANK as the legacy launcher did, and measures the rest."""
+    found = _probe("legacy_local_rank_minus_one")
+    f = found["DD108"]
+    assert f.evidence["per_rank"] == {"0": {"default": -1, "value": -1, "LOCAL_RANK": "0"},
+                                      "1": {"default": -1, "value": -1, "LOCAL_RANK": "1"}}
+    assert f.evidence["overridden_by_probe"] == {"0": 0, "1": 1} and not f.evidence["injected_by_probe"]
+    assert "parsed --local_rank=-1 and never read LOCAL_RANK" in f.message and "-1 names no GPU" in f.message
+    assert "the probe then gave each rank its LOCAL_RANK instead (rank 0: 0, rank 1: 1)" in f.message
+    assert not {"DD902", "DD105", "DD904"} & set(found)
+    report = report_run(RUNS / "probe_legacy_local_rank_minus_one")
+    (dd108,) = [f for f in report.ranked() if f.rule == "DD108"]
+    assert dd108.sources == ("static", "probe")
+    steps = {row[0]: row[3] for row in report.tables["ranks"]["rows"]}
+    assert steps == {0: 8, 1: 8}
+
+
+def test_dd108_silent_when_the_script_falls_back_to_local_rank_itself() -> None:
+    result = analyze_run(RUNS / "probe_legacy_local_rank_env_fallback")
+    assert not {"DD108", "DD105", "DD902"} & {f.rule for f in result.findings}
+    assert not load_static_findings(RUNS / "probe_legacy_local_rank_env_fallback") or not [
+        f for f in load_static_findings(RUNS / "probe_legacy_local_rank_env_fallback") if f.rule == "DD108"]
+
+
+def test_dd202_on_shuffle_bn_keeps_per_gpu_bn_and_asks_for_a_larger_batch() -> None:
+    """MoCo-v1-style shuffle-BN needs per-GPU statistics: the small per-GPU batch is still reported, but the fix
+    must not recommend SyncBatchNorm; a plain small per-GPU batch keeps the SyncBatchNorm advice."""
+    found = _probe("shuffle_bn")
+    f = found["DD202"]
+    shuffle = f.evidence["batch_shuffle"]
+    assert shuffle["permutation"] == 8 and shuffle["gather_op"] == "all_gather"
+    assert (shuffle["gather_site"]["line"], shuffle["broadcast_site"]["line"]) == (19, 29)
+    assert "shuffle-BN" in f.message and "not SyncBatchNorm" in f.message
+    assert f.fix.startswith("Keep per-GPU BatchNorm") and "would undo the shuffle" in f.fix
+    assert "DD207" not in found
+    plain = _probe("device_bound")["DD202"]
+    assert "batch_shuffle" not in plain.evidence and "nn.SyncBatchNorm" in plain.fix
+
+
 def test_dd108_silent_when_a_helper_reads_local_rank() -> None:
     result = analyze_run(RUNS / "probe_local_rank_from_helper")
     assert not {"DD108", "DD105"} & {f.rule for f in result.findings}

@@ -53,6 +53,22 @@ def test_dd110_folds_dd203_only_when_the_replicas_diverged() -> None:
     assert [f.rule for f in out] == ["DD110", "DD203"] and not out[0].consequences
 
 
+def test_dd108_folds_a_crash_on_the_default_local_rank_unless_the_probe_overrode_it() -> None:
+    per_rank = {str(r): {"default": -1, "value": -1, "LOCAL_RANK": str(r)} for r in (0, 1)}
+    crash = make("DD902", Severity.CRITICAL, evidence={"root_cause": {
+        "type": "RuntimeError", "message": "Expected a torch.device with a specified index or an integer, but got:-1"}})
+    cause = make("DD108", Severity.MEDIUM, evidence={"per_rank": per_rank, "injected_by_probe": False,
+                                                     "overridden_by_probe": {}})
+    (top,) = fold_consequences([crash, cause])
+    assert top.rule == "DD108" and top.severity == Severity.CRITICAL
+    assert [c.finding.rule for c in top.consequences] == ["DD902"] and "-1" in top.consequences[0].because
+
+    other = make("DD902", Severity.CRITICAL, evidence={"root_cause": {"type": "KeyError", "message": "'lr'"}})
+    assert [f.rule for f in fold_consequences([other, cause])] == ["DD902", "DD108"]
+    overridden = make("DD108", Severity.MEDIUM, evidence={"per_rank": per_rank, "overridden_by_probe": {"0": 0}})
+    assert [f.rule for f in fold_consequences([crash, overridden])] == ["DD902", "DD108"]
+
+
 def test_chains_nest_and_the_cause_takes_the_worst_severity() -> None:
     relation = (
         Explains("DD305", "DD302", lambda c, y, fs: "split"),

@@ -188,6 +188,19 @@ def test_legacy_local_rank_script_runs_as_under_torchrun(probe) -> None:
     assert any("nccl→gloo" in n for n in report["notes"])
 
 
+def test_legacy_local_rank_default_minus_one_is_overridden_and_the_run_measured(probe) -> None:
+    """Live, so that the recorder's attribution is what is tested: an env read made while torch is imported (an
+    import hook) is not the script reading LOCAL_RANK, and `os.environ.get` in the fallback script is."""
+    report, _, _ = probe("legacy_local_rank_minus_one")
+    f = _by_rule(report)["DD108"]
+    assert f["sources"] == ["static", "probe"] and f["evidence"]["overridden_by_probe"] == {"0": 0, "1": 1}
+    assert "DD902" not in _by_rule(report)
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8
+    fallback, _, _ = probe("legacy_local_rank_env_fallback")
+    assert "DD108" not in _by_rule(fallback)
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

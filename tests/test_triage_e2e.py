@@ -36,7 +36,7 @@ CASES = {
     "accumulation4": (("likely", "DD215", None), set(), []),
     "clean": (None, set(), []),
     "plain_bn_small": (("ruled_out", "DD204", "syncbn"), set(), []),
-    "port_checkpoint": (("both_arms", "DD501", None), set(), []),
+    "port_checkpoint": (("ruled_out", "DD204", "syncbn"), set(), []),
 }
 SPEC_CAUSE_KEYS = {"cause", "rule", "verdict", "favours", "measured", "message", "fix"}
 
@@ -91,6 +91,10 @@ def test_triage_fixture_verdict(tmp_path: Path, name: str) -> None:
         assert tri["headline"].startswith("No SyncBN-specific defect found"), tri["headline"]
         answer_ends = min(i for i in (tri["headline"].find(";"), tri["headline"].find(":")) if i > 0)
         assert tri["headline"].index(first["rule"]) > answer_ends, tri["headline"]
+    if name == "port_checkpoint":  # a port problem that cannot change accuracy: a row, not the answer
+        dd501 = next(c for c in tri["causes"] if c["rule"] == "DD501")
+        assert dd501["verdict"] == "both_arms" and "does not change what either arm learns" in dd501["message"]
+        assert "DD501" not in tri["headline"] and tri["headline"].endswith("the regression is elsewhere."), tri
     if name in ("torch_syncbn_unequal", "naive_syncbn"):
         verdicts = applied_verdicts(keep / "arm-A")
         assert verdicts and all(v.measured_channels > 0 for v in verdicts)

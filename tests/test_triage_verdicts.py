@@ -175,3 +175,26 @@ def test_triage_missing_script_exits_2(capsys, tmp_path):
 
     assert main(["triage", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_port_cause_that_cannot_change_accuracy_is_a_row_not_the_answer():
+    """SimSiam on the torchrun path once got "the regression is elsewhere: device-not-bound (DD105) and
+    module-prefix-checkpoint (DD501)": real problems in both arms, but neither changes what the arms learn."""
+    from ddpdoctor.triage.model import Arm
+    from ddpdoctor.triage.verdicts import port_causes
+
+    def finding(rule: str, severity: Severity) -> Finding:
+        return Finding(rule=rule, severity=severity, confidence=Confidence.CERTAIN, message=f"{rule} seen", fix="f",
+                       sources=("probe",))
+
+    seen = [finding("DD501", Severity.MEDIUM), finding("DD105", Severity.HIGH), finding("DD401", Severity.HIGH)]
+    a = Arm(name="A", what="as written", ctx=None, findings=seen, as_written=True)
+    p = Arm(name="P", what="plain", ctx=None, findings=seen, as_written=False)
+    ports = port_causes(a, p)
+    assert {c.rule: c.run_only for c in ports} == {"DD501": True, "DD105": True, "DD401": False}
+    assert all(c.verdict == "both_arms" for c in ports)
+    ranked = rank_causes(ports + [cause("DD204", "ruled_out", "syncbn", per_rank_samples=4), cause("DD213", "possible")])
+    assert [c.rule for c in ranked] == ["DD401", "DD213", "DD204", "DD105", "DD501"]
+    text = headline(ranked, False)
+    assert "DD401" in text and "DD105" not in text and "DD501" not in text, text
+    assert "does not change what either arm learns" in ranked[-1].message

@@ -21,7 +21,7 @@ from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
-from ddpdoctor.findings import Clearance, Finding
+from ddpdoctor.findings import Clearance, Finding, Measurement, resolve_measurements
 from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
 
@@ -36,6 +36,8 @@ class AnalysisResult:
     findings: tuple[Finding, ...] = ()
     # conditions the probe measured and found absent: they drop static findings of the rule (findings.Clearance)
     clearances: tuple[Clearance, ...] = ()
+    # conditions the probe could not measure in this run, and why: the static findings there stay, with a note
+    unmeasured: tuple[Measurement, ...] = ()
     environment: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     tables: dict[str, Any] = field(default_factory=dict)
@@ -92,9 +94,11 @@ def analyze_context(ctx: RunContext) -> AnalysisResult:
         except Exception as exc:  # one broken analysis must not hide the others' findings
             ctx.notes.append(f"analysis {module.CODE} failed: {type(exc).__name__}: {exc}")
     summary.add_notes_and_tables(ctx, findings)
+    measured_absent, unmeasured = resolve_measurements(findings, ctx.measurements)
     return AnalysisResult(
         findings=tuple(findings),
-        clearances=tuple(ctx.clearances),
+        clearances=(*ctx.clearances, *measured_absent),
+        unmeasured=tuple(unmeasured),
         environment=summary.environment(ctx),
         notes=tuple(ctx.notes),
         tables=ctx.tables,

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from ddpdoctor.errors import PEER_ERROR_MARKERS
 from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
-from ddpdoctor.findings import Clearance, Confidence, Finding, Severity, new_finding
+from ddpdoctor.findings import Clearance, Confidence, Finding, Measurement, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.records import LaunchRecord
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
@@ -58,6 +58,8 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     tables: dict[str, Any] = field(default_factory=dict)
     clearances: list[Clearance] = field(default_factory=list)
+    # where each rule's probe half measured (or could not measure) the condition its static half suspects
+    measurements: list[Measurement] = field(default_factory=list)
     # what several analyses derive once from the run (outcome.timeout_view, source texts)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -257,3 +259,52 @@ class RunContext:
         findings.Clearance): static findings of the rule there, below certain confidence, are dropped."""
         file, line = self.where(site)
         self.clearances.append(Clearance(rule=rule, reason=reason, file=file, line=line, evidence=evidence or {}))
+
+    def measured(
+        self,
+        rule: str,
+        *,
+        reason: str,
+        site: dict[str, Any] | None = None,
+        run_wide: bool = False,
+        about: tuple[str, ...] = (),
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        """The probe measured `rule`'s condition at `site` (a recorded call site), or over the whole run
+        (`run_wide`), with the numbers in `reason` ("3 saves, all by rank 0"). Whether it found the condition is
+        what the analysis returns: no finding of `rule` there makes this a clearance of the static suspicions of the
+        rule there (findings.resolve_measurements); a finding there is the confirmation. Call it wherever the
+        measurement was possible, found or not."""
+        file, line = (None, None) if run_wide else self.where(site)
+        self.measurements.append(Measurement(rule=rule, reason=reason, file=file, line=line, about=about,
+                                             evidence=evidence or {}))
+
+    def not_measured(
+        self,
+        rule: str,
+        *,
+        reason: str,
+        site: dict[str, Any] | None = None,
+        run_wide: bool = False,
+        about: tuple[str, ...] = (),
+    ) -> None:
+        """The probe could not measure `rule`'s condition in this run (`reason`: the code did not run, too few
+        steps): a static suspicion there stays, and the report says why the probe could not settle it."""
+        file, line = (None, None) if run_wide else self.where(site)
+        self.measurements.append(Measurement(rule=rule, reason=reason, measured=False, file=file, line=line,
+                                             about=about))
+
+    def static_sites(self, rule: str) -> list[dict[str, Any]]:
+        """The static findings of `rule` recorded with the run (static.json), as sites: {file, line, confidence,
+        evidence}. What a probe half reads to measure the places static analysis suspected (did that line run?)."""
+        out = []
+        for f in self.run.static.findings if self.run.static else ():
+            if f.rule == rule and f.line:
+                out.append({"file": f.file, "line": f.line, "confidence": f.confidence.value,
+                            "evidence": dict(f.evidence or {})})
+        return out
+
+    def ran_at(self, site: dict[str, Any], recorded: Iterable[dict[str, Any] | None]) -> bool:
+        """Whether `site` (a static finding's file and line) is one of the `recorded` call sites."""
+        want = (site.get("file"), site.get("line"))
+        return any(r and self.where(r) == want for r in recorded)

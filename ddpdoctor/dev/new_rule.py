@@ -144,7 +144,16 @@ def check(script: ScriptModel) -> Iterator[Finding]:
 '''
 
 
-def _probe(r: NewRule) -> str:
+def _probe(r: NewRule, *, with_static: bool = False) -> str:
+    measures = '''
+
+# what the run shows of the condition static.py suspects (tests/test_measured.py requires it of a rule with both
+# halves): call ctx.measured(CODE, site=..., reason="the numbers") where the run settled it, found or not (no finding
+# there drops the static suspicion with that note), and ctx.not_measured(CODE, site=..., reason="why") where it could
+# not (the code did not run)
+MEASURES = Measures(scope="site", what="TODO: what the probe reads of the condition, in the user's words")
+''' if with_static else ""
+    imports = "Finding, Measures" if with_static else "Finding"
     return f'''"""{r.code} {r.name}: TODO one line.
 
 What it does: TODO: the events it reads (ddpdoctor/events.py documents every kind; a new measurement needs a
@@ -154,9 +163,9 @@ recorder and a documented kind) and when it fires.
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import {imports}
 from ddpdoctor.rules.{r.package} import CODE
-
+{measures}
 
 def analyze(ctx: RunContext) -> list[Finding]:
     findings: list[Finding] = []
@@ -383,7 +392,7 @@ def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: st
             path = root / "fixtures" / "static" / code / f"{'bad' if bad else 'good'}_{r.stem}.py"
             files[path] = _static_fixture(r, bad)
     if probe:
-        files[pkg_dir / "probe.py"] = _probe(r)
+        files[pkg_dir / "probe.py"] = _probe(r, with_static=static)
         for bad in (True, False):
             path = root / "fixtures" / "probe" / code.lower() / f"{'bad' if bad else 'good'}_{r.stem}.py"
             files[path] = _probe_fixture(r, bad)

@@ -25,7 +25,10 @@ from ddpdoctor.formatting import fmt_measure as fmt_num
 from ddpdoctor.rules import get_rule
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
-from ddpdoctor.rules.dd214_bn_train_test_inconsistency import SHIFT_LIKELY, SHIFT_POSSIBLE
+from ddpdoctor.rules.dd214_bn_train_test_inconsistency import (
+    SHIFT_LIKELY,
+    SHIFT_POSSIBLE,
+)
 from ddpdoctor.triage.model import Arm, Cause, rounded
 
 SMALL_BATCH = SMALL_BN_BATCH  # per-rank samples below which local BN statistics are noisy (DD202's threshold)

@@ -9,7 +9,9 @@
   conversion defect decides whether A's and P's statistics may be compared (without arm L they differ by the defect
   too), and the non-i.i.d. verdict decides how the noise is read;
 - port problems (`port_causes`): the as-written arm's check findings that are not about SyncBN; found in both arms
-  they are BOTH ARMS — they cannot explain a gap between the arms.
+  they are BOTH ARMS — they cannot explain a gap between the arms. Those that only make a run crash, hang, run
+  slower or put its files at risk (model.RUN_ONLY: device binding, checkpoint keys...) rank with the low ones and
+  are never named as where the regression is: they change neither what the arms learn nor the score reported.
 
 A cause explained by another on this run's evidence (running statistics worse with per-rank statistics, because
 per-rank batches are small or the shards non-i.i.d.; a port finding explained by another) is folded under it
@@ -29,8 +31,22 @@ from ddpdoctor.causes import explained_by
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules import get_rule
 from ddpdoctor.triage.checks import attribute_causes, conversion_causes, pairing
-from ddpdoctor.triage.measures import accumulation_cause, noise_cause, noniid_cause, running_stats_causes
-from ddpdoctor.triage.model import SYNCBN_ONLY, TRIAGE_RULES, Arm, Cause, TriageResult, clip, small
+from ddpdoctor.triage.measures import (
+    accumulation_cause,
+    noise_cause,
+    noniid_cause,
+    running_stats_causes,
+)
+from ddpdoctor.triage.model import (
+    RUN_ONLY,
+    SYNCBN_ONLY,
+    TRIAGE_RULES,
+    Arm,
+    Cause,
+    TriageResult,
+    clip,
+    small,
+)
 
 TIERS = {"confirmed": 0, "both_arms_high": 1, "likely": 2, "possible": 3, "ruled_out_favouring": 4,
          "both_arms_low": 5, "not_measurable": 6, "ruled_out": 7}
@@ -51,7 +67,12 @@ def port_causes(written: Arm, other: Arm | None) -> list[Cause]:
             continue
         seen.add(f.rule)
         both = other is None or f.rule in other_rules
-        if both:
+        run_only = f.rule in RUN_ONLY
+        if both and run_only:
+            verdict, favours = "both_arms", "none"
+            message = (f.message + " — in both arms; it does not change what either arm learns "
+                       f"({RUN_ONLY[f.rule]}), so it cannot explain a gap in their scores")
+        elif both:
             verdict, favours = "both_arms", "none"
             message = f.message + " — this hurts both arms, so it cannot explain a gap between them"
         else:
@@ -61,7 +82,7 @@ def port_causes(written: Arm, other: Arm | None) -> list[Cause]:
         out.append(Cause(cause=get_rule(f.rule).name, rule=f.rule, verdict=verdict, favours=favours,
                          measured={"summary": clip(f.message), **small(dict(list(f.evidence.items())[:8]))},
                          message=message, fix=f.fix, severity=f.severity, magnitude=f.magnitude, file=f.file,
-                         line=f.line, port=True, source=f))
+                         line=f.line, port=True, run_only=run_only, source=f))
     return out
 
 
@@ -70,7 +91,7 @@ def port_causes(written: Arm, other: Arm | None) -> list[Cause]:
 
 def tier(c: Cause) -> int:
     if c.verdict == "both_arms":
-        return TIERS["both_arms_high" if c.severity >= Severity.MEDIUM else "both_arms_low"]
+        return TIERS["both_arms_high" if c.severity >= Severity.MEDIUM and not c.run_only else "both_arms_low"]
     if c.verdict == "ruled_out" and c.favours != "none":  # evidence for one arm ("SyncBN is right here")
         return TIERS["ruled_out_favouring"]
     return TIERS[c.verdict]
@@ -143,7 +164,8 @@ def headline(causes: list[Cause], mirror: bool) -> str:
     the regression is instead, never in its place."""
     roots = [c for c in causes if c.explained_by is None]
     bn = [c for c in roots if not c.port]
-    port = [c for c in roots if c.port and c.verdict == "both_arms" and c.severity >= Severity.MEDIUM]
+    port = [c for c in roots if c.port and c.verdict == "both_arms" and c.severity >= Severity.MEDIUM
+            and not c.run_only]
     verb, it = ("hurts", "it") if len(port) == 1 else ("hurt", "them")
     elsewhere = f"the regression is elsewhere: {_names(port)} {verb} both arms — fix {it} first" if port else ""
     beside = f"beside it, {_names(port)} {verb} both arms" if port else ""

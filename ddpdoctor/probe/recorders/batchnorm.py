@@ -106,6 +106,10 @@ class _State:
         # per outermost module (a model and its EMA/teacher copy are two): the layer whose no-grad forwards count
         # that model's forwards
         self.no_grad_first: dict[int, int] = {}
+        # evaluation done right: model forwards with gradients off and BatchNorm in eval mode, per call site (what
+        # clears a static DD207 suspicion there)
+        self.eval_sites: dict[tuple[str, int], int] = {}
+        self.eval_first: dict[int, int] = {}
         self.flushed_steps = 0
         self.names: set[str] = set()
 
@@ -167,6 +171,10 @@ def _forward(
         layer.modes.append(mode)
     if not training:
         layer.eval_forwards += 1
+        if not grad:
+            root = layer.root_ref() if layer.root_ref is not None else None
+            if state.eval_first.setdefault(id(root) if root is not None else -1, layer.index) == layer.index:
+                _note_eval(state, call_codes)
         return
     if grad:
         layer.train_forwards += 1
@@ -315,6 +323,16 @@ def _outermost_call(call_codes: set) -> tuple[Any, dict[str, Any] | None, bool]:
             return root, {"file": code.co_filename, "line": f.f_lineno, "function": code.co_name}, direct
         f = f.f_back
     return root, None, direct
+
+
+def _note_eval(state: _State, call_codes: set) -> None:
+    """A no-grad model forward with BatchNorm in eval mode, counted per user call site (first NO_GRAD_SITES)."""
+    _, site, _ = _outermost_call(call_codes)
+    if site is None:
+        return
+    key = (site["file"], site["line"])
+    if key in state.eval_sites or len(state.eval_sites) < NO_GRAD_SITES:
+        state.eval_sites[key] = state.eval_sites.get(key, 0) + 1
 
 
 def _note_no_grad(probe: Probe, state: _State, module: Any, torch: Any, call_codes: set) -> None:
@@ -546,4 +564,6 @@ def _final(probe: Probe, state: _State, torch: Any, reason: str) -> None:
             vec = torch.cat(parts).cpu()
             ref = probe.blob(vec.numpy().tobytes(), dtype="float64", count=int(vec.numel()))
     no_grad = [{"file": f, "line": line, "forwards": n} for (f, line), n in state.no_grad_sites.items()]
-    probe.emit("bn_final", step=probe.steps, reason=reason, layers=layers, stats=ref, no_grad_sites=no_grad)
+    evals = [{"file": f, "line": line, "forwards": n} for (f, line), n in state.eval_sites.items()]
+    probe.emit("bn_final", step=probe.steps, reason=reason, layers=layers, stats=ref, no_grad_sites=no_grad,
+               eval_no_grad_sites=evals)

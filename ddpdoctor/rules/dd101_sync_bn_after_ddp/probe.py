@@ -13,15 +13,37 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, pct
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd101_sync_bn_after_ddp import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="each convert_sync_batchnorm call that ran: whether a DDP already held the model it converted",
+)
 
 
 def _layers(n: object) -> str:
     return f"{n} SyncBatchNorm layer runs" if n == 1 else f"{n} SyncBatchNorm layers run"
 
 
+def _measure_conversions(ctx: RunContext) -> None:
+    """Conversions that ran on a model no DDP held yet: the documented order, measured at their call site."""
+    wraps = [e for _, e in ctx.run.events("ddp_init") if e.get("ok")]
+    done: set[tuple] = set()
+    for _, e in ctx.run.events("sync_bn_convert"):
+        key = ctx.where(e.get("site"))
+        if e.get("arg_is_ddp") or e.get("owned_by_ddp") or key in done:
+            continue
+        done.add(key)
+        after = f"; DDP wrapped it afterwards at {ctx.at(wraps[0].get('site'))}" if wraps else ""
+        ctx.measured(CODE, site=e.get("site"), reason=(
+            f"convert_sync_batchnorm at {ctx.at(e.get('site'))} ran on a {e.get('arg_class')} that no DDP held yet "
+            f"({e.get('converted')} BatchNorm layers converted){after}"
+        ))
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
+    _measure_conversions(ctx)
     converts = [(p, e) for p, e in ctx.run.events("sync_bn_convert") if e.get("arg_is_ddp") or e.get("owned_by_ddp")]
     registered = list(ctx.run.events("syncbn_registered_in_ddp"))
     if not converts and not registered:

@@ -3,14 +3,23 @@
 What it does: counts, per rank, the training-mode forwards (grad enabled, module in train mode) of modules owned by
 a DDP that ran outside DDP's forward, against the forwards that went through DDP, during the optimizer steps the
 probe observed. Without DDP's forward the reducer never all-reduces the gradients: every rank steps on its own
-gradient and the replicas drift apart (DD103 measures how far).
+gradient and the replicas drift apart (DD103 measures how far). A bypassing forward that no optimizer step
+followed (a validation pass through the wrapped module after the last step) trains nothing.
+
+Run-wide measurement: when the ranks took optimizer steps with a DDP model and none of those steps followed a
+forward that bypassed DDP, a static DD102 suspicion is dropped with the counts.
 """
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd102_forward_bypasses_ddp import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="the training forwards before each optimizer step: through DDP's forward, or around it",
+)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -27,13 +36,12 @@ def analyze(ctx: RunContext) -> list[Finding]:
             per_rank[r] = {"steps": len(steps), "bypass_forwards": bypass, "ddp_forwards": through,
                            "sites": [ctx.at(e.get("site")) for e in events][:5],
                            "modules": sorted({e.get("module_class") for e in events if e.get("module_class")})}
-    if not per_rank or first_event is None:
+    if not per_rank or first_event is None or not any(v["bypass_forwards"] for v in per_rank.values()):
+        _measure_clean(ctx, per_rank)
         return []
     steps_total = sum(v["steps"] for v in per_rank.values())
     bypass_total = sum(v["bypass_forwards"] for v in per_rank.values())
     through_total = sum(v["ddp_forwards"] for v in per_rank.values())
-    if steps_total == 0 and bypass_total == 0:
-        return []
     module = first_event.get("module_class") or "module"
     path = first_event.get("module_path")
     what = f"the wrapped {module}" if not path else f"{module} '{path}' inside the DDP model"
@@ -65,3 +73,23 @@ def analyze(ctx: RunContext) -> list[Finding]:
             magnitude=float(bypass_total),
         )
     ]
+
+
+def _measure_clean(ctx: RunContext, bypassing: dict) -> None:
+    """Every optimizer step of a DDP run followed forwards through DDP only: the condition was measured absent."""
+    if not any(e.get("ok") for _, e in ctx.run.events("ddp_init")):
+        return  # no DDP: DD110's question, not this one
+    steps = {r: p.of("optimizer_step") for r, p in ctx.ranks.items()}
+    n = sum(len(s) for s in steps.values())
+    if not n:
+        ctx.not_measured(CODE, run_wide=True, reason="no optimizer step was observed")
+        return
+    through = sum(int(e.get("ddp_forwards") or 0) for s in steps.values() for e in s)
+    after = ""
+    if bypassing:
+        sites = sorted({s for v in bypassing.values() for s in v["sites"]})
+        after = f"; the forwards at {', '.join(sites[:3])} that ran outside DDP were followed by no optimizer step"
+    ctx.measured(CODE, run_wide=True, reason=(
+        f"all {through} training forwards before the {n} optimizer steps on {fmt_ranks(steps)} went through DDP's "
+        f"forward, none around it{after}"
+    ), evidence={"optimizer_steps": n, "ddp_forwards": through})

@@ -3,6 +3,10 @@
 What it does: compares what each process passed to init_process_group with what the launcher assigned. When the
 probe overrode the values (to keep measuring past this fatal bug) the finding says so; when processes claimed the
 same rank without an override (a self-spawning script) or the rendezvous failed, it reports the collision.
+
+Measured at the init_process_group call: when every process passed its own rank (or none, taking the launcher's),
+a static suspicion of a rank that cannot differ per process is dropped with the ranks each passed. A literal world
+size is not measured by one run: the probe launches as many processes as the script expects.
 """
 
 from __future__ import annotations
@@ -10,8 +14,35 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd104_hardcoded_rank import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the rank (and world size) each process passed to init_process_group, against the launcher's",
+)
+
+
+def _measure_distinct_ranks(ctx: RunContext, begins: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Every process passed a rank of its own (or none): the rank was measured to differ per process."""
+    by_site: dict[tuple, list[dict[str, Any]]] = {}
+    for _, e in begins:
+        by_site.setdefault(ctx.where(e.get("site")), []).append(e)
+    for calls in by_site.values():
+        if len(calls) < 2 or any("rank" in (e.get("overridden") or {}) for e in calls):
+            continue
+        given = [e.get("rank_arg") for e in calls]
+        if any(isinstance(g, int) and g >= 0 for g in given):
+            ints = [g for g in given if isinstance(g, int) and g >= 0]
+            if len(set(ints)) != len(ints):
+                continue
+            what = f"ranks {', '.join(map(str, sorted(ints)))}"
+        else:
+            what = "no rank (each took the launcher's RANK)"
+        ctx.measured(CODE, site=calls[0].get("site"), about=("literal_rank",), reason=(
+            f"the {len(calls)} processes that called init_process_group at {ctx.at(calls[0].get('site'))} passed "
+            f"{what}: one rank each"
+        ), evidence={"rank_args": given})
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -24,6 +55,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         if e.get("overridden") and ctx.world_size_from_device_count(p, e) else (p, e)
         for p, e in begins
     ]
+    _measure_distinct_ranks(ctx, begins)
     overridden = [(p, e) for p, e in begins if e.get("overridden")]
     if overridden:
         given_rank = sorted({e["overridden"]["rank"][0] for _, e in overridden if "rank" in e["overridden"]})

@@ -13,8 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Clearance, Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd105_device_not_bound import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="the (emulated) GPU each rank's DDP replica and first batch were on",
+)
 
 
 def placements(ctx: RunContext) -> dict[int, dict[str, Any]]:
@@ -55,8 +60,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if not clash:
         devices = ", ".join(f"rank {r} {v['params']}" for r, v in sorted(cuda.items()))
         # wherever the static rule looked (the script or a project module), the binding happened
-        ctx.clearances.append(Clearance(rule=CODE, reason=f"each rank held its replica on its own device ({devices})",
-                                        evidence=evidence))
+        ctx.measured(CODE, run_wide=True, reason=f"each rank held its replica on its own device ({devices})",
+                     evidence=evidence)
         return []
     (_host, device), ranks = max(clash.items(), key=lambda kv: len(kv[1]))
     inputs_too = all(cuda[r].get("inputs") == device for r in ranks)

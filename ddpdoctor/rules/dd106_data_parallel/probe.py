@@ -6,6 +6,9 @@ per replica, in replica order. From the per-chunk moments it rebuilds the whole 
 Chan's formula) and measures how far replica 0's chunk — the only one whose statistics reach the running
 mean/variance — is from them: the mean in units of the batch's standard deviation (RMS over channels), the
 variance as a relative error, averaged over the recorded steps.
+
+Measured at each nn.DataParallel line static analysis flagged: a wrap no process built while the ranks trained (the
+non-distributed branch of a script launched distributed) is dropped, naming what the ranks trained instead.
 """
 
 from __future__ import annotations
@@ -16,10 +19,34 @@ import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd106_data_parallel import CODE
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+
+MEASURES = Measures(
+    scope="site",
+    what="every nn.DataParallel the ranks built: its replicas, chunks and BatchNorm statistics",
+)
+
+
+def _measure_not_built(ctx: RunContext) -> None:
+    """Static DataParallel lines that no process executed while the ranks trained."""
+    built = [e.get("site") for _, e in ctx.run.events("data_parallel_init")]
+    steps = {r: ctx.steps_of(r) for r in ctx.ranks}
+    ddp = next((e for _, e in ctx.run.events("ddp_init") if e.get("ok")), None)
+    for site in ctx.static_sites(CODE):
+        if ctx.ran_at(site, built):
+            continue
+        if not any(steps.values()):
+            ctx.not_measured(CODE, site=site, reason="no optimizer step was observed")
+            continue
+        instead = (f"through DistributedDataParallel ({ctx.at(ddp.get('site'))})" if ddp
+                   else "without it")
+        ctx.measured(CODE, site=site, reason=(
+            f"the nn.DataParallel at {site['file']}:{site['line']} never ran: the {len(ctx.ranks)} ranks trained "
+            f"{max(steps.values())} optimizer steps {instead}, a path this launch took instead"
+        ))
 
 
 def _chunk0_gap(layer: bc.LayerRun, rank: int, replicas: int) -> dict[str, float] | None:
@@ -51,6 +78,7 @@ def _chunk0_gap(layer: bc.LayerRun, rank: int, replicas: int) -> dict[str, float
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
+    _measure_not_built(ctx)
     inits = [(p, e) for p, e in ctx.run.events("data_parallel_init")]
     if not inits:
         return []

@@ -23,8 +23,10 @@ RULE = Rule(
         reads the LOCAL_RANK environment variable, typically with `default=0`.
 
         The probe launches the script as torchrun does (LOCAL_RANK in the environment, no argument) and
-        records which device index each rank actually bound; it fires when ranks on one node ended up with
-        the same local rank.
+        records the value every rank parsed and whether the script reads LOCAL_RANK itself; it fires when the
+        ranks of a node all kept the option's default. A default that names no device (-1, None) would stop the
+        run at the first device call: the probe then gives each rank its LOCAL_RANK instead, as the legacy
+        launcher passed it, so the rest of the run is still measured, and says so.
         """
     ),
     why=prose(

@@ -7,14 +7,23 @@ and says so) — and records the option's default and parsed value on every rank
 from the environment by the script or its own modules. The script falls back to the environment (no finding,
 and a static DD108 is dropped with a note) when it reads LOCAL_RANK itself (timm's and DINO's helpers do, after
 parsing) or when the option's default is each rank's LOCAL_RANK. Otherwise every rank keeps the same default:
-reported, with what the ranks did with it (their devices: DD105 folds under this finding when they shared one).
+reported, with what that default does (0 puts every rank on cuda:0, measured: DD105 folds under this finding; -1
+names no GPU: `.cuda(-1)` raises before the first step). Under its own torchrun launch the probe gives each rank its
+LOCAL_RANK in place of a default that names no device, as torch.distributed.launch passed it, so one fatal setup
+bug does not hide the rest (SPEC "Diagnose past the first fatal bug"); the finding says so. A crash on the default
+that still happened (DD902) folds under this finding.
 """
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="the --local_rank option as every rank parsed it under torchrun, and the script's own reads of LOCAL_RANK",
+)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -33,16 +42,22 @@ def analyze(ctx: RunContext) -> list[Finding]:
     option = (first.get("option_strings") or ["--local_rank"])[0]
     if reads and not injected:
         read = next(iter(reads.values()))
-        ctx.clear(
+        ctx.measured(
             CODE,
+            run_wide=True,
             reason=f"the script reads LOCAL_RANK from the environment itself (at {ctx.at(read.get('site'))}, on "
             f"{len(reads)} of {len(per_rank)} ranks), so {option} is only a fallback",
             evidence={"env_read": read.get("site")},
         )
         return []
     if falls_back and len(per_rank) > 1:
+        ctx.measured(CODE, run_wide=True, reason=(
+            f"{option}'s default was each rank's LOCAL_RANK ("
+            + ", ".join(f"rank {r}: {e.get('default')}" for r, e in per_rank.items()) + ")"
+        ))
         return []
     defaults = sorted({str(e.get("default")) for e in per_rank.values()})
+    overridden = {r: e.get("overridden_to") for r, e in per_rank.items() if e.get("overridden_to") is not None}
     if first.get("required"):
         consequence = "argparse exits with an error on every rank under torchrun, which does not pass it"
     else:
@@ -50,9 +65,13 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"under torchrun, which does not pass it, every rank gets the default {defaults[0]}"
             + ("" if injected else f" (measured: {len(per_rank)} ranks parsed {option}={defaults[0]}"
                + (" and never read LOCAL_RANK)" if not reads else ")"))
-            + " and the ranks share one device"
+            + _what_the_default_does(first.get("default"))
         )
     how = "; the probe passed it as torch.distributed.launch did, to measure the rest" if injected else ""
+    if overridden:
+        how = (f"; the probe then gave each rank its LOCAL_RANK instead ("
+               + ", ".join(f"rank {r}: {v}" for r, v in sorted(overridden.items()))
+               + "), as torch.distributed.launch passed it, to measure the rest")
     message = f"the script reads its local rank from {option} (declared at {ctx.at(first.get('site'))}): {consequence}{how}"
     evidence = {
         "option_strings": first.get("option_strings"),
@@ -60,6 +79,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "per_rank": {str(r): {"default": e.get("default"), "value": e.get("value"), "LOCAL_RANK": e.get("env_local_rank")}
                      for r, e in per_rank.items()},
         "injected_by_probe": injected,
+        "overridden_by_probe": {str(r): v for r, v in sorted(overridden.items())},
         "reads_local_rank_env": bool(reads),
     }
     return [
@@ -73,3 +93,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
             evidence=evidence,
         )
     ]
+
+
+def _what_the_default_does(default: object) -> str:
+    """What every rank using the same default local rank means for its device."""
+    try:
+        index = int(default)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ", and the ranks share one device"
+    if index < 0:
+        return (f": {index} names no GPU — `.cuda({index})` and `device_ids=[{index}]` raise, "
+                f"`torch.cuda.set_device({index})` is ignored and leaves every rank on cuda:0")
+    return f": every rank binds cuda:{index}, one GPU shared by all of them"

@@ -29,7 +29,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         return
     if any((ev.data.get("var") or "").upper().endswith("LOCAL_RANK") for ev in script.of("env_read")):
         return
-    if any("LOCAL_RANK" in s for s in script.string_constants):
+    if any(_names_local_rank_key(s) for s in script.string_constants):
         return  # read through a helper or a variable key: the fallback exists
     opt = options[0]
     helpers = _project_modules(script)
@@ -60,3 +60,10 @@ def _default_node(call: ast.AST) -> ast.AST | None:
         if kw.arg == "default":
             return kw.value
     return None
+
+
+def _names_local_rank_key(text: str) -> bool:
+    """A string that is an environment key ending in LOCAL_RANK (`"LOCAL_RANK"`, `"OMPI_COMM_WORLD_LOCAL_RANK"`), not
+    prose that mentions it (a docstring saying the script "never reads LOCAL_RANK")."""
+    key = text.strip()
+    return key.endswith("LOCAL_RANK") and not any(c.isspace() for c in key)

@@ -5,14 +5,43 @@ probe replaces a disagreeing value with WORLD_SIZE, or SLURM_NTASKS under srun, 
 `torch.cuda.device_count()` as the script saw it in that process. When the value passed is the node's device count
 and the launcher started a different number of processes — several nodes, or `--nproc_per_node` unlike the GPU
 count — each node believed it was the whole world: the rendezvous would never have completed. On one node with
-one process per GPU the two agree and nothing is measured (the static finding stays: correct on one node only).
+one process per GPU the two agree and nothing is measured (the static finding stays, with a note saying why: correct
+on one node only). A world size passed that is not the device count clears a static suspicion at that call.
 """
 
 from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd109_single_node_world_size import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the world size each process passed to init_process_group, against torch.cuda.device_count() as the "
+    "script saw it and the number of processes the launcher started",
+)
+
+
+def _measure_agreeing(ctx: RunContext) -> None:
+    """No process gave its node's device count for a different world: say what one run can and cannot tell."""
+    begins = [(p, p.first("pg_init_begin")) for p in ctx.ranks.values()]
+    begins = [(p, b) for p, b in begins if b]
+    if not begins:
+        return
+    p, begin = begins[0]
+    count = (p.first("torch_ready") or {}).get("device_count")
+    given = begin.get("world_size_arg")
+    world = ctx.world_size
+    if isinstance(given, int) and isinstance(count, int) and given != count:
+        ctx.measured(CODE, site=begin.get("site"), reason=(
+            f"init_process_group at {ctx.at(begin.get('site'))} was given world_size={given}, not the "
+            f"device count {count}"
+        ))
+    elif isinstance(count, int) and count == world and len(ctx.nodes) == 1:
+        ctx.not_measured(CODE, run_wide=True, reason=(
+            f"on one node with one process per (emulated) GPU the device count {count} equals the {world} processes "
+            "launched: only a launch across nodes, or with another --nproc_per_node, shows the difference"
+        ))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -23,6 +52,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             given, used = begin["overridden"]["world_size"]
             hits.append((r, p, begin, int(given), int(used)))
     if not hits:
+        _measure_agreeing(ctx)
         return []
     _, _, begin, _, used = hits[0]
     counts = sorted({given for *_, given, _ in hits})

@@ -19,8 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd110_model_not_wrapped import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="what averaged the gradients of ranks that shared a process group and took optimizer steps (DDP, FSDP, "
+    "Horovod's optimizer, a collective on the gradients), and whether their parameters stayed equal",
+)
 
 
 def _sampled_diff(a: list[float], b: list[float]) -> float:
@@ -75,7 +81,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     steps = {r: ctx.steps_of(r) for r in sorted(inits)}
     stepped = [r for r, n in steps.items() if n]
-    if len(stepped) < 2 or averaging_mechanisms(ctx):
+    if len(stepped) < 2:
+        ctx.not_measured(CODE, run_wide=True, reason=f"{len(stepped)} of {len(inits)} ranks took an optimizer step")
+        return []
+    averaging = averaging_mechanisms(ctx)
+    if averaging:
+        ctx.measured(CODE, run_wide=True, reason=(
+            f"the {len(stepped)} ranks that stepped ({min(steps[r] for r in stepped)} optimizer steps each) had their "
+            f"gradients averaged by {', '.join(averaging)}"
+        ), evidence={"averaging": averaging})
         return []
     measured = replicas(ctx, stepped)
     sharded = _sharding(ctx)

@@ -58,5 +58,9 @@ RULE = Rule(
     ),
     fix_variants={
         "compare_bn": f"use SyncBatchNorm, or raise the per-rank batch to at least {SMALL_BN_BATCH} samples",
+        "shuffle_bn": (
+            f"Keep per-GPU BatchNorm here (shuffle-BN needs each GPU's own statistics; SyncBatchNorm would undo "
+            f"the shuffle) and raise the per-GPU batch to {SMALL_BN_BATCH} or more."
+        ),
     },
 )

@@ -12,6 +12,12 @@ Severity: medium; high at 4 samples per rank or fewer (ResNet-50 error 27.3% at 
 a message that says so, when the measured noise of the small layers is negligible on this data (each rank's batch
 mean within 0.05 std and its variance within 5% of the global batch's, and as steady from step to step): a
 message never contradicts its numbers.
+
+Shuffle-BN (MoCo v1): when the ranks shuffle each global batch among themselves during training — an all_gather
+followed by a broadcast of an integer tensor with one entry per sample of the global batch (the permutation) — the
+per-GPU statistics are the design (the query's and its key's batch statistics must come from different subsets),
+so the finding names the shuffle and the fix keeps per-GPU BN and raises the per-GPU batch instead of recommending
+SyncBatchNorm, which would undo it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
         f"(below {threshold}){spatial}, while the global batch is {nb['global_samples']} on "
         f"{len(bn.ranks)} ranks{noise_text}{consequence}"
     )
+    shuffle = batch_shuffle(ctx, nb["global_samples"])
+    if shuffle is not None:
+        message += (
+            f"; the ranks shuffle each global batch among themselves ({shuffle['gather_op']} at "
+            f"{ctx.at(shuffle['gather_site'])}, a permutation of {shuffle['permutation']} broadcast at "
+            f"{ctx.at(shuffle['broadcast_site'])}): per-GPU BatchNorm is the design here (shuffle-BN), so the "
+            "remedy is more samples per GPU, not SyncBatchNorm"
+        )
     severity = Severity.HIGH if typical <= VERY_SMALL else get_rule(CODE).severity
     if quiet:
         severity = Severity.LOW  # severity follows the measured consequence
@@ -102,12 +116,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "local_layers": len(local_layers),
         "batch_noise": bc.rounded(noise),
         "syncbn_replay_rel_error": bc.replay_errors(ctx),
+        **({"batch_shuffle": shuffle} if shuffle is not None else {}),
     }
     return [
         ctx.finding(
             CODE,
             message=message,
             severity=severity,
+            **({"fix_variant": "shuffle_bn"} if shuffle is not None else {}),
             site=site,
             ranks=sorted(per_rank),
             evidence=evidence,
@@ -115,3 +131,33 @@ def analyze(ctx: RunContext) -> list[Finding]:
         )
     ]
 
+
+
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object")
+INTEGER_DTYPES = ("int64", "int32", "long", "int")
+
+
+def batch_shuffle(ctx: RunContext, global_samples: int) -> dict[str, object] | None:
+    """A shuffle of the global batch across ranks, as every rank recorded it: an all_gather, then a broadcast of
+    an integer tensor with `global_samples` entries (the permutation every rank applies to the gathered batch)."""
+    if global_samples < 2:
+        return None
+    found = None
+    for p in ctx.ranks.values():
+        gather = None
+        hit = None
+        for e in p.of("collective"):
+            if e.get("op") in GATHERS:
+                gather = e
+            elif (gather is not None and e.get("op") == "broadcast" and e.get("numel") == global_samples
+                  and str(e.get("dtype") or "").replace("torch.", "") in INTEGER_DTYPES):
+                hit = (gather, e)
+                break
+        if hit is None:
+            return None  # every rank takes part in a shuffle
+        found = found or hit
+    if found is None:
+        return None
+    gather, bcast = found
+    return {"gather_op": gather.get("op"), "gather_site": gather.get("site"), "broadcast_site": bcast.get("site"),
+            "permutation": global_samples}

@@ -7,14 +7,29 @@ it is fine). PyTorch raises in that situation — DDP's constructor ("SyncBatchN
 modules") and SyncBatchNorm.forward ("expected input tensor to be on GPU ...") — so the finding says whether the
 emulation stood in (exact global statistics over gloo, the run went on) or the rank really raised (DD902).
 Severity info: not an accuracy problem by itself.
+
+Run-wide measurement: SyncBatchNorm layers that synchronised in training with none kept on the CPU (the script
+chose the GPU path: `"nccl" if torch.cuda.is_available() else "gloo"` picked nccl, the layers went to cuda:N)
+clear the static suspicion, with the devices and the backend.
 """
 
 from __future__ import annotations
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd205_syncbn_needs_cuda import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="where the script put each SyncBatchNorm layer that ran a training forward with a process group, and the "
+    "backend it asked for",
+)
+
+
+def _backends(ctx: RunContext) -> list[str]:
+    return sorted({str(e.get("backend_requested") or e.get("backend")) for _, e in ctx.run.events("pg_init")
+                   if e.get("ok")})
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -23,6 +38,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     layers = [layer for layer in bn.layers if any(rl.info.get("would_raise") for rl in layer.ranks.values())]
     if not layers:
+        synced = [layer for layer in bn.layers if layer.kind != "plain" and layer.synced]
+        if synced:
+            placed = sorted({str(rl.info.get("placed")) for layer in synced for rl in layer.ranks.values()})
+            ctx.measured(CODE, run_wide=True, reason=(
+                f"the {len(synced)} SyncBatchNorm layers that synchronised in training ran on {', '.join(placed)} "
+                f"with the {'/'.join(_backends(ctx)) or '?'} backend the script asked for: the GPU setup plain "
+                "PyTorch supports"
+            ))
         return []
     ranks = sorted({r for layer in layers for r, rl in layer.ranks.items() if rl.info.get("would_raise")})
     emulated = all(layer.kind == "emulated_sync" for layer in layers)

@@ -11,6 +11,10 @@ torch.distributed collective, a forward through the DDP wrapper (its buffer broa
 forward (its all_gather) or a backward (DDP's gradient all-reduce) — and at least one rank that is not inside
 that branch (finished, still making progress, or stuck elsewhere). The reported line is the user frame inside
 the branch, with the branch's condition and what blocked in evidence.
+
+Measured at each collective static analysis suspected of running on a subset: every rank of a run that did not
+hang called it (the probe records the first calls of each collective per call site), so the branch admitted all
+ranks; a collective no rank reached stays, with a note.
 """
 
 from __future__ import annotations
@@ -22,16 +26,49 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import is_user_path, main_stack, timeout_view
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd206_collective_on_subset import CODE
 from ddpdoctor.torchnames import env_tags, name_tags
+
+MEASURES = Measures(
+    scope="site",
+    what="which ranks called each collective (first calls per call site), and where ranks stood when a run hung",
+)
 
 _RANK_FUNCTIONS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "is_main_process",
                    "is_master", "is_rank_zero", "is_global_zero", "is_local_main_process"}
 _UNIFORM = (-1, None)  # `local_rank != -1` / `rank is None`: the same answer on every rank
 
 
+def _measure_collectives(ctx: RunContext) -> None:
+    """Static collective-on-subset lines every rank of a run that ended normally called."""
+    sites = ctx.static_sites(CODE)
+    if not sites or ctx.timed_out:
+        return
+    callers: dict[tuple, set[int]] = {}
+    ops: dict[tuple, str] = {}
+    for p in ctx.ranks.values():
+        for e in p.of("collective"):
+            key = ctx.where(e.get("site"))
+            callers.setdefault(key, set()).add(p.rank)
+            ops.setdefault(key, str(e.get("op")))
+    ranks = set(ctx.ranks)
+    for site in sites:
+        key = (site["file"], site["line"])
+        if key not in callers:
+            if all(p.done is not None for p in ctx.ranks.values()):
+                ctx.not_measured(CODE, site=site, reason=f"no rank called a collective at line {site['line']} "
+                                 "during the probe")
+            continue
+        if callers[key] >= ranks and len(ranks) > 1:
+            ctx.measured(CODE, site=site, reason=(
+                f"every rank ({fmt_ranks(callers[key])}) called {ops[key]} at {site['file']}:{site['line']} and the "
+                "run did not hang: the branch around it admitted all ranks"
+            ))
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
+    _measure_collectives(ctx)
     if not ctx.timed_out and not (ctx.run.meta.get("mode") == "attach"):
         return []
     at_timeout = timeout_view(ctx)

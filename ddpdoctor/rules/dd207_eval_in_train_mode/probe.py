@@ -11,6 +11,10 @@ training goes on: a momentum / EMA / teacher encoder (MoCo's key encoder, BYOL's
 runs its BatchNorm in training mode without gradients by design; nor forwards whose BatchNorm layers have momentum
 None (a cumulative average: a precise-BN recalibration of the running statistics). The report notes them and
 drops a static DD207 at that call site.
+
+Measured at each forward static analysis suspected: no-grad forwards there that ran BatchNorm in eval mode (the
+model was put in eval mode in a way the source did not show) drop the static finding with the count; a line where
+no forward ran during the probe keeps it, with a note.
 """
 
 from __future__ import annotations
@@ -19,8 +23,38 @@ from typing import Any
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd207_eval_in_train_mode import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the model forwards run without gradients, per call site: BatchNorm in training or in eval mode, and "
+    "whether the module is one no optimizer trains (a momentum / EMA / teacher encoder)",
+)
+
+
+def _measure_eval_sites(ctx: RunContext, train_mode: set[tuple[str, int]], by_design: set[tuple[str, int]]) -> None:
+    """Static sites where the no-grad forwards ran BatchNorm in eval mode, or where no forward ran at all."""
+    evals: dict[tuple, int] = {}
+    recorded = False  # runs recorded before eval-mode sites were: nothing to say about lines that did not show up
+    for p in ctx.ranks.values():
+        for e in p.of("bn_final"):
+            recorded = recorded or "eval_no_grad_sites" in e
+            for s in e.get("eval_no_grad_sites") or ():
+                key = ctx.where({"file": s.get("file"), "line": s.get("line")})
+                evals[key] = evals.get(key, 0) + int(s.get("forwards") or 0)
+    shown_train = {ctx.where({"file": f, "line": ln}) for f, ln in train_mode | by_design}
+    for site in ctx.static_sites(CODE):
+        key = (site["file"], site["line"])
+        if key in shown_train:
+            continue
+        if key in evals:
+            ctx.measured(CODE, site=site, reason=(
+                f"the {evals[key]} no-grad forwards at {site['file']}:{site['line']} (all ranks) ran BatchNorm in eval "
+                "mode: the model was put in eval mode before them"
+            ))
+        elif recorded:
+            ctx.not_measured(CODE, site=site, reason=f"no forward ran at line {site['line']} during the probe")
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -54,6 +88,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             key = (str(site.get("file")), int(site.get("line") or 0))
             entry = sites.setdefault(key, {"site": site, "ranks": {}, "event": e})
             entry["ranks"][rank] = counts.get(key, 1)
+    _measure_eval_sites(ctx, set(sites), set(by_design))
     for entry in by_design.values():
         m = entry["module"]
         if m is None:

@@ -4,7 +4,8 @@ What it does: reads the `bn_conversion` events of the lowest rank and compares e
 eps with its replacement's when it was registered. Code elsewhere that stops recognising converted layers (weight
 decay exclusions, momentum schedules, freezing, precise-BN helpers that select by exact class) only shows against a
 run without the conversion: `ddpdoctor triage` reports it from arm A against arm P, and static analysis from the
-source.
+source. So a static suspicion of an exact-class test is never settled by `check`'s single run: it stays, with a note
+saying so (when the run converted layers at all).
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from typing import Any
 
 from ddpdoctor.analyses import bn_checks
 from ddpdoctor.analyses.context import RunContext, fmt_num
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="each BatchNorm layer a converter replaced: whether its momentum and eps carried over (code that selects "
+    "layers by exact class is measured only by `ddpdoctor triage`, against a run without the conversion)",
+)
 
 ATTRIBUTES = ("momentum", "eps")
 
@@ -34,7 +41,14 @@ def _pair(values: list[Any]) -> str:
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    hits = lost_attributes(bn_checks.lowest_rank_conversions(ctx.run))
+    convs = bn_checks.lowest_rank_conversions(ctx.run)
+    if convs and ctx.run.meta.get("arm") is None:
+        for site in ctx.static_sites(CODE):
+            ctx.not_measured(CODE, site=site, reason=(
+                f"{len(convs)} layers were converted, but whether code selecting them by exact class changes what "
+                "the run does shows only against a run without the conversion (`ddpdoctor triage`)"
+            ))
+    hits = lost_attributes(convs)
     if not hits:
         return []
     first = hits[0]

@@ -5,6 +5,10 @@ conversion. A replacement whose weight or bias requires gradients, that no optim
 holds the original layer's parameters (or optimizers exist at all) is a cloning converter applied after the
 optimizer was built: the optimizer keeps updating tensors the model no longer uses. Parameters left out of every
 optimizer on purpose (requires_grad False) are not counted.
+
+Measured over the run: when an optimizer held, at the first step after each conversion, the weight and bias of
+every layer the run converted (a converter that reuses the original Parameter objects, whatever its code looks
+like), a static suspicion is dropped with the layer count.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from typing import Any
 
 from ddpdoctor.analyses import bn_checks
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
 
-
+MEASURES = Measures(
+    scope="run",
+    what="at the first optimizer step after each BatchNorm conversion: whether an optimizer holds the weight and bias "
+    "the converted layers use",
+)
 
 def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
@@ -34,7 +42,9 @@ def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    hits = untrained(bn_checks.lowest_rank_conversions(ctx.run))
+    convs = bn_checks.lowest_rank_conversions(ctx.run)
+    hits = untrained(convs)
+    _measure_trained(ctx, convs, hits)
     if not hits:
         return []
     first = hits[0]
@@ -57,3 +67,20 @@ def analyze(ctx: RunContext) -> list[Finding]:
     }
     return [ctx.finding(CODE, message=message, site=first.get("site"), ranks=sorted(ctx.ranks),
                         evidence=evidence, magnitude=float(len(hits)))]
+
+
+def _measure_trained(ctx: RunContext, convs: list[dict[str, Any]], hits: list[dict[str, Any]]) -> None:
+    """Every layer the run converted was held by an optimizer at the first step after its conversion. Run-wide: the
+    recorded site is the line that registered the new layer (inside a converter), not the call static analysis
+    flagged, and a conversion that ran is one of the run's."""
+    held = [e for e in convs if e.get("optimizers") and e.get("in_model", True)]
+    if hits or not held:
+        return
+    sites = sorted({ctx.at(e.get("site")) for e in held})
+    same = sum(1 for e in held if (e.get("same_params") or {}).get("weight") is True)
+    kept = f", {same} of them with the original Parameter objects" if same else ""
+    ctx.measured(CODE, run_wide=True, reason=(
+        f"at the first optimizer step after each conversion ({', '.join(sites[:3])}), an optimizer held the weight "
+        f"and bias of {'all' if len(held) != 1 else 'the'} {len(held)} converted layer{'s' if len(held) != 1 else ''}"
+        f"{kept}"
+    ), evidence={"layers": len(held)})

@@ -21,8 +21,13 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import order, position_identity
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd301_sampler_not_reshuffled import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the order each shuffling DistributedSampler gave every rank in each observed epoch, and the set_epoch calls",
+)
 
 
 def _key(site: dict[str, Any] | None) -> tuple[str, int]:

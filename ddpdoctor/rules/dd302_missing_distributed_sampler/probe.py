@@ -22,8 +22,13 @@ import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, THRESHOLD
+
+MEASURES = Measures(
+    scope="site",
+    what="the samples each rank drew from every training DataLoader, and how much of them other ranks drew too",
+)
 
 
 def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001

@@ -22,8 +22,14 @@ import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, pct
 from ddpdoctor.analyses.orders import loader_subset, order, subsets_differ
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd303_eval_sampler_padding import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the samples each rank evaluated from every evaluation DataLoader with a DistributedSampler, and the "
+    "duplicates padding added",
+)
 
 
 def _key(site: dict[str, Any] | None) -> tuple[str, int]:

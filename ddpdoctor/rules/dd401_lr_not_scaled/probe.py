@@ -5,7 +5,13 @@ training loader) × world size × micro-batches per optimizer step (gradient acc
 grad-enabled loaders, capped by the step's backward passes) — and compares the
 optimizer's lr with the reference recipe (--base-lr / --base-batch) scaled by the rule for its family: linear
 for SGD-like optimizers, square root for Adam-family / LAMB / Adagrad / RMSprop (--lr-scaling auto). Without a
-reference recipe it only notes the global batch.
+reference recipe it only notes the global batch (and a static suspicion stays, with a note saying the probe could
+not settle it without one).
+
+What it measures of the static suspicions: an optimizer constructor static analysis flagged that never ran while
+the ranks trained (an `elif args.optimizer == "sgd":` branch of a script run with another `--optimizer`) is
+dropped, naming the optimizer the ranks stepped; so is one whose constructed lr no step used (the script sets the
+lr itself), and one whose lr matches the scaled reference.
 """
 
 from __future__ import annotations
@@ -17,8 +23,14 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.events import rle_expand
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd401_lr_not_scaled import CLEAR_WITHIN, CODE, TOLERANCE
+
+MEASURES = Measures(
+    scope="site",
+    what="which optimizer constructors ran and the lr each step used, against the measured global batch and the "
+    "reference recipe (--base-lr/--base-batch)",
+)
 
 SQRT_FAMILY = ("adam", "lamb", "adagrad", "rmsprop", "adafactor", "adadelta")
 
@@ -124,9 +136,33 @@ def _set_at_run_time(opt: dict[str, Any]) -> bool:
     )
 
 
+def _constructors_not_run(ctx: RunContext, opt: dict[str, Any] | None) -> None:
+    """Static suspicions on optimizer constructors no rank executed while the ranks trained: a branch for another
+    option value (`elif args.optimizer == "sgd":`). Optimizers are built before training, so one not built by
+    then was not this run's."""
+    built = [e.get("site") for _, e in ctx.run.events("optimizer_init")]
+    stepped = {r: ctx.steps_of(r) for r in ctx.ranks}
+    for site in ctx.static_sites(CODE):
+        line = site["evidence"].get("optimizer_line") or site["line"]
+        where = {"file": site["file"], "line": line}
+        if ctx.ran_at(where, built):
+            continue
+        if not any(stepped.values()):
+            ctx.not_measured(CODE, site=site, reason="no optimizer step was observed, so the optimizer the ranks "
+                             "train with is unknown")
+            continue
+        took = (f"the ranks stepped the {opt['cls']} built at {ctx.at(opt['site'])} "
+                f"({min(n for n in stepped.values() if n)} steps each)") if opt else "the ranks stepped another one"
+        ctx.measured(CODE, site=site, reason=(
+            f"the {site['evidence'].get('optimizer') or 'optimizer'} constructor at {site['file']}:{line} never ran "
+            f"while the ranks trained — {took}: a branch this run did not take"
+        ))
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
     batch = measured_batch(ctx)
     opt = main_optimizer(ctx)
+    _constructors_not_run(ctx, opt)
     if batch is None or opt is None:
         return []
     breakdown = (
@@ -135,7 +171,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     )
     s = ctx.settings
     if _set_at_run_time(opt):
-        ctx.clear(
+        ctx.measured(
             CODE,
             site=opt["site"],
             reason=(
@@ -149,6 +185,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} {used_lr_text(opt)} — pass "
             "--base-lr/--base-batch (the single-process recipe) to check lr scaling"
         )
+        if not _set_at_run_time(opt):
+            ctx.not_measured(CODE, site=opt["site"], reason=(
+                "it needs --base-lr/--base-batch (the single-process recipe) to judge the lr the ranks stepped with"
+            ))
         return []
     rule = scaling_rule(opt["cls"] or "", s.lr_scaling)
     factor = batch["global_batch"] / float(s.base_batch)
@@ -156,7 +196,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     ratio = opt["lr"] / expected if expected else float("inf")
     if 1 / CLEAR_WITHIN <= ratio <= CLEAR_WITHIN:
         how = {"linear": "linearly scaled", "sqrt": "square-root scaled", "none": "unscaled"}[rule]
-        ctx.clear(
+        ctx.measured(
             CODE,
             site=opt["site"],
             reason=(

@@ -3,7 +3,9 @@
 What it does: counts, per optimizer step, the backward passes and how many of them followed a training forward
 through DDP with gradient synchronisation on (DDP decides in its forward, from `require_backward_grad_sync`,
 which `no_sync()` clears): each of those all-reduced every gradient. It fires when the typical step (the median
-over the observed steps) all-reduced more than once.
+over the observed steps) all-reduced more than once. Run-wide measurement: observed steps whose typical step
+all-reduced once (one backward per step — no accumulation in this run — or micro-steps under no_sync) clear a
+static suspicion, with the counts.
 """
 
 from __future__ import annotations
@@ -12,18 +14,34 @@ import statistics
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.formatting import fmt_count
 from ddpdoctor.rules.dd403_accumulation_without_no_sync import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="the backward passes of every optimizer step and how many of them DDP all-reduced",
+)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
     per_rank: dict[int, list[dict[str, Any]]] = {}
+    observed: dict[int, list[dict[str, Any]]] = {}
     for r, p in ctx.ranks.items():
         steps = [e for e in p.of("train_step") if e.get("backwards")]
+        if steps:
+            observed[r] = steps
         if steps and statistics.median(_reductions(e) for e in steps) >= 2:
             per_rank[r] = steps
     if not per_rank:
+        if observed and any(int(e.get("syncing_backwards") or 0) for s in observed.values() for e in s):
+            steps = next(iter(observed.values()))
+            micro = statistics.median(int(e.get("backwards") or 0) for e in steps)
+            ctx.measured(CODE, run_wide=True, reason=(
+                f"the {len(steps)} observed optimizer steps on {fmt_ranks(observed)} ran {fmt_count(micro)} backward "
+                f"pass{'es' if micro != 1 else ''} each and DDP all-reduced once per step"
+                + (": no gradient accumulation in this run" if micro == 1 else "")
+            ))
         return []
     r0, steps = next(iter(per_rank.items()))
     syncing = [_reductions(e) for e in steps]

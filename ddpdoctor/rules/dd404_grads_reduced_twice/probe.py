@@ -6,6 +6,9 @@ and the gradient norm before the first such call and when the optimizer stepped.
 reduction did to the update: the world size for a SUM of DDP's already-averaged gradients (an lr silently N×
 larger), 1 when the script divides again (only the communication is doubled). Hand reduction of gradients that
 DDP did not reduce (every micro-step under no_sync) is what DDP would have done, and is not reported.
+
+Run-wide measurement: steps in which DDP all-reduced and no collective touched the gradients of its parameters
+afterwards clear a static suspicion (a hand reduction of another model's gradients, or of none), with the counts.
 """
 
 from __future__ import annotations
@@ -14,8 +17,28 @@ import statistics
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd404_grads_reduced_twice import CODE, UNCHANGED
+
+MEASURES = Measures(
+    scope="run",
+    what="every collective whose tensor is the gradient of a parameter DDP reduces, and whether DDP had already "
+    "all-reduced in that step",
+)
+
+
+def _measure_clean(ctx: RunContext) -> None:
+    synced = {r: [e for e in p.of("train_step") if int(e.get("syncing_backwards") or 0)] for r, p in ctx.ranks.items()}
+    synced = {r: s for r, s in synced.items() if s}
+    if not synced:
+        return
+    n = sum(len(s) for s in synced.values())
+    hand = [e for p in ctx.ranks.values() for e in p.of("grad_collective")]
+    before = f"; {len(hand)} hand reductions ran before DDP's (under no_sync)" if hand else ""
+    ctx.measured(CODE, run_wide=True, reason=(
+        f"in the {n} optimizer steps on {fmt_ranks(synced)} in which DDP all-reduced, no collective touched the "
+        f"gradients of DDP's parameters afterwards{before}"
+    ))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -27,6 +50,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             per_rank[r] = steps
             events[r] = [e for e in p.of("grad_collective") if e.get("after_ddp")]
     if not per_rank:
+        _measure_clean(ctx)
         return []
     r0, steps = next(iter(per_rank.items()))
     hands = [e["hand_reduced"] for e in steps]

@@ -10,8 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Clearance, Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="the keys of every state dict each torch.save wrote, at the save and at the user lines that called it",
+)
 
 
 def prefixed_state_dicts(e: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,7 +58,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                         f"{sd.get('module_prefixed') or 0} starting with \"module.\"" for sd in sds[:3])
         )
         for place in _call_sites(ctx, saves):
-            ctx.clearances.append(Clearance(rule=CODE, reason=reason, file=place["file"], line=place["line"]))
+            ctx.measured(CODE, site=place, reason=reason)
     loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
     findings = []
     for saves in groups.values():

@@ -8,6 +8,10 @@ whose time intervals overlap are counted: those are the ones that can interleave
 
 In attach mode saves go where the script says, as in a real run, and a note lists the files the run wrote; in a
 `check` they were redirected into the run directory, and the report's files table lists them instead.
+
+Measured at each save call site (and the user lines that called into a save helper): files written there by one
+rank each clear a static "reached by every rank" suspicion, with the writers and the saves; a node-local guard
+("local rank 0 of every node") is only measured on a run with several nodes.
 """
 
 from __future__ import annotations
@@ -15,8 +19,44 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd502_save_on_every_rank import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="which ranks (and nodes) wrote each checkpoint file, per torch.save call site",
+)
+
+
+def _measure_sites(ctx: RunContext, files: dict[str, list[tuple[int, dict[str, Any], str]]]) -> None:
+    """Per save site: the writers of each file it wrote. One writer per file measures the every-rank suspicion
+    absent there; the per-node one needs several nodes to be measured."""
+    sites: dict[tuple, dict[str, Any]] = {}
+    for path, saves in files.items():
+        for r, e, _ in saves:
+            for site in [e.get("site"), *(e.get("callers") or [])]:
+                if not site:
+                    continue
+                entry = sites.setdefault(ctx.where(site), {"site": site, "files": {}, "saves": 0})
+                entry["files"].setdefault(path, set()).add(r)
+                entry["saves"] += 1
+    multi_node = len(ctx.nodes) > 1
+    for entry in sites.values():
+        writers = sorted({r for ranks in entry["files"].values() for r in ranks})
+        if any(len(ranks) > 1 for ranks in entry["files"].values()):
+            continue  # several ranks wrote one file: the finding speaks for this site
+        files_text = f"{len(entry['files'])} file{'s' if len(entry['files']) != 1 else ''}"
+        reason = (f"the {entry['saves']} saves at {ctx.at(entry['site'])} were made by {fmt_ranks(writers)} "
+                  f"({files_text}, one writer each)")
+        ctx.measured(CODE, site=entry["site"], reason=reason, about=("unguarded",))
+        if multi_node:
+            ctx.measured(CODE, site=entry["site"], reason=reason + f" on a run of {len(ctx.nodes)} nodes",
+                         about=("guard_line",))
+        else:
+            ctx.not_measured(CODE, site=entry["site"], about=("guard_line",), reason=(
+                "on one node local rank 0 is global rank 0: only a run on several nodes shows whether each node "
+                "writes the file"
+            ))
 
 
 def _overlaps(saves: list[tuple[int, dict[str, Any]]]) -> int:
@@ -41,6 +81,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     e = {**e, "local_rank": ctx.local_rank_of(p)}
                 files.setdefault(path, []).append((r, e, p.host))
     _note_written(ctx, files)
+    _measure_sites(ctx, files)
     findings = []
     for path, saves in files.items():
         writers = sorted({r for r, _, _ in saves})

@@ -64,7 +64,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             message=f"torch.save at line {ev.line} runs on every rank (no rank check guards it), so all processes write "
             f"the same checkpoint at once",
             confidence=cap_unreached(confidence, ev),
-            evidence={"save_line": ev.line, "path": script.text(ev.data.get("path_node"))},
+            evidence={"save_line": ev.line, "path": script.text(ev.data.get("path_node")), "unguarded": True},
         )
 
 

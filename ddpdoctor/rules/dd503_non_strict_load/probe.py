@@ -12,8 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd503_non_strict_load import CODE
+
+MEASURES = Measures(
+    scope="site",
+    what="every load_state_dict(strict=False): the keys it left unloaded and those it ignored",
+)
 
 
 def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:

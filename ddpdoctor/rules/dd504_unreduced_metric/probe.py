@@ -5,6 +5,11 @@ first calls per site). `hvd.allreduce(t)` (like `allgather`, `broadcast`) return
 was; a call whose result is discarded (an expression statement: the caller's next instruction pops it) reduced
 nothing the script goes on to use. The finding gives, for the first calls at that site, the value each rank kept
 and the value the reduction returned: how far the metric the script reports is from the job's.
+
+Measured for a static "metric never reduced" suspicion: when the evaluation loop it names ran on every rank and
+each rank then called a reducing collective (all_reduce, all_gather, reduce, gather...: the probe records the
+first calls per call site) that the walk did not see, the suspicion is dropped with where the reduction ran; an
+evaluation loop that did not run during the probe keeps it, with a note.
 """
 
 from __future__ import annotations
@@ -12,13 +17,50 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
+from ddpdoctor.torchnames import REDUCING_COLLECTIVES
+
+MEASURES = Measures(
+    scope="site",
+    what="the evaluation passes each rank ran and the reducing collectives it called after them; the value each rank "
+    "kept from a Horovod reduction whose result the script threw away",
+)
+
+
+def _measure_reductions(ctx: RunContext) -> None:
+    for site in ctx.static_sites(CODE):
+        loop_line = site["evidence"].get("eval_loop_line")
+        if not loop_line:
+            continue
+        loop = {"file": site["file"], "line": loop_line}
+        after: dict[int, dict[str, Any]] = {}
+        ran: set[int] = set()
+        for r, p in ctx.ranks.items():
+            starts = [e for e in p.of("loader_iter") if ctx.ran_at(loop, [e.get("site")])]
+            if not starts:
+                continue
+            ran.add(r)
+            t0 = min(float(e.get("t") or 0.0) for e in starts)
+            hit = next((e for e in p.of("collective") if e.get("op") in REDUCING_COLLECTIVES
+                        and float(e.get("t") or 0.0) >= t0), None)
+            if hit is not None:
+                after[r] = hit
+        if not ran:
+            ctx.not_measured(CODE, site=site, about=("eval_loop_line",),
+                             reason=f"the evaluation loop at line {loop_line} did not run during the probe")
+        elif set(after) == set(ctx.ranks) and len(ctx.ranks) > 1:
+            first = next(iter(after.values()))
+            ctx.measured(CODE, site=site, about=("eval_loop_line",), reason=(
+                f"after the evaluation loop at line {loop_line} every rank called {first.get('op')} at "
+                f"{ctx.at(first.get('site'))}: the metric is reduced across ranks"
+            ))
 
 FIRST_CALLS = 3  # calls per site shown in the evidence
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
+    _measure_reductions(ctx)
     sites: dict[tuple[str, int], dict[str, Any]] = {}
     for p, e in ctx.run.events("hvd_op"):
         if not e.get("result_discarded"):
