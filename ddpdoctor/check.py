@@ -159,7 +159,6 @@ def run_check(cfg: CheckConfig) -> Report:
     tables: dict = {}
     if not cfg.static_only:
         import shutil
-        import tempfile
 
         require_torch("the probe")
         from ddpdoctor.analyses import analyze_run
@@ -169,8 +168,7 @@ def run_check(cfg: CheckConfig) -> Report:
 
         guard = None
         if cfg.keep_run is None:
-            run_dir = Path(tempfile.mkdtemp(prefix="ddpdoctor-run-"))
-            guard = Supervisor.guard([str(run_dir)])  # removes it even if this process is killed
+            run_dir, guard = Supervisor.guarded_tempdir("ddpdoctor-run-")  # removed even if this process is killed
         else:
             run_dir = cfg.keep_run
         try:

@@ -240,7 +240,11 @@ def report(
     protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
+    from ddpdoctor.probe.rundir import ensure_finished
     from ddpdoctor.triage.run import is_triage_dir, report_triage
+
+    for d in run_dirs:
+        ensure_finished(d)  # a run still being written is not analysed as if it were whole
 
     if len(run_dirs) == 1 and run_dirs[0].is_dir() and is_triage_dir(run_dirs[0]):  # `triage --keep-run DIR`
         from ddpdoctor.config import CheckConfig

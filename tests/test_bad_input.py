@@ -236,3 +236,41 @@ def test_a_huge_script_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     one_line_error(ddpdoctor("check", str(big), "--static"), "larger than")
     assert time.monotonic() - t0 < 30
+
+
+def test_report_refuses_a_run_directory_a_live_run_still_writes_into(tmp_path: Path) -> None:
+    """`report` on a `--keep-run` directory mid-run analysed a run cut at an arbitrary moment as if it were whole
+    (exit 0/1 with the steps seen so far). The writer's lock says it is not finished; a killed one holds none."""
+    from ddpdoctor.probe.rundir import claim_folder
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / ".ddpdoctor-run").write_text("{}")
+    writer = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from ddpdoctor.probe.rundir import claim_for_check;"
+                               " c = claim_for_check(__import__('pathlib').Path(sys.argv[1]));"
+                               " print('locked', flush=True); time.sleep(120)", str(tmp_path / "live")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        shutil.copytree(RUN / "events", tmp_path / "live" / "events", dirs_exist_ok=True)
+        shutil.copy(RUN / "meta.json", tmp_path / "live" / "meta.json")
+        one_line_error(ddpdoctor("report", str(tmp_path / "live")), "still writing into it")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert ddpdoctor("report", str(tmp_path / "live")).returncode in (0, 1)  # the writer is gone: no lock
+    with claim_folder(run, "--keep-run", "a triage writing into it"):
+        one_line_error(ddpdoctor("report", str(run)), "still writing into it")
+    assert ddpdoctor("report", str(run)).returncode in (0, 1)
+
+
+def test_a_triage_directory_in_use_is_refused_not_cleared(tmp_path: Path) -> None:
+    """A second `triage --keep-run D` removed the first's arm-* folders mid-run."""
+    from ddpdoctor.probe.rundir import claim_folder
+
+    base = tmp_path / "triage"
+    with claim_folder(base, "--keep-run", "a triage writing into it"):
+        (base / "arm-A").mkdir()
+        (base / "arm-A" / "theirs.jsonl").write_text("{}\n")
+        one_line_error(ddpdoctor("triage", str(DEMO), "--keep-run", str(base)), "in use by another ddpdoctor run")
+        assert (base / "arm-A" / "theirs.jsonl").exists()

@@ -120,3 +120,42 @@ def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp)}
     check(REPO, "fixtures/probe/loader_workers.py", env=env)
     assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+def test_every_python_writer_leaves_the_users_files_and_works_as_without_the_probe(tmp_path: Path) -> None:
+    """A chdir into a folder the script made (it exists only in the run's copy), then relative paths, os.open
+    with O_TRUNC and no O_CREAT (also through a dir_fd), io.FileIO and _io.open, TorchScript's C++ writer, and a
+    symlink out of the project: each once changed a user's file or failed where the script alone succeeds."""
+    folder, outside = tmp_path / "project", tmp_path / "outside"
+    (folder / "olddir").mkdir(parents=True)
+    outside.mkdir()
+    shutil.copy(FIXTURES / "every_writer.py", folder / "train.py")
+    for name in ("data.txt", "keep.bin", "log.txt", "dirfd.txt", "old.txt", "target.txt", "gone.txt", "src.txt",
+                 "fileio.txt", "underscore.txt", "trunc.txt", "ftrunc.txt", "mode.txt", "jit.pt", "pathlib.txt",
+                 "arr.npy", "olddir/inner.txt"):
+        (folder / name).write_text(f"the user's {name}\n")
+    (folder / "mm.bin").write_bytes(bytes(16))
+    (outside / "outside.txt").write_text("outside\n")
+    (outside / "outfile").write_text("outfile\n")
+    (folder / "outlink").symlink_to(outside)
+    (folder / "outfile").symlink_to(outside / "outfile")
+    before = tree(folder), tree(outside)
+    run = tmp_path / "run"
+    code, report = check(folder, "train.py", "--keep-run", str(run))
+    assert (tree(folder), tree(outside)) == before
+    assert "FAILED []" in (run / "logs" / "rank0.stdout").read_text()
+    assert not any(n.startswith("WARNING") for n in report["notes"]), report["notes"]
+    assert steps(report) == [8, 8]
+    copy = run / "writes" / str(folder).lstrip("/")
+    assert (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDED"
+    assert (copy / "keep.bin").read_bytes() == b"X" and (copy / "dirfd.txt").read_bytes() == b"X"
+    assert (copy / "made" / "deeper" / "rel.txt").read_text() == "new"
+    assert (copy / "mm.bin").read_bytes()[0] == 99 and (copy / "fileio.txt").read_bytes() == b"Z"
+    assert (copy / "outlink" / "outside.txt").read_text() == "CLOBBER"
+    assert torch_jit_loads(copy / "jit.pt")
+
+
+def torch_jit_loads(path: Path) -> bool:
+    import torch
+
+    return torch.jit.load(str(path)) is not None

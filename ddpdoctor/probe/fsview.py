@@ -45,6 +45,7 @@ run's to redirect, where does a read of it go, where does a write go — that a 
 
 from __future__ import annotations
 
+import _io
 import builtins
 import errno
 import io
@@ -78,6 +79,7 @@ class View:
         self.run_dir = os.path.abspath(run_dir)
         self.writes = os.path.join(self.run_dir, WRITES_DIR)
         self.deleted = os.path.join(self.run_dir, DELETED_DIR)
+        self._writes_below = self.writes + os.sep
         roots = [p for p in (self.run_dir, scratch and os.path.abspath(scratch)) if p] + list(_PASS_PREFIXES)
         self.passthrough = tuple(roots)
         self._passthrough_below = tuple(p.rstrip(os.sep) + os.sep for p in roots)
@@ -113,6 +115,11 @@ class View:
             except OSError:
                 return None
         p = os.path.abspath(raw)
+        if p.startswith(self._writes_below):
+            # the script's current directory (or a dir_fd) is one of the run's own folders: a chdir into a folder
+            # the script created, which exists only in RUN/writes. RUN/writes/<P> is P in the run's view, so that
+            # "../data.txt" from there still reads the user's data.txt and a write to it is redirected as usual
+            p = os.sep + p[len(self._writes_below):]
         if p in self.passthrough or p.startswith(self._passthrough_below):
             return None
         if reading and (p.startswith(self._library_below) or (metadata and p in self._library_above)):
@@ -303,6 +310,7 @@ def _copy_file(src: str, dst: str) -> None:
 
 
 _ORIG_OPEN = builtins.open
+_ORIG_FILEIO = io.FileIO
 _VIEW: View | None = None
 # writes in progress: files opened for writing and not yet closed, and native writes (torch.save) under way; the
 # probe waits for them before it ends a process mid-script (Probe.end_run), so a checkpoint written by a
@@ -389,6 +397,42 @@ def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
     return fh
 
 
+class _FileIOType(type):
+    """isinstance(f, io.FileIO) stays true of every file object, also those made before the view was installed."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _ORIG_FILEIO)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _ORIG_FILEIO)
+
+
+class _FileIO(_ORIG_FILEIO, metaclass=_FileIOType):
+    """io.FileIO(path, mode) opens the file in C, past builtins.open: the same mapping as open()."""
+
+    def __init__(self, file: Any, mode: str = "r", closefd: bool = True, opener: Any = None) -> None:
+        v = _active()
+        p = v.virtual(file, reading=not _is_write_mode(mode)) if v is not None else None
+        if p is not None:
+            with _Inside():
+                if not _is_write_mode(mode):
+                    file = v.read_path(p)
+                elif "x" in mode:
+                    if v.exists(p):
+                        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fsdecode(os.fspath(file)))
+                    file = v.write_path(p, keep=False, op="create", asked=file)
+                else:
+                    keep = "w" not in mode
+                    file = v.write_path(p, keep=keep, op="write" if "w" in mode else "modify", asked=file)
+        super().__init__(file, mode, closefd, opener)
+        if _is_write_mode(mode):
+            _OPEN_WRITES.add(self)
+
+
+_FileIO.__name__ = _FileIO.__qualname__ = "FileIO"
+_FileIO.__module__ = "io"
+
+
 def _os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
     v = _active()
     p = v.virtual(path, dir_fd, reading=not flags & _WRITE_FLAGS) if v is not None else None
@@ -406,6 +450,8 @@ def _os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = N
         else:
             keep = not flags & os.O_TRUNC
             target = v.write_path(p, keep=keep, op="modify" if keep else "write", asked=path)
+            # the file exists in the run's view: a truncating open of it without O_CREAT makes the run's copy
+            flags |= os.O_CREAT
     return _ORIG["open"](target, flags, mode)
 
 
@@ -658,6 +704,9 @@ def _patches() -> dict[tuple[Any, str], Callable[..., Any]]:
     out: dict[tuple[Any, str], Callable[..., Any]] = {
         (builtins, "open"): _open,
         (io, "open"): _open,
+        (_io, "open"): _open,
+        (io, "FileIO"): _FileIO,
+        (_io, "FileIO"): _FileIO,
         (os, "open"): _os_open,
         (os, "listdir"): _listdir,
         (os, "scandir"): _scandir,

@@ -116,6 +116,31 @@ def mark_folder(path: Path, option: str) -> Path:
     return path
 
 
+def claim_folder(path: Path, option: str, what: str) -> RunDirClaim:
+    """Mark `path` (mark_folder) and lock it exclusively for this process: a folder holding several runs (a
+    triage's arms) that a second command must not clear meanwhile."""
+    path = mark_folder(path, option)
+    return RunDirClaim(path, _lock(path, True, what))
+
+
+def ensure_finished(path: Path) -> None:
+    """Refuse (UsageError) a marked directory that a live run still writes into: `report` on it would analyse a
+    run cut at an arbitrary moment as if it were whole. A killed run holds no lock."""
+    path = Path(path)
+    if not has_marker(path):
+        return
+    try:
+        fd = _lock(path, True, "")
+    except UsageError:
+        raise UsageError(
+            f"{path}: a ddpdoctor run is still writing into it; report it once that run has ended"
+        ) from None
+    except OSError:
+        return
+    if fd is not None:
+        os.close(fd)
+
+
 def claim_for_check(run_dir: Path) -> RunDirClaim:
     """`check --keep-run DIR` (or a fresh temporary directory): mark, lock, and clear an earlier run's files."""
     run_dir = _usable_dir(Path(run_dir), "--keep-run")

@@ -49,7 +49,8 @@ from ddpdoctor.probe import procs
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); from ddpdoctor.probe.supervisor import main; sys.exit(main(sys.argv[1:]))"
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from ddpdoctor.probe.supervisor import main; sys.exit(main(sys.argv[1:]))"
 )
 GRACE = 30.0  # seconds the supervisor's own deadline leaves after the caller's
 
@@ -194,6 +195,28 @@ class Supervisor:
     def guard(cls, paths: Sequence[str]) -> Supervisor:
         """A started supervisor with nothing to run that removes `paths` when stopped or when this process dies."""
         return cls([], env=dict(os.environ), cwd=os.getcwd(), tag="", deadline=0.0, scratch=paths).start()
+
+    @classmethod
+    def guarded_tempdir(cls, prefix: str) -> tuple[Path, Supervisor]:
+        """A new private temporary directory and the guard that removes it. The guard is running before the
+        directory exists, so no moment of a SIGKILL (or a SIGTERM before the caller traps it) leaves it behind."""
+        import tempfile
+
+        for _ in range(100):
+            path = Path(tempfile.gettempdir()) / f"{prefix}{os.urandom(6).hex()}"
+            if path.exists():
+                continue
+            guard = cls.guard([str(path)])
+            try:
+                path.mkdir(mode=0o700)
+            except FileExistsError:
+                guard.stop()
+                continue
+            except BaseException:
+                guard.stop()
+                raise
+            return path, guard
+        raise FileExistsError(f"no free temporary directory name for {prefix!r}")
 
     def __enter__(self) -> Supervisor:  # noqa: PYI034 - 3.10 has no typing.Self
         return self.start()

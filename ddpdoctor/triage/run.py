@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Finding
 from ddpdoctor.report import Report
+
+if TYPE_CHECKING:
+    from ddpdoctor.probe.rundir import RunDirClaim
 
 TRIAGE_FILE = "triage.json"
 DEFAULT_EPOCHS = 3
@@ -110,9 +112,14 @@ def run_triage(cfg: TriageConfig) -> Report:
     check = cfg.check
     script = validate_script(check.script)
     static: list[Finding] = list(analyze_file(script))
-    base = check.keep_run or Path(tempfile.mkdtemp(prefix="ddpdoctor-triage-"))
-    if check.keep_run is not None:
-        _prepare_triage_dir(base)
+    from ddpdoctor.probe.supervisor import Supervisor
+
+    guard = claim = None
+    if check.keep_run is None:
+        base, guard = Supervisor.guarded_tempdir("ddpdoctor-triage-")  # removed even if this process is killed
+    else:
+        base = check.keep_run
+        claim = _prepare_triage_dir(base)
     try:
         written_dir = base / "arm-A"
         run_probe(check, written_dir, static_findings=static,
@@ -140,8 +147,11 @@ def run_triage(cfg: TriageConfig) -> Report:
                                             encoding="utf-8")
         return report
     finally:
-        if check.keep_run is None:
+        if guard is not None:
             shutil.rmtree(base, ignore_errors=True)
+            guard.stop()
+        if claim is not None:
+            claim.release()
 
 
 def is_triage_dir(path: Path) -> bool:
@@ -225,22 +235,24 @@ def _text_extras(result: Any, arms: list[Any]) -> dict[str, Any]:
             "severity": {i: c.severity.label for i, c in enumerate(result.causes)}}
 
 
-def _prepare_triage_dir(base: Path) -> None:
+def _prepare_triage_dir(base: Path) -> RunDirClaim:
     """`triage --keep-run DIR`: new, empty, or one of ddpdoctor's own (its marker, ddpdoctor.probe.rundir); only
-    the names a triage writes are cleared, and a folder without the marker is refused, whatever it holds."""
-    from ddpdoctor.probe.rundir import MARKER, has_marker, mark_folder
+    the names a triage writes are cleared, and a folder without the marker is refused, whatever it holds. The
+    folder stays locked until the triage ends: a second triage into it is refused instead of deleting its arms."""
+    from ddpdoctor.probe.rundir import MARKER, claim_folder, has_marker
 
     if base.is_dir() and any(p.name != MARKER for p in base.iterdir()) and not has_marker(base):
         raise UsageError(
             f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder"
         )
-    mark_folder(base, "--keep-run")
+    claim = claim_folder(base, "--keep-run", "a triage writing into it")
     for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
         p = base / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         elif p.exists() or p.is_symlink():
             p.unlink()
+    return claim
 
 
 def _set_meta_arm(run_dir: Path, name: str) -> None:

@@ -122,6 +122,28 @@ def install(probe: Probe) -> None:
 
     wrap_everywhere(probe, (torch, torch.serialization), "load", make_torch_load)
 
+    # TorchScript's save/load open a path in C++, past the run's file view: map it as torch.save's is
+    def make_jit_save(orig):
+        def save(m: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(f, (str, bytes, os.PathLike)):
+                return orig(m, f, *args, **kwargs)
+            target = fsview.map_write(f)
+            with fsview.writing(target):
+                return orig(m, target, *args, **kwargs)
+
+        return save
+
+    def make_jit_load(orig):
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            return orig(fsview.map_read(f) if isinstance(f, (str, bytes, os.PathLike)) else f, *args, **kwargs)
+
+        return load
+
+    import torch.jit._serialization
+
+    wrap_everywhere(probe, (torch.jit, torch.jit._serialization), "save", make_jit_save)
+    wrap_everywhere(probe, (torch.jit, torch.jit._serialization), "load", make_jit_load)
+
     depth = {"n": 0}
 
     def make_load(orig):
