@@ -249,7 +249,8 @@ def test_report_refuses_a_run_directory_a_live_run_still_writes_into(tmp_path: P
     writer = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from ddpdoctor.probe.rundir import claim_for_check;"
                                " c = claim_for_check(__import__('pathlib').Path(sys.argv[1]));"
-                               " print('locked', flush=True); time.sleep(120)", str(tmp_path / "live")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+                               " print('locked', flush=True); time.sleep(120)", str(tmp_path / "live")],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "locked"
         shutil.copytree(RUN / "events", tmp_path / "live" / "events", dirs_exist_ok=True)
