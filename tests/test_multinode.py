@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,22 +55,32 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[i
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One run of ONE_NODE_RECIPE on 2 nodes × 2 ranks; returns the parent of run/node0 and run/node1."""
     base = tmp_path_factory.mktemp("two-nodes")
-    (base / "ckpt").mkdir()
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-            "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", "ddpdoctor-two-nodes", "--max-restarts", "0",
-            "-m", "ddpdoctor.probe", "--out", str(base / "run" / f"node{node}"), "--device", "cpu",
-            ONE_NODE_RECIPE, "--out", str(base / "ckpt"),
-        ]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=_clean_env(), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for code, output in _finish(procs):
-        assert code == 0, output[-3000:]
-    return base
+    for attempt in (1, 2):
+        shutil.rmtree(base / "run", ignore_errors=True)
+        shutil.rmtree(base / "ckpt", ignore_errors=True)
+        (base / "ckpt").mkdir()
+        port = free_port()
+        procs = []
+        for node in (0, 1):
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "ddpdoctor-two-nodes", "--max-restarts", "0",
+                "-m", "ddpdoctor.probe", "--out", str(base / "run" / f"node{node}"), "--device", "cpu",
+                ONE_NODE_RECIPE, "--out", str(base / "ckpt"),
+            ]
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=_clean_env(), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        results = _finish(procs)
+        # torch's elastic agents race at shutdown: one agent can still poll the c10d store (num_nodes_waiting)
+        # after the agent hosting it has left, and dies with RendezvousConnectionError although every rank
+        # finished. That is torchrun's teardown, not what this test is about: run the two nodes again once.
+        if attempt == 1 and any(code != 0 and "RendezvousConnectionError" in out for code, out in results):
+            continue
+        for code, output in results:
+            assert code == 0, output[-3000:]
+        return base
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.slow
