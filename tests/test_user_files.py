@@ -114,11 +114,14 @@ def test_a_write_behind_the_probes_back_is_reported(tmp_path: Path) -> None:
 
 
 def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
-    """DataLoader workers create multiprocessing's pymp-* folders; torchrun its own; all go with the run."""
+    """DataLoader workers create multiprocessing's pymp-* folders; torchrun its own; all go with the run. The
+    TMPDIR here is long (pytest's): the run's scratch folder inside it must not push multiprocessing's socket paths
+    past AF_UNIX's 107 bytes (it did, and the workers hung until the timeout)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
-    check(REPO, "fixtures/probe/loader_workers.py", env=env)
+    _, report = check(REPO, "fixtures/probe/loader_workers.py", env=env)
+    assert steps(report) == [8, 8]
     assert sorted(p.name for p in tmp.iterdir()) == []
 
 

@@ -222,6 +222,24 @@ def _collect_logs(run_dir: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
+# AF_UNIX socket paths hold 107 bytes; multiprocessing puts its listeners at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX
+# (33 more), and DataLoader workers sharing tensors use them. The run's TMPDIR is our scratch folder inside the
+# user's: a long TMPDIR that works for the script alone must still work under the probe (a 58-character one made
+# the workers hang until the timeout).
+_SOCKET_PATH_MAX = 107
+_MP_SOCKET_TAIL = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+
+
+def _scratch_dir() -> str:
+    """The run's TMPDIR: a short-named folder in the user's temporary directory, or in /tmp when that would make
+    multiprocessing's socket paths too long (the folder is removed with the run either way)."""
+    prefix = "ddpd-"
+    base = tempfile.gettempdir()
+    if len(os.path.join(base, prefix + "x" * 8)) + _MP_SOCKET_TAIL > _SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
 def _launch_once(
     cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
 ) -> LaunchRecord:
@@ -234,7 +252,7 @@ def _launch_once(
         settings = replace(settings, rendezvous_port=free_port(avoid=port))
     # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
     timeout_at = time.time() + max(0.0, deadline - time.monotonic())
-    scratch = tempfile.mkdtemp(prefix="ddpdoctor-tmp-")
+    scratch = _scratch_dir()
     settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port, scratch)
