@@ -10,29 +10,16 @@ runs on a subset of ranks: its context is `rank` with a polarity ("main" | "nonm
 from __future__ import annotations
 
 import ast
-import operator
-from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.static.apis.state import TorchState
+from ddpdoctor.static.engine.expressions import CMP_OPS
 from ddpdoctor.static.semantic import PER_RANK_TAGS, WORLD_TAGS, Obj, Value, tags_of, union
 
 # tags that do not survive a function call on the value (a device built from local_rank is not itself a rank)
 CALL_DROPS = frozenset({"rank_cond", "rank", "local_rank", "named"})
 
-_CMP_OPS: dict[type, Callable[[Any, Any], bool]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.Is: lambda a, b: a is b,
-    ast.IsNot: lambda a, b: a is not b,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}
 
 
 def flip(polarity: str) -> str:
@@ -230,7 +217,7 @@ def value_scope(value: Value) -> str:
 def _rank_polarity(op: type, const: Any, rank_on_left: bool) -> str | None:
     """Which ranks of a distributed run (0, 1, 2…) make `rank <op> const` true: only 0 → "main", all but 0 →
     "nonmain", all or none → None (the test is uniform: `local_rank != -1` is true on every rank of a DDP run)."""
-    fn = _CMP_OPS.get(op)
+    fn = CMP_OPS.get(op)
     if fn is None:
         return "other"
     try:
