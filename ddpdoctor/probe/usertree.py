@@ -6,7 +6,11 @@ file calls (HDF5, a C++ logger) and programs the script runs that are not Python
 module cannot stop them; it makes sure such a write is never silent: the folders the script most likely touches
 — its working directory and the script's own folder — are fingerprinted (path → size, modification time, inode)
 before the launch and compared after it. Bounded: at most MAX_ENTRIES entries, MAX_DEPTH levels and MAX_SECONDS
-per fingerprint; the run directory and the run's temporary folder are skipped; a bounded fingerprint says so.
+per fingerprint, shallow levels first (a checkpoint beside the script is seen before the depths of a dataset); the run
+directory and the run's temporary folder are skipped, and so are trees that tools, not the user, keep: virtual
+environments (a folder with `pyvenv.cfg` or `conda-meta`), version-control stores and caches (TOOL_DIRS). A
+project's `.venv` alone held 37,000 entries: the walk took 0.6 s before and 0.7 s after every launch and still ran
+out of entries before reaching the user's own folders. A bounded fingerprint says so.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +26,12 @@ MAX_ENTRIES = 20_000
 MAX_DEPTH = 8
 MAX_SECONDS = 2.0
 SHOWN = 20  # paths listed per kind of change
+# folders that tools fill and empty on their own: a change there is not a change to the user's files
+TOOL_DIRS = frozenset({
+    ".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox",
+    "node_modules", ".ipynb_checkpoints",
+})
+ENV_MARKERS = ("pyvenv.cfg", "conda-meta")  # a folder holding one of these is a Python environment
 
 
 @dataclass
@@ -28,10 +39,12 @@ class Fingerprint:
     roots: list[str]
     entries: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # path → (mode, size, mtime, ino)
     complete: bool = True
+    tool_dirs: list[str] = field(default_factory=list)  # left out: environments, VCS stores, caches
 
 
 def fingerprint(roots: list[str], skip: list[str]) -> Fingerprint:
-    """What is in `roots` now (symlinks are not followed; `skip` subtrees are left out)."""
+    """What is in `roots` now (symlinks are not followed; `skip` subtrees, tool folders and environments are left
+    out), breadth first."""
     skipped = {os.path.realpath(s) for s in skip if s}
     fp = Fingerprint(roots=[])
     end = time.monotonic() + MAX_SECONDS
@@ -42,29 +55,36 @@ def fingerprint(roots: list[str], skip: list[str]) -> Fingerprint:
             continue
         seen.add(real)
         fp.roots.append(real)
-        stack = [(real, 0)]
-        while stack:
-            d, depth = stack.pop()
+        # every path below is real too: the walk never enters a symlink (stat without following)
+        queue = deque([(real, 0)])
+        while queue:
+            d, depth = queue.popleft()
             try:
                 with os.scandir(d) as it:
                     entries = list(it)
             except OSError:
+                continue
+            if d != real and any(e.name in ENV_MARKERS for e in entries):
+                fp.tool_dirs.append(d)
                 continue
             for e in entries:
                 if len(fp.entries) >= MAX_ENTRIES or time.monotonic() > end:
                     fp.complete = False
                     return fp
                 path = e.path
-                if path in skipped or os.path.realpath(path) in skipped:
+                if path in skipped:
                     continue
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                fp.entries[path] = _entry(st)
+                fp.entries[path] = _entry(st)  # a folder left out still counts as there or not
                 if stat.S_ISDIR(st.st_mode):
-                    if depth + 1 < MAX_DEPTH:
-                        stack.append((path, depth + 1))
+                    if e.name in TOOL_DIRS:
+                        if e.name != "__pycache__":  # one beside every package: not worth a line
+                            fp.tool_dirs.append(path)
+                    elif depth + 1 < MAX_DEPTH:
+                        queue.append((path, depth + 1))
                     else:
                         fp.complete = False
     return fp
@@ -99,6 +119,7 @@ def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
         "roots": before.roots,
         "entries": len(before.entries),
         "complete": complete,
+        "left_out": before.tool_dirs[:SHOWN],
         "modified": modified[:SHOWN],
         "deleted": deleted[:SHOWN],
         "created": created[:SHOWN],

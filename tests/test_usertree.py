@@ -1,0 +1,80 @@
+"""The before/after fingerprint of the user's folders (ddpdoctor.probe.usertree): what it sees, what it leaves to
+the tools that own it, and what it reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ddpdoctor.probe import usertree
+from ddpdoctor.probe.usertree import changes, fingerprint
+
+
+def make_project(root: Path) -> None:
+    (root / "ckpt").mkdir(parents=True)
+    (root / "ckpt" / "last.pt").write_bytes(b"weights")
+    (root / "train.py").write_text("print('hi')\n")
+    venv = root / ".venv" / "lib" / "site-packages" / "pkg"
+    venv.mkdir(parents=True)
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    for i in range(50):
+        (venv / f"m{i}.py").write_text("")
+    conda = root / "env"
+    (conda / "conda-meta").mkdir(parents=True)
+    (conda / "python.txt").write_text("")
+    (root / ".git" / "objects").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"")
+
+
+def test_environments_vcs_stores_and_caches_are_left_to_their_tools(tmp_path: Path) -> None:
+    make_project(tmp_path)
+    fp = fingerprint([str(tmp_path)], skip=[])
+    names = {os.path.relpath(p, tmp_path) for p in fp.entries}
+    assert {"ckpt", "ckpt/last.pt", "train.py", "pkg"} <= names
+    # the folders themselves are there or not; what is inside them is their tools' business
+    assert {".venv", "env", ".git", "pkg/__pycache__"} <= names
+    assert not [n for n in names if n.startswith((".venv/", "env/", ".git/", "pkg/__pycache__/"))], names
+    assert fp.complete
+    assert sorted(os.path.relpath(p, tmp_path) for p in fp.tool_dirs) == [".git", ".venv", "env"]
+
+
+def test_a_change_to_the_users_files_is_reported_and_one_inside_a_tool_folder_is_not(tmp_path: Path) -> None:
+    make_project(tmp_path)
+    before = fingerprint([str(tmp_path)], skip=[])
+    (tmp_path / "ckpt" / "last.pt").write_bytes(b"overwritten weights")
+    (tmp_path / "train.py").unlink()
+    (tmp_path / "made.txt").write_text("new\n")
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/other\n")
+    (tmp_path / ".venv" / "lib" / "site-packages" / "pkg" / "m0.py").write_text("x = 1\n")
+    tree = changes(before, skip=[])
+    assert tree["complete"] and tree["counts"] == {"modified": 1, "deleted": 1, "created": 1}
+    assert [os.path.relpath(p, tmp_path) for p in tree["modified"]] == ["ckpt/last.pt"]
+    assert [os.path.relpath(p, tmp_path) for p in tree["deleted"]] == ["train.py"]
+    assert [os.path.relpath(p, tmp_path) for p in tree["created"]] == ["made.txt"]
+    assert sorted(os.path.relpath(p, tmp_path) for p in tree["left_out"]) == [".git", ".venv", "env"]
+
+
+def test_a_bounded_walk_covers_the_shallow_folders_first(tmp_path: Path, monkeypatch) -> None:
+    """A dataset folder larger than the bound must not hide a checkpoint beside the script (the walk used to go
+    depth first and spend its whole budget inside the first large folder)."""
+    data = tmp_path / "aaa_data" / "train" / "class0"
+    data.mkdir(parents=True)
+    for i in range(60):
+        (data / f"img{i}.jpg").write_bytes(b"")
+    (tmp_path / "zzz_ckpt").mkdir()
+    (tmp_path / "zzz_ckpt" / "best.pt").write_bytes(b"w")
+    monkeypatch.setattr(usertree, "MAX_ENTRIES", 20)
+    fp = fingerprint([str(tmp_path)], skip=[])
+    assert not fp.complete
+    assert str(tmp_path / "zzz_ckpt" / "best.pt") in fp.entries
+
+
+def test_the_run_directory_is_skipped(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text("")
+    (tmp_path / "train.py").write_text("")
+    fp = fingerprint([str(tmp_path)], skip=[str(run)])
+    assert set(fp.entries) == {str(tmp_path / "train.py")}
