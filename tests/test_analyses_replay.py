@@ -154,6 +154,15 @@ def test_dd202_on_shuffle_bn_keeps_per_gpu_bn_and_asks_for_a_larger_batch() -> N
     assert "batch_shuffle" not in plain.evidence and "nn.SyncBatchNorm" in plain.fix
 
 
+def test_dd201_on_shuffle_bn_reconciles_the_buffers_and_keeps_per_gpu_bn() -> None:
+    """The key encoder's running statistics diverge across ranks under shuffle-BN: worth reporting (rank 0's
+    checkpoint carries rank 0's), but the fix is to average the buffers, never SyncBatchNorm (it was)."""
+    f = _probe("shuffle_bn")["DD201"]
+    assert f.evidence["batch_shuffle"]["gather_op"] == "all_gather" and "shuffle-BN" in f.message
+    assert f.fix.startswith("Keep per-GPU BatchNorm") and "average running_mean and running_var" in f.fix
+    assert "use SyncBatchNorm" not in f.fix
+
+
 def test_dd108_silent_when_a_helper_reads_local_rank() -> None:
     result = analyze_run(RUNS / "probe_local_rank_from_helper")
     assert not {"DD108", "DD105"} & {f.rule for f in result.findings}

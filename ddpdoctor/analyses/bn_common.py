@@ -621,3 +621,34 @@ def convert_site(run: RunData) -> dict[str, Any] | None:
         if e.get("site"):
             return e["site"]
     return None
+
+
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object")
+INTEGER_DTYPES = ("int64", "int32", "long", "int")
+
+
+def batch_shuffle(ctx: Any, global_samples: int) -> dict[str, object] | None:
+    """A shuffle of the global batch across ranks, as every rank recorded it: an all_gather, then a broadcast of
+    an integer tensor with `global_samples` entries (the permutation every rank applies to the gathered batch):
+    shuffle-BN (MoCo), where per-GPU BatchNorm is the design (DD202, DD201 keep it in their fixes)."""
+    if global_samples < 2:
+        return None
+    found = None
+    for p in ctx.ranks.values():
+        gather = None
+        hit = None
+        for e in p.of("collective"):
+            if e.get("op") in GATHERS:
+                gather = e
+            elif (gather is not None and e.get("op") == "broadcast" and e.get("numel") == global_samples
+                  and str(e.get("dtype") or "").replace("torch.", "") in INTEGER_DTYPES):
+                hit = (gather, e)
+                break
+        if hit is None:
+            return None  # every rank takes part in a shuffle
+        found = found or hit
+    if found is None:
+        return None
+    gather, bcast = found
+    return {"gather_op": gather.get("op"), "gather_site": gather.get("site"), "broadcast_site": bcast.get("site"),
+            "permutation": global_samples}

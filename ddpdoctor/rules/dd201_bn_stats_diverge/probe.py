@@ -117,6 +117,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"each rank's last update ({fmt_num(round(worst['diff_before_last_update'] or 0.0, 4))} apart), so "
             f"the broadcast does not reach them ({reason})"
         )
+    # shuffle-BN (MoCo): per-GPU statistics are the method, so the fix reconciles the buffers and keeps per-GPU BN
+    shuffle = bc.batch_shuffle(ctx, bc.normalisation_batch(bn.layers[0], bn.ranks)["global_samples"])
+    if shuffle is not None:
+        why += (
+            f"; the ranks shuffle each global batch among themselves ({shuffle['gather_op']} at "
+            f"{ctx.at(shuffle['gather_site'])}): per-GPU BatchNorm is the design (shuffle-BN), only its running "
+            "statistics need reconciling"
+        )
     tracked = sum(1 for layer in bn.layers if layer.info.get("track_running_stats", True))
     message = (
         f"BatchNorm running statistics differ across ranks at the end by up to {_amount(worst)} "
@@ -138,6 +146,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "aligned_before_last_update": [r["layer"] for r in explained_rows],
         "forward_bypasses": bypass,
         "syncbn_replay_rel_error": bc.replay_errors(ctx),
+        **({"batch_shuffle": shuffle} if shuffle is not None else {}),
     }
     severity = Severity.MEDIUM if worst["max"] >= 0.01 else Severity.LOW
     return [
@@ -150,6 +159,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             evidence=evidence,
             magnitude=worst["max"],
             fix_detail=fix_detail,
+            **({"fix_variant": "shuffle_bn"} if shuffle is not None else {}),
         )
     ]
 
