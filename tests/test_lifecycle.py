@@ -161,7 +161,7 @@ def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) 
 def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked, tmp_path: Path) -> None:
     env, token, _ = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "30",
+    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "15",
                   "--format", "json", "--", token)
     report = json.loads(done.stdout)
     dd901 = [f for f in report["findings"] if f["rule"] == "DD901"]
