@@ -159,7 +159,7 @@ def test_dd201_on_shuffle_bn_reconciles_the_buffers_and_keeps_per_gpu_bn() -> No
     checkpoint carries rank 0's), but the fix is to average the buffers, never SyncBatchNorm (it was)."""
     f = _probe("shuffle_bn")["DD201"]
     assert f.evidence["batch_shuffle"]["gather_op"] == "all_gather" and "shuffle-BN" in f.message
-    assert f.fix.startswith("Keep per-GPU BatchNorm") and "average running_mean and running_var" in f.fix
+    assert f.fix.startswith("Keep per-GPU BatchNorm") and "average running_mean and running_var across ranks" in f.fix
     assert "use SyncBatchNorm" not in f.fix
 
 

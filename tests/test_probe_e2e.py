@@ -389,3 +389,19 @@ def test_a_script_whose_main_process_needs_a_launcher_is_relaunched_under_torchr
     assert any("relaunched under torchrun" in n for n in report["notes"])
     assert not {"DD104", "DD901", "DD902", "DD903"} & set(_by_rule(report))
     assert wall < 60
+
+
+def test_a_ddp_wrapped_ema_teacher_and_multi_crop_forwards_are_not_gradient_accumulation(probe) -> None:
+    """DINO (lab trial): student and EMA teacher both DDP models, the teacher's parameters frozen after the wrap,
+    the student forwarded once per crop, one backward per step. DD215 read the forwards as 2-step gradient
+    accumulation (a false alarm on DINO); the same script with real accumulation (two backward passes per step)
+    keeps DD215 and DD403."""
+    report, _, _ = probe("ema_teacher_ddp")
+    rules = {f["rule"] for f in report["findings"]}
+    assert not {"DD215", "DD403"} & rules, report["findings"]
+    assert any(n.startswith("static DD403") and "cleared by the probe" in n for n in report["notes"]), report["notes"]
+    report, _, _ = probe("ema_teacher_ddp", "--accumulate")
+    found = _by_rule(report)
+    assert found["DD215"]["evidence"]["micro_batches"] == 2 and "2 micro-batches (backward passes)" in found[
+        "DD215"]["message"]
+    assert "DD403" in found

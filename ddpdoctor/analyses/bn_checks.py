@@ -428,10 +428,14 @@ def sync_groups(ctx: Any) -> dict[str, int]:
 
 def accumulation_of(ctx: Any) -> tuple[dict[str, Any], str, str] | None:
     """(measured, message, verdict) of gradient accumulation in one run, None without it. Optimizer steps that
-    average several model forwards, counted as training forwards through DDP between optimizer steps — not BN
-    forwards, which a multi-view model (SimSiam, MoCo, DINO: the encoder run once per view) makes several of per
-    model forward."""
-    per_step = [int(e.get("ddp_forwards") or 0) for p in ctx.ranks.values() for e in p.of("optimizer_step")]
+    average several micro-batches: several backward passes per step (train_step), each after its own forward.
+    Not forwards alone: a multi-view or multi-crop recipe forwards the same batch once per view (SimSiam, BYOL,
+    DINO's crops; also a DDP-wrapped EMA teacher, whose forward is not counted as training) and takes one backward
+    of the summed loss — its BN normalises over the whole per-rank batch each time. Runs recorded without
+    train_step fall back to training forwards through DDP between optimizer steps."""
+    per_step = [int(e.get("backwards") or 0) for p in ctx.ranks.values() for e in p.of("train_step")]
+    if not any(per_step):
+        per_step = [int(e.get("ddp_forwards") or 0) for p in ctx.ranks.values() for e in p.of("optimizer_step")]
     per_step = [k for k in per_step if k > 0]
     if not per_step:
         return None
@@ -447,9 +451,9 @@ def accumulation_of(ctx: Any) -> tuple[dict[str, Any], str, str] | None:
     g = sync_groups(ctx).get(first.name, 1)
     world = len(bn.ranks)
     verdict = "likely" if b * g < LARGE_SYNC_BATCH else "possible"
-    message = (f"gradient accumulation: each optimizer step averages {k} forwards of {b} samples per rank "
-               f"({k * b * world} samples over {world} ranks) but BatchNorm normalises — and updates its running "
-               f"statistics — per forward, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
+    message = (f"gradient accumulation: each optimizer step averages {k} micro-batches (backward passes) of {b} "
+               f"samples per rank ({k * b * world} samples over {world} ranks) but BatchNorm normalises — and "
+               f"updates its running statistics — per forward, over {b * g} samples{' with SyncBN' if g > 1 else ''}"
                + (f" (plain BN: {b})" if g > 1 else ""))
     measured = {"summary": f"{k} micro-batches of {b}/rank; BN over {b * g}", "micro_batches": k,
                 "micro_batch_per_rank": b, "optimizer_batch": k * b * world, "bn_batch_syncbn": b * g,

@@ -60,7 +60,7 @@ def install(probe: Probe) -> None:
                 out = orig(self, *inputs, **kwargs)
             finally:
                 probe.ddp_forward_depth -= 1
-            if self.training and torch.is_grad_enabled():
+            if self.training and torch.is_grad_enabled() and trains(self.module):
                 probe.counters["ddp_forwards"] += 1
             return out
 
@@ -240,5 +240,13 @@ def wrapper_forward(probe: Probe, wrapper: Any) -> Iterator[None]:
         yield
     finally:
         probe.ddp_forward_depth -= 1
-    if wrapper.training and torch.is_grad_enabled():
+    if wrapper.training and torch.is_grad_enabled() and trains(wrapper):
         probe.counters["ddp_forwards"] += 1
+
+
+def trains(module: Any) -> bool:
+    """A training forward is one of a model with parameters that learn: DINO's teacher is a DDP model in training
+    mode, forwarded with autograd on, but its parameters stop requiring grad after the wrap (an EMA of the
+    student): counting its forward made every step look like 2-step gradient accumulation (DD215). Stops at the
+    first trainable parameter."""
+    return any(p.requires_grad for p in module.parameters())

@@ -70,9 +70,8 @@ RULE = Rule(
             "re-estimate BN statistics over training data before evaluating a checkpoint"
         ),
         "shuffle_bn": (
-            "Keep per-GPU BatchNorm here (shuffle-BN needs each GPU's own batch statistics; SyncBatchNorm would "
-            "undo the shuffle) and reconcile only the running statistics: average running_mean and running_var "
-            "across ranks (all_reduce, then divide by the world size) before evaluating and saving."
+            "Keep per-GPU BatchNorm here (SyncBatchNorm would undo the shuffle) and average running_mean and "
+            "running_var across ranks (all_reduce / world size) before evaluating and saving."
         ),
     },
 )

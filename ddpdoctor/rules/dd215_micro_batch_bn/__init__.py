@@ -22,11 +22,12 @@ RULE = Rule(
     ),
     what=prose(
         """
-        The probe counts the training forwards through DDP between optimizer steps (not BatchNorm forwards: a
-        multi-view model such as SimSiam or MoCo runs its encoder once per view in one model forward) and the
-        batch sizes BatchNorm normalised over. Two or more model forwards per step is gradient accumulation: the
-        finding gives the samples BN normalised over per forward (per rank, and with SyncBN per group) against
-        the samples the optimizer step averages over.
+        The probe counts the backward passes of every optimizer step and the batch sizes BatchNorm normalised
+        over. Two or more backward passes per step is gradient accumulation: the finding gives the samples BN
+        normalised over per forward (per rank, and with SyncBN per group) against the samples the optimizer step
+        averages over. Forwards alone are not counted: a multi-view or multi-crop recipe (SimSiam, BYOL, DINO)
+        forwards each view of the same batch and takes one backward of the summed loss, and a DDP-wrapped EMA
+        teacher's forward trains nothing.
         """
     ),
     why=prose(
