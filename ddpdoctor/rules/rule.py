@@ -69,7 +69,9 @@ class Rule:
 
     `package` is the rule's package (`__name__` in its `__init__.py`): the hooks are found there. `fix` is the
     rule's fix; `fix_variants` are the fixes for situations the rule's fix does not name (a finding picks one by
-    key, see `fix_text`; `{name}` fields are filled from the finding's `fix_args`).
+    key, see `fix_text`; `{name}` fields are filled from the finding's `fix_args`). `run_only`: for a problem that
+    makes a run crash, hang, run slower or puts its files at risk but cannot change what the ranks learn, why (a
+    triage names such a cause as a row under both arms, never as where an accuracy regression is).
     """
 
     package: str
@@ -82,6 +84,7 @@ class Rule:
     example: str
     fix: str
     fix_variants: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    run_only: str | None = None
 
     @property
     def static(self) -> bool:
@@ -129,7 +132,13 @@ class Rule:
             f"Why it hurts accuracy\n{wrap(self.why)}\n\n"
             f"Example\n{textwrap.indent(self.example, '    ')}\n\n"
             f"Fix\n{wrap(self.fix)}\n"
+            + (f"\nIn triage\n{wrap(self._run_only_text)}\n" if self.run_only else "")
         )
+
+    @property
+    def _run_only_text(self) -> str:
+        return (f"Cannot change what the ranks learn ({self.run_only}): `triage` lists it under both arms, never as "
+                "where an accuracy regression is.")
 
     def markdown(self) -> str:
         """The same documentation as Markdown (SARIF `help.markdown`)."""
@@ -141,6 +150,7 @@ class Rule:
             f"### Why it hurts accuracy\n\n{self.why}\n\n"
             f"### Example\n\n```python\n{self.example}\n```\n\n"
             f"### Fix\n\n{self.fix}\n"
+            + (f"\n### In triage\n\n{self._run_only_text}\n" if self.run_only else "")
         )
 
     def to_json(self) -> dict[str, Any]:

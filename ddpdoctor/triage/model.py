@@ -16,26 +16,15 @@ from typing import Any
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
+from ddpdoctor.rules import RULES
 
 # rules whose verdict triage decides itself (their check findings are replaced by the causes)
 TRIAGE_RULES = ("DD203", "DD204", "DD208", "DD209", "DD210", "DD211", "DD212", "DD213", "DD214", "DD215", "DD216")
 # findings about SyncBN itself, not a port problem that could hurt both arms
 SYNCBN_ONLY = ("DD101", "DD201", "DD202", "DD205")
 # port problems that make a run crash, hang, run slower or put its files at risk, but do not change what the ranks
-# learn or the score they report: real, listed as BOTH ARMS rows, never "where the regression is"
-RUN_ONLY = {
-    "DD104": "a hard-coded rank stops the rendezvous",
-    "DD105": "ranks sharing a device crash or run slower",
-    "DD107": "moving the model after wrapping breaks or slows the run",
-    "DD108": "a launch-argument problem decides which device a rank uses",
-    "DD206": "a collective on a subset of ranks hangs",
-    "DD403": "all-reducing on every micro-step only costs time",
-    "DD501": "a prefixed checkpoint fails to load, loudly",
-    "DD502": "concurrent saves put the checkpoint file at risk",
-    "DD901": "a hang stops the run",
-    "DD902": "a failing rank stops the run",
-    "DD904": "no training step was observed",
-}
+# learn or the score they report (Rule.run_only): real, listed as BOTH ARMS rows, never "where the regression is"
+RUN_ONLY = {r.code: r.run_only for r in RULES if r.run_only}
 CONVERSION_RULES = ("DD208", "DD209", "DD210", "DD211", "DD212", "DD216")
 CONFIDENCE = {"confirmed": Confidence.CERTAIN, "likely": Confidence.LIKELY}
 

@@ -60,4 +60,5 @@ RULE = Rule(
             "mp.spawn's process index."
         ),
     },
+    run_only="a hard-coded rank stops the rendezvous",
 )

@@ -58,4 +58,5 @@ RULE = Rule(
         "Call torch.cuda.set_device(local_rank) before any CUDA work, and wrap with "
         "DDP(model.cuda(local_rank), device_ids=[local_rank])."
     ),
+    run_only="ranks sharing a device crash or run slower",
 )

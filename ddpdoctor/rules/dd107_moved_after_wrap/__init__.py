@@ -49,4 +49,5 @@ RULE = Rule(
         "Move and cast the model to its device and dtype before wrapping it in DistributedDataParallel; do not "
         "call .to()/.cuda() on it afterwards."
     ),
+    run_only="moving the model after wrapping breaks or slows the run",
 )

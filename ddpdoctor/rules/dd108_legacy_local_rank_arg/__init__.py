@@ -64,4 +64,5 @@ RULE = Rule(
             "fallback)."
         ),
     },
+    run_only="a launch-argument problem decides which device a rank uses",
 )

@@ -62,4 +62,5 @@ RULE = Rule(
         "Call collectives and DDP/SyncBN training forwards on every rank; for rank-0-only work use "
         "model.module in eval mode under torch.no_grad(), and keep barriers outside the branch."
     ),
+    run_only="a collective on a subset of ranks hangs",
 )

@@ -47,4 +47,5 @@ RULE = Rule(
         """
     ),
     fix="Save on global rank 0 only, then dist.barrier() before any rank reads the file.",
+    run_only="concurrent saves put the checkpoint file at risk",
 )

@@ -76,4 +76,5 @@ RULE = Rule(
             "loading and input(), or read the ranks' logs in the run directory (--keep-run DIR)."
         ),
     },
+    run_only="a hang stops the run",
 )

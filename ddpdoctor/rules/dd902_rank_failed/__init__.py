@@ -64,4 +64,5 @@ RULE = Rule(
             "with fewer ranks (--nproc) the probe needs less memory."
         ),
     },
+    run_only="a failing rank stops the run",
 )

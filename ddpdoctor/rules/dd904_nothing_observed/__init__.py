@@ -68,4 +68,5 @@ RULE = Rule(
             "launcher's log in the run directory (--keep-run DIR)."
         ),
     },
+    run_only="no training step was observed",
 )
