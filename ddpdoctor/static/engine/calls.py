@@ -10,7 +10,14 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from ddpdoctor.static.engine.support import MAX_DEPTH, MAX_INLINE_PER_FUNCTION, VISIT_BUDGET, Args, dotted_last
+from ddpdoctor.static.engine.support import (
+    MAX_DEPTH,
+    MAX_INLINE_PER_FUNCTION,
+    VISIT_BUDGET,
+    Args,
+    counters,
+    dotted_last,
+)
 from ddpdoctor.static.semantic import EMPTY, Ctx, Frame, Obj, Value, is_constant, union
 
 # numeric builtins whose result is the value they are given, converted (`int(x)`, `abs(x)`)
@@ -79,14 +86,40 @@ class CallsMixin:
         modelled = self.special_attr(obj, name, node)
         if modelled is not None:
             return modelled
-        if name in obj.fields:
-            return obj.fields[name]
         cls = obj.props.get("class")
+        if name in obj.fields:
+            held = obj.fields[name]
+            if cls is not None and name in self.field_counters(cls) and any(o.const for o in held):
+                # `self.epoch += 1` in a method: from one call to the next the field is not that constant
+                return union(held, (self.new("value", node, label=f"{obj.label or 'self'}.{name}",
+                                             props={"counter": True}),))
+            return held
         if cls is not None or kind in ("class", "super"):
             found = self._attr_from_class(obj, name)
             if found is not None:
                 return found
         return (self._derived(obj, name, node),)
+
+    def field_counters(self, cls: Obj, seen: set[int] | None = None) -> frozenset[str]:
+        """The fields a class's methods (and its bases') update with `self.field += ...`."""
+        node = cls.props.get("node")
+        if node is None:
+            return frozenset()
+        found = self._field_counters.get(id(node))
+        if found is None:
+            names: set[str] = set()
+            for item in getattr(node, "body", ()):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.args.args:
+                    me = item.args.args[0].arg
+                    names.update(attr for base, attr in counters(item.body)[1] if base == me)
+            seen = seen if seen is not None else set()
+            seen.add(id(node))
+            for base in cls.props.get("bases", []):
+                for b in base:
+                    if b.kind == "class" and id(b.props.get("node")) not in seen:
+                        names |= self.field_counters(b, seen)
+            found = self._field_counters[id(node)] = frozenset(names)
+        return found
 
     def _attr_from_class(self, obj: Obj, name: str) -> Value | None:
         if obj.kind == "class":

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 
 from ddpdoctor.static.engine.expressions import truth_of
-from ddpdoctor.static.engine.support import is_main_guard
-from ddpdoctor.static.semantic import Ctx, Value
+from ddpdoctor.static.engine.support import Args, counters, is_main_guard
+from ddpdoctor.static.semantic import Ctx, Obj, Value, union
 
 
 class ControlMixin:
@@ -62,9 +62,11 @@ class ControlMixin:
 
     def st_For(self, st: ast.For | ast.AsyncFor) -> None:
         iterable = self.eval(st.iter)
+        yielded = self._iter_protocol(iterable, st)
         info = self.loop_info(st, iterable)
-        element = self.element_of(iterable, st)
+        element = yielded or self.element_of(iterable, st)
         frame = self.frame
+        self._widen_counters(st)
         before = dict(frame.locals)
         self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
         try:
@@ -77,7 +79,50 @@ class ControlMixin:
 
     st_AsyncFor = st_For
 
+    def _widen_counters(self, st: ast.For | ast.AsyncFor | ast.While) -> None:
+        """A loop body is walked once: a counter it updates (`epoch += 1`, `self.step += 1`) would be read at its
+        value before the loop only, a constant, as if `sampler.set_epoch(epoch)` in `while epoch < n:` passed the
+        same epoch every time. On entry such a counter also holds a varying value of the loop."""
+        names, attrs = self.loop_counters(st)
+        frame = self.frame
+        for name in names:
+            value = frame.locals.get(name)
+            if value and any(o.const for o in value):
+                frame.locals[name] = union(value, (self.new("value", st, label=name, props={"counter": True}),))
+        for base, attr in attrs:
+            value = frame.locals.get(base)
+            for o in value or ():
+                held = o.fields.get(attr)
+                if held and any(h.const for h in held):
+                    varying = self.new("value", st, label=f"{base}.{attr}", props={"counter": True})
+                    o.fields[attr] = union(held, (varying,))
+
+    def loop_counters(self, st: ast.AST) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+        found = self._counters.get(id(st))
+        if found is None:
+            found = self._counters[id(st)] = counters(st.body)
+        return found
+
+    def _iter_protocol(self, iterable: Value, st: ast.For | ast.AsyncFor) -> Value:
+        """`for x in obj` over an instance of a class of the project calls its `__iter__` first, where the loop
+        starts (an epoch-aware loader wrapper that calls `sampler.set_epoch` there is seen doing it every epoch).
+        What a generator `__iter__` yields is the loop's element; otherwise the iterable's usual element."""
+        yielded: list[Obj] = []
+        for o in iterable:
+            if o.kind != "instance" or o.props.get("class") is None:
+                continue
+            method = self._attr_from_class(o, "__iter__")
+            if not method:
+                continue
+            for m in method:
+                if m.kind != "bound":
+                    continue
+                for result in self.call_function(m.props["func"], Args(), st.iter, self_obj=m.props["self"]):
+                    yielded.extend(result.props.get("yields") or ())
+        return union(yielded)
+
     def st_While(self, st: ast.While) -> None:
+        self._widen_counters(st)
         test = self.eval(st.test)
         frame = self.frame
         before = dict(frame.locals)

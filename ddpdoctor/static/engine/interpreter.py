@@ -80,6 +80,8 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         self._cond_keys: dict[int, tuple[str, int]] = {}
         self._texts: dict[int, str] = {}
         self._literals: dict[int, Value] = {}
+        self._counters: dict[int, tuple[frozenset[str], frozenset[tuple[str, str]]]] = {}  # loop node → counters
+        self._field_counters: dict[int, frozenset[str]] = {}  # class node → fields its methods increment
         self._inlined: dict[ast.AST, int] = {}
         self._summaries: dict[ast.AST, Value] = {}
         self._method_class: dict[ast.AST, ast.ClassDef] = {}

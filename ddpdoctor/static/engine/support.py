@@ -324,3 +324,27 @@ __all__ = [
     "merge_env",
     "target_ident",
 ]
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def counters(body: list[ast.stmt]) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """What `x += ...` updates in these statements, nested scopes left out: the names, and the (name, attribute)
+    pairs of `name.attr += ...`. A loop walked once sees such a counter at its first value only; it is what
+    changes from one iteration (or one call) to the next."""
+    names: set[str] = set()
+    attrs: set[tuple[str, str]] = set()
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.AugAssign):
+            t = node.target
+            if isinstance(t, ast.Name):
+                names.add(t.id)
+            elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                attrs.add((t.value.id, t.attr))
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, _SCOPES) and isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                stack.append(child)
+    return frozenset(names), frozenset(attrs)
