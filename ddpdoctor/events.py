@@ -155,6 +155,7 @@ EVENT_KINDS: dict[str, EventKind] = {
             "| 'spawned function returned'",
             steps="optimizer steps taken",
             epochs="training epochs observed",
+            backwards="backward passes of the whole process (with steps 0: parameters updated without torch.optim)",
             writes_waited="seconds the process waited for writes in progress (a checkpoint saved by a background "
             "thread) before leaving",
             writes_cut="paths still being written when it had to leave anyway (the run's copy is incomplete)",

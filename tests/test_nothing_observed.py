@@ -62,6 +62,20 @@ def test_no_optimizer_and_early_exit(tmp_path: Path) -> None:
     assert "sys.exit(0) at train.py:30" in f.message
 
 
+def test_a_hand_written_update_is_named_at_low_severity(tmp_path: Path) -> None:
+    """Backward passes and no torch.optim optimizer: the script trains by hand (p -= lr * p.grad). That is not a
+    broken run: DD904 says what the probe could not measure, and does not fail CI."""
+    run = Run(tmp_path / "run", returncode=0)
+    for rank in (0, 1):
+        run.process(400 + rank, rank, events=[
+            ("pg_init", {"ok": True, "rank": rank, "world_size": 2}),
+            ("done", {"reason": "script returned", "steps": 0, "epochs": 0, "backwards": 8}), ("exit", {"code": 0})])
+    [f] = _dd904(run.root)
+    assert f.severity.label == "low" and f.evidence["backward_passes"] == 16
+    assert "ran 16 backward passes but never built a torch.optim optimizer" in f.message
+    assert "torch.optim.SGD(params, lr)" in f.fix
+
+
 def test_a_run_that_stepped_a_failure_or_a_hang_is_not_dd904(tmp_path: Path) -> None:
     run = Run(tmp_path / "a", returncode=0)
     _ranks(run, ("optimizer_step", {"opt": 1, "step": 1}))
@@ -99,3 +113,14 @@ def test_probe_of_a_script_resumed_past_its_last_epoch(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD904"]
     assert "ckpt/last.pt (epoch=9)" in f["message"] and f["line"] == 25
+
+
+@pytest.mark.slow
+def test_probe_of_a_script_that_updates_its_parameters_by_hand(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/manual_sgd.py", "--format",
+                           "json", "-o", str(out), "-q"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    [f] = [f for f in json.loads(out.read_text())["findings"] if f["rule"] == "DD904"]
+    assert f["severity"] == "low" and f["evidence"]["backward_passes"] == 16, f

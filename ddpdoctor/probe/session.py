@@ -440,6 +440,7 @@ class Probe:
         self.quiet_steps = 0  # > 0 while a library takes optimizer steps of its own (not the script's training)
         self.recording = 0  # > 0 while recorder code runs (probe.safely): what it does is not the script's
         self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
+        self.backward_calls = 0  # backward passes of the whole process (optim_health counts them)
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0
         self.open_training_iterations = 0
@@ -542,8 +543,8 @@ class Probe:
         for hook in list(self.end_hooks):
             self.safely(f"end hook {getattr(hook, '__qualname__', hook)}", hook)
         waited, cut = self._let_writes_finish()
-        self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed, writes_waited=waited,
-                  writes_cut=cut, **({"site": site} if site else {}))
+        self.emit("done", reason=reason, steps=self.steps, epochs=self.epochs_observed, backwards=self.backward_calls,
+                  writes_waited=waited, writes_cut=cut, **({"site": site} if site else {}))
         if self.peer_waiter is not None:
             self.safely("peers wait", self.peer_waiter)
         if run_atexit:

@@ -191,6 +191,7 @@ def _before_backward(probe: Probe, st: _State, loss: Any) -> None:
     import torch
 
     st.backwards += 1
+    probe.backward_calls += 1
     kind, ddp = st.pending if st.pending is not None else (None, 0)
     if kind == "sync":
         st.syncing += 1

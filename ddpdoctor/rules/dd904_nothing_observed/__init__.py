@@ -63,6 +63,10 @@ RULE = Rule(
         "no_optimizer": (
             "Run the probe with the arguments that train (an evaluation or export mode builds no optimizer)."
         ),
+        "manual_update": (
+            "The probe measures training at torch.optim optimizer steps: an optimizer with the same update "
+            "(torch.optim.SGD(params, lr)) lets it; `check --static` still reads this script."
+        ),
         "no_process": (
             "Nothing of the script ran under the probe: check the script path and its arguments, then read the "
             "launcher's log in the run directory (--keep-run DIR)."

@@ -14,7 +14,7 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import failures
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd904_nothing_observed import CODE
 
 _TRAINING_ROLES = ("rank", "attached", "spawned", "main", "forked")
@@ -41,6 +41,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         CODE,
         message=message,
         fix_variant=variant,
+        # a script that trains without torch.optim is not broken: say what was not measured, without failing CI
+        **({"severity": Severity.LOW} if variant == "manual_update" else {}),
         site=site,
         ranks=ranks,
         evidence={"optimizer_steps": 0, "processes": len(procs), **evidence},
@@ -108,6 +110,15 @@ def _reason(ctx: RunContext, procs: list[Any]) -> tuple[str, str | None, dict[st
             "(an evaluation-only run, or a loop that returns before stepping)"
         )
         return why, None, optimizers[0].get("site"), evidence
+    backwards = sum(int((p.done or {}).get("backwards") or 0) for p in procs)
+    evidence["backward_passes"] = backwards
+    if not optimizers and backwards:
+        return (
+            f"it ran {backwards} backward pass{'es' if backwards != 1 else ''} but never built a torch.optim "
+            "optimizer: it updates the parameters by hand (p.data -= lr * p.grad), which the probe does not observe "
+            "as training steps",
+            "manual_update", None, evidence,
+        )
     if not optimizers:
         return (
             "it never built an optimizer (an evaluation or export mode of the script, or arguments that skip "
