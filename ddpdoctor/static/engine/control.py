@@ -5,8 +5,9 @@ code inside them runs in."""
 from __future__ import annotations
 
 import ast
+from typing import Any
 
-from ddpdoctor.static.engine.expressions import truth_of
+from ddpdoctor.static.engine.expressions import CMP_OPS, NOT_COMPUTED, known_value, truth_of
 from ddpdoctor.static.engine.support import Args, counters, is_main_guard
 from ddpdoctor.static.semantic import Ctx, Obj, Value, union
 
@@ -198,9 +199,11 @@ class ControlMixin:
         frame.locals = merged
 
     def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:
-        """The truth of a test that only reads a parameter of the current call when the caller passed a literal for
-        it (or left its literal default): `if is_training:` in `create_loader(..., is_training=False)` runs one way
-        in this call. Module-level constants and unknown values keep both sides walked."""
+        """The truth of a test that only reads parameters of the current call when the caller passed literals for
+        them (or left their literal defaults): `if is_training:` in `create_loader(..., is_training=False)` runs one
+        way in this call, and so does `if local_rank not in [-1, 0]:` in a helper called with `rank=-1` (YOLOv5's
+        "not distributed": that call never reaches the barrier, whatever the name says). Module-level constants
+        and unknown values keep both sides walked."""
         negate = False
         node = test_node
         while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
@@ -208,14 +211,44 @@ class ControlMixin:
         frame = self.frame
         fnode = frame.node
         if (
-            not isinstance(node, ast.Name)
+            not isinstance(node, (ast.Name, ast.Compare))
             or frame.call_site is None
             or not isinstance(fnode, (ast.FunctionDef, ast.AsyncFunctionDef))
         ):
             return None
         spec = fnode.args
         params = {a.arg for a in (*spec.posonlyargs, *spec.args, *spec.kwonlyargs)}
-        if node.id not in params or node.id not in frame.locals:
+        if isinstance(node, ast.Compare):
+            truth = self._parameter_comparison(node, params, frame.locals)
+        elif node.id not in params or node.id not in frame.locals:
             return None
-        truth = truth_of(frame.locals[node.id])
+        else:
+            truth = truth_of(frame.locals[node.id])
         return None if truth is None else truth != negate
+
+    @staticmethod
+    def _parameter_comparison(node: ast.Compare, params: set[str], local: dict[str, Value]) -> bool | None:
+        """`param == literal`, `param not in (-1, 0)`...: every name a parameter holding one literal, every other
+        operand a literal."""
+        values: list[Any] = []
+        named = False
+        for part in (node.left, *node.comparators):
+            if isinstance(part, ast.Name):
+                if part.id not in params or part.id not in local:
+                    return None
+                value = known_value(local[part.id])
+                if value is NOT_COMPUTED:
+                    return None
+                named = True
+            else:
+                try:
+                    value = ast.literal_eval(part)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    return None
+            values.append(value)
+        if not named:
+            return None
+        try:
+            return all(bool(CMP_OPS[type(op)](values[i], values[i + 1])) for i, op in enumerate(node.ops))
+        except Exception:  # a comparison the literals do not support (None < 1): leave both sides
+            return None
