@@ -17,6 +17,7 @@ from typing import Any
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
+from ddpdoctor.static.apis.optim import optimizer_like
 from ddpdoctor.static.engine import SourceFile, SourceIndex
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
@@ -164,13 +165,24 @@ class ScriptModel:
     def _last_in_loop(self) -> dict[str, dict[int, int]]:
         """"train" / "forward" → loop node id → the last seq of a backward or step / of a forward inside it."""
         out: dict[str, dict[int, int]] = {"train": {}, "forward": {}}
-        for key, kinds in (("train", ("backward", "opt_step")), ("forward", ("forward",))):
+        for key, events in (("train", self.training_events), ("forward", self.of("forward"))):
             last = out[key]
-            for ev in self.of(*kinds):
+            for ev in events:
                 for c in ev.ctx:
                     if c.kind == "loop":
                         last[id(c.node)] = max(last.get(id(c.node), -1), ev.seq)
         return out
+
+    @cached_property
+    def training_events(self) -> list[Event]:
+        """Backward passes and optimizer steps, and calls nobody models that are handed an optimizer with something
+        else (timm's `loss_scaler(loss, optimizer, parameters=...)`: the AMP scaler runs backward and the step
+        inside a package the walk does not enter), in execution order."""
+        opaque = [
+            ev for ev in self.of("call")
+            if len(ev.data["args"].all()) >= 2 and any(optimizer_like(o) for o in ev.data["args"].all())
+        ]
+        return sorted([*self.of("backward", "opt_step"), *opaque], key=lambda e: e.seq)
 
     def loop_trains(self, loop: ast.AST | None, after: int = -1) -> bool:
         """Whether a backward pass or an optimizer step happens inside this loop."""
@@ -191,7 +203,7 @@ class ScriptModel:
         loop = it.data.get("loop")
         if loop is not None:
             return self.loop_trains(loop, it.seq)
-        return any(ev.seq > it.seq and it.frame in ev.frames for ev in self.of("backward", "opt_step"))
+        return any(ev.seq > it.seq and it.frame in ev.frames for ev in self.training_events)
 
     @cached_property
     def backward_events(self) -> list[Event]:

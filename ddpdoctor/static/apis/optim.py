@@ -93,11 +93,20 @@ def _step_by_argument_or_name(w: TorchState, o: Obj, name: str, node: ast.Call, 
     if optimizers:
         w.emit("opt_step", node, target=optimizers)
         return (w.unknown(node),)
-    label = (o.props.get("bound_name") or o.label or "").lower()
-    if o.kind == "unknown" and ("optim" in label or label.split(".")[-1] in ("opt", "optimizer")):
+    if o.kind == "unknown" and named_like_optimizer(o):
         w.emit("opt_step", node, target=(o,), heuristic=True)
         return (w.unknown(node),)
     return None
+
+
+def named_like_optimizer(o: Obj) -> bool:
+    """An object we cannot see into, named like an optimizer (`self.optim`, `opt`, an optimizer a factory built)."""
+    label = (o.props.get("bound_name") or o.label or "").lower()
+    return "optim" in label or label.split(".")[-1] in ("opt", "optimizer")
+
+
+def optimizer_like(o: Obj) -> bool:
+    return o.kind == "optimizer" or (o.kind == "unknown" and named_like_optimizer(o))
 
 
 METHODS = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import builtins
 
+from ddpdoctor.static.engine.support import counters
 from ddpdoctor.static.semantic import Frame, Obj, Value, union
 
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -116,3 +117,24 @@ class BindingMixin:
                     per_target[i].append((self._derived(o, f"[{i}]", node),))
         for i, e in enumerate(elts):
             self.bind(e, union(*per_target[i]))
+
+    def field_counters(self, cls: Obj, seen: set[int] | None = None) -> frozenset[str]:
+        """The fields a class's methods (and its bases') update with `self.field += ...`."""
+        node = cls.props.get("node")
+        if node is None:
+            return frozenset()
+        found = self._field_counters.get(id(node))
+        if found is None:
+            names: set[str] = set()
+            for item in getattr(node, "body", ()):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.args.args:
+                    me = item.args.args[0].arg
+                    names.update(attr for base, attr in counters(item.body)[1] if base == me)
+            seen = seen if seen is not None else set()
+            seen.add(id(node))
+            for base in cls.props.get("bases", []):
+                for b in base:
+                    if b.kind == "class" and id(b.props.get("node")) not in seen:
+                        names |= self.field_counters(b, seen)
+            found = self._field_counters[id(node)] = frozenset(names)
+        return found

@@ -15,7 +15,6 @@ from ddpdoctor.static.engine.support import (
     MAX_INLINE_PER_FUNCTION,
     VISIT_BUDGET,
     Args,
-    counters,
     dotted_last,
 )
 from ddpdoctor.static.semantic import EMPTY, Ctx, Frame, Obj, Value, is_constant, union
@@ -100,26 +99,9 @@ class CallsMixin:
                 return found
         return (self._derived(obj, name, node),)
 
-    def field_counters(self, cls: Obj, seen: set[int] | None = None) -> frozenset[str]:
-        """The fields a class's methods (and its bases') update with `self.field += ...`."""
-        node = cls.props.get("node")
-        if node is None:
-            return frozenset()
-        found = self._field_counters.get(id(node))
-        if found is None:
-            names: set[str] = set()
-            for item in getattr(node, "body", ()):
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.args.args:
-                    me = item.args.args[0].arg
-                    names.update(attr for base, attr in counters(item.body)[1] if base == me)
-            seen = seen if seen is not None else set()
-            seen.add(id(node))
-            for base in cls.props.get("bases", []):
-                for b in base:
-                    if b.kind == "class" and id(b.props.get("node")) not in seen:
-                        names |= self.field_counters(b, seen)
-            found = self._field_counters[id(node)] = frozenset(names)
-        return found
+    def _callable_instance(self, obj: Obj) -> bool:
+        found = self._lookup_class_attr(obj.props["class"], "__call__")
+        return bool(found) and all(f.kind == "function" for f in found)
 
     def _attr_from_class(self, obj: Obj, name: str) -> Value | None:
         if obj.kind == "class":
@@ -391,6 +373,10 @@ class CallsMixin:
                 out.extend(self.call_qual(o.qual or "", node, args, heuristic=o.props.get("heuristic", False)))
             elif kind == "builtin":
                 out.extend(self.call_builtin(o.label or "", node, args))
+            elif kind == "instance" and o.props.get("class") is not None and self._callable_instance(o):
+                # a project class's instance called like a function: its __call__ (an AMP scaler helper that
+                # runs backward and the optimizer step, Swin's NativeScalerWithGradNormCount)
+                out.extend(self.call_value(self._attr_from_class(o, "__call__") or EMPTY, node, args))
             elif kind == "partial":
                 merged = Args(
                     pos=list(o.props["args"].pos) + args.pos,
