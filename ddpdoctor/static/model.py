@@ -178,10 +178,11 @@ class ScriptModel:
         """Backward passes and optimizer steps, and calls nobody models that are handed an optimizer with something
         else (timm's `loss_scaler(loss, optimizer, parameters=...)`: the AMP scaler runs backward and the step
         inside a package the walk does not enter), in execution order."""
-        opaque = [
-            ev for ev in self.of("call")
-            if len(ev.data["args"].all()) >= 2 and any(optimizer_like(o) for o in ev.data["args"].all())
-        ]
+        opaque = []
+        for ev in self.of("call"):
+            args = ev.data["args"]
+            if len(args.pos) + len(args.kw) >= 2 and any(optimizer_like(o) for o in args.all()):
+                opaque.append(ev)
         return sorted([*self.of("backward", "opt_step"), *opaque], key=lambda e: e.seq)
 
     def loop_trains(self, loop: ast.AST | None, after: int = -1) -> bool:

@@ -327,6 +327,7 @@ __all__ = [
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")  # where statements hold statements
 
 
 def counters(body: list[ast.stmt]) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
@@ -336,15 +337,18 @@ def counters(body: list[ast.stmt]) -> tuple[frozenset[str], frozenset[tuple[str,
     names: set[str] = set()
     attrs: set[tuple[str, str]] = set()
     stack: list[ast.AST] = list(body)
-    while stack:
+    while stack:  # statements only: an augmented assignment is one
         node = stack.pop()
-        if isinstance(node, ast.AugAssign):
-            t = node.target
-            if isinstance(t, ast.Name):
-                names.add(t.id)
-            elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
-                attrs.add((t.value.id, t.attr))
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, _SCOPES) and isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
-                stack.append(child)
+        t = type(node)
+        if t is ast.AugAssign:
+            target = node.target
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+            elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                attrs.add((target.value.id, target.attr))
+        elif t not in _SCOPES:
+            for name in _BLOCK_FIELDS:
+                block = getattr(node, name, None)
+                if block:
+                    stack.extend(block)
     return frozenset(names), frozenset(attrs)
