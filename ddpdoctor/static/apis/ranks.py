@@ -10,6 +10,7 @@ runs on a subset of ranks: its context is `rank` with a polarity ("main" | "nonm
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 from ddpdoctor import torchnames as N
@@ -293,3 +294,27 @@ def grad_owners(value: Value, depth: int = 0) -> Value:
             for v in (o.items or ()) + ((o.props["elem"],) if "elem" in o.props else ()):
                 out.extend(grad_owners(v, depth + 1))
     return union(out)
+
+
+_DISTRIBUTED_FLAG = re.compile(r"^(is_|use_|enable_|args_)?(distributed|ddp|dist_?mode)$")
+_DISTRIBUTED_CALL = re.compile(r"^(is_)?dist(ributed)?(_avail(able)?_and)?_?(is_)?initiali[sz]ed$|^is_distributed$")
+
+
+def asks_distributed(w: TorchState, node: ast.expr, test: Value) -> bool:
+    """An `if` test that asks whether the run is distributed — a flag (`args.distributed`, `self._distributed`,
+    `use_ddp`), `dist.is_initialized()` or a helper named like it (`is_dist_avail_and_initialized()`), or a world
+    size above one: its `else` side runs in a single process."""
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return any(asks_distributed(w, v, test) for v in node.values)
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        ident = node.id if isinstance(node, ast.Name) else node.attr
+        return bool(_DISTRIBUTED_FLAG.match(ident.lower().lstrip("_")))
+    if isinstance(node, ast.Call) and not node.args:
+        func = node.func
+        ident = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        return bool(_DISTRIBUTED_CALL.match(ident.lower().lstrip("_")))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Gt, ast.NotEq)):
+        right = node.comparators[0]
+        if isinstance(right, ast.Constant) and right.value == 1:
+            return "world_size" in w.text(node.left).lower() or "num_gpus" in w.text(node.left).lower()
+    return False

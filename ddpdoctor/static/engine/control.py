@@ -36,6 +36,7 @@ class ControlMixin:
         finally:
             if kind:
                 self.ctx.pop()
+        body_guard = self._trailing_guard
         after_body = frame.locals
         frame.locals = dict(before)
         if kind:
@@ -59,6 +60,10 @@ class ControlMixin:
                 self._guard = (kind, info, 0, scope, test)
         else:
             frame.locals = self.merge(after_body, after_else)
+            if body_guard is not None and body_guard[0] == "rank" and self.single_process_otherwise(st.test, test):
+                # `if distributed: ...; if not is_main(): return` then `else: ...`: past the `if`, the other
+                # ranks have left, and without distribution there is one process (detectron2's evaluators)
+                self._guard = body_guard
         return False
 
     def st_For(self, st: ast.For | ast.AsyncFor) -> None:

@@ -88,6 +88,10 @@ class Hooks:
 
     # ------------------------------------------------------------------ branches, comparisons, contexts
 
+    def single_process_otherwise(self, node: ast.expr, test: Value) -> bool:
+        """Whether the `else` side of this `if` test runs in a single process (the test asks "distributed?")."""
+        return False
+
     def classify_branch(self, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
         """(ctx kind, info of the body, info of the else side, scope) of an `if` test."""
         text = self.text(node)

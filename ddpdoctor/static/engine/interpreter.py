@@ -77,6 +77,7 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         self._instances: dict[ast.AST, list[Obj]] = {}
         self._placeholders: dict[tuple[str, str], Obj] = {}
         self._guard: tuple[str, Any, int, str | None, Value] | None = None  # (kind, info, branch, scope, test)
+        self._trailing_guard: tuple[str, Any, int, str | None, Value] | None = None  # of the last block walked
         self._cond_keys: dict[int, tuple[str, int]] = {}
         self._texts: dict[int, str] = {}
         self._literals: dict[int, Value] = {}
@@ -329,6 +330,7 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
     def block(self, stmts: list[ast.stmt]) -> bool:
         """Walk statements in order; True when the block always ends in return/raise/break/continue/exit."""
         pushed = 0
+        last_guard = None
         try:
             for st in stmts:
                 self._guard = None
@@ -340,10 +342,12 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
                         Ctx(guard[0], st, guard[1], self.frame.id, guard[2], guard[3], guard[4], file=self.frame.file)
                     )
                     pushed += 1
+                    last_guard = guard
             return False
         finally:
             if pushed:
                 del self.ctx[len(self.ctx) - pushed :]
+            self._trailing_guard = last_guard  # what the end of this block runs under (read by st_If)
 
     def stmt(self, st: ast.stmt) -> bool:
         self._visits += 1
