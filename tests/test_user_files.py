@@ -162,3 +162,24 @@ def torch_jit_loads(path: Path) -> bool:
     import torch
 
     return torch.jit.load(str(path)) is not None
+
+
+def test_log_files_kept_open_for_the_whole_run_are_not_waited_for_and_reach_the_runs_copy(tmp_path: Path) -> None:
+    """A logging.FileHandler and a metrics file opened by the main thread and never closed: the ranks leave as soon
+    as the probe has its steps (they waited for those files until the timeout: 110 s of a 117 s minGPT probe), and
+    the run's copies hold every line written before the last step (os._exit would drop Python's buffer)."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "open_log.py", folder / "train.py")
+    run = tmp_path / "run"
+    _, report = check(folder, "train.py", "--keep-run", str(run), "--epochs", "2", "--steps", "3")
+    assert steps(report) == [6, 6]
+    done = [json.loads(line) for p in (run / "events").glob("*.jsonl") for line in p.read_text().splitlines()
+            if '"kind":"done"' in line]
+    assert len(done) == 2 and all(d["writes_waited"] < 5 and not d["writes_cut"] for d in done), done
+    kept = run / "writes" / str(folder).lstrip("/")
+    for rank in (0, 1):
+        lines = (kept / f"metrics{rank}.txt").read_text().splitlines()
+        assert [line.split()[1] for line in lines] == [str(i) for i in range(1, 7)], lines
+        assert "step 6" in (kept / f"train{rank}.log").read_text()
+    assert sorted(p.name for p in folder.iterdir()) == ["train.py"]

@@ -315,23 +315,47 @@ _VIEW: View | None = None
 # writes in progress: files opened for writing and not yet closed, and native writes (torch.save) under way; the
 # probe waits for them before it ends a process mid-script (Probe.end_run), so a checkpoint written by a
 # background thread is complete in the run's copy
-_OPEN_WRITES: weakref.WeakSet[Any] = weakref.WeakSet()
+_OPEN_WRITES: weakref.WeakKeyDictionary[Any, threading.Thread] = weakref.WeakKeyDictionary()  # file → opener
 _BUSY: dict[int, str] = {}
 _BUSY_LOCK = threading.Lock()
 
 
-def in_flight() -> list[str]:
-    """Paths being written right now by this process (through Python file objects or `writing`)."""
+def _opened(fh: Any) -> None:
+    try:
+        _OPEN_WRITES[fh] = threading.current_thread()
+    except TypeError:  # an object without weak references: not followed
+        pass
+
+
+def in_flight(ending: threading.Thread | None = None) -> list[str]:
+    """Paths being written right now by this process (through Python file objects or `writing`). With `ending`
+    (the thread that ends the process): only files another thread still alive has open — a checkpoint a background
+    thread is saving. A file the ending thread (or a finished one) left open, like a log file a logging handler
+    keeps for the whole run, is not a write under way: waiting for it to close would wait for ever (hydra's main.log
+    held every minGPT rank until the probe's timeout)."""
     names = []
-    for fh in list(_OPEN_WRITES):
+    for fh, opener in list(_OPEN_WRITES.items()):
         try:
-            if not fh.closed:
-                names.append(str(getattr(fh, "name", "?")))
+            if fh.closed:
+                continue
         except ValueError:
             continue
+        if ending is not None and (opener is ending or not opener.is_alive()):
+            continue
+        names.append(str(getattr(fh, "name", "?")))
     with _BUSY_LOCK:
         names.extend(_BUSY.values())
     return names
+
+
+def flush_open_writes() -> None:
+    """Flush what Python still buffers for files left open (the process ends with os._exit, which does not)."""
+    for fh in list(_OPEN_WRITES.keys()):
+        try:
+            if not fh.closed:
+                fh.flush()
+        except Exception:  # a file another thread is closing, a broken pipe: nothing more can be done for it
+            continue
 
 
 class writing:  # used as a context manager, like open()
@@ -393,7 +417,7 @@ def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             target = v.write_path(p, keep=keep, op="write" if "w" in mode else "modify", asked=file)
     fh = _ORIG_OPEN(target, mode, *args, **kwargs)
     if _is_write_mode(mode):
-        _OPEN_WRITES.add(fh)
+        _opened(fh)
     return fh
 
 
@@ -426,7 +450,7 @@ class _FileIO(_ORIG_FILEIO, metaclass=_FileIOType):
                     file = v.write_path(p, keep=keep, op="write" if "w" in mode else "modify", asked=file)
         super().__init__(file, mode, closefd, opener)
         if _is_write_mode(mode):
-            _OPEN_WRITES.add(self)
+            _opened(self)
 
 
 _FileIO.__name__ = _FileIO.__qualname__ = "FileIO"

@@ -566,12 +566,13 @@ class Probe:
         grace = t0 + THREAD_GRACE
         me = threading.current_thread()
         while time.time() < end:
-            writing = fsview.in_flight()
+            writing = fsview.in_flight(ending=me)
             threads = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
             if not writing and (not threads or time.time() > grace):
                 break
             time.sleep(0.02)
-        return round(time.time() - t0, 3), fsview.in_flight()[:8]
+        fsview.flush_open_writes()
+        return round(time.time() - t0, 3), fsview.in_flight(ending=me)[:8]
 
     def leave(self, code: int) -> None:
         self.emit("exit", code=code)
