@@ -78,3 +78,24 @@ def test_the_run_directory_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     fp = fingerprint([str(tmp_path)], skip=[str(run)])
     assert set(fp.entries) == {str(tmp_path / "train.py")}
+
+
+def test_ddpdoctors_own_output_files_are_not_the_scripts_writes(tmp_path: Path) -> None:
+    """`ddpdoctor check train.py > report.txt 2> log.txt` in the project folder: ddpdoctor writes those files
+    during the run itself; they headed every such report as "files changed behind the probe's back"."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text("")
+    code = (
+        "import sys\n"
+        "from ddpdoctor.probe.usertree import changes, fingerprint\n"
+        "before = fingerprint([sys.argv[1]], skip=[])\n"
+        "sys.stderr.write('progress\\n' * 100); sys.stderr.flush()\n"
+        "open(sys.argv[1] + '/made.txt', 'w').write('x')\n"
+        "tree = changes(before, skip=[])\n"
+        "print(tree['counts'], file=sys.__stdout__)\n"
+    )
+    with open(tmp_path / "log.txt", "w") as err, open(tmp_path / "report.txt", "w") as out:
+        subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=out, stderr=err, check=True)
+    assert (tmp_path / "report.txt").read_text().strip() == "{'modified': 0, 'deleted': 0, 'created': 1}"

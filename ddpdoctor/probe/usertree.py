@@ -40,13 +40,28 @@ class Fingerprint:
     entries: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # path → (mode, size, mtime, ino)
     complete: bool = True
     tool_dirs: list[str] = field(default_factory=list)  # left out: environments, VCS stores, caches
+    own_files: frozenset[tuple[int, int]] = frozenset()  # (device, inode) of ddpdoctor's own output files
 
 
-def fingerprint(roots: list[str], skip: list[str]) -> Fingerprint:
-    """What is in `roots` now (symlinks are not followed; `skip` subtrees, tool folders and environments are left
-    out), breadth first."""
+def own_output_files() -> frozenset[tuple[int, int]]:
+    """ddpdoctor's stdout and stderr when they are files (`ddpdoctor check train.py > report.txt 2> log.txt` in the
+    project folder): they grow during the run by ddpdoctor's own hand, not the script's."""
+    out = set()
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    return frozenset(out)
+
+
+def fingerprint(roots: list[str], skip: list[str], own: frozenset[tuple[int, int]] | None = None) -> Fingerprint:
+    """What is in `roots` now (symlinks are not followed; `skip` subtrees, tool folders, environments and
+    ddpdoctor's own output files are left out), breadth first."""
     skipped = {os.path.realpath(s) for s in skip if s}
-    fp = Fingerprint(roots=[])
+    fp = Fingerprint(roots=[], own_files=own_output_files() if own is None else own)
     end = time.monotonic() + MAX_SECONDS
     seen: set[str] = set()
     for root in roots:
@@ -77,6 +92,8 @@ def fingerprint(roots: list[str], skip: list[str]) -> Fingerprint:
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
+                    continue
+                if fp.own_files and (st.st_dev, st.st_ino) in fp.own_files:
                     continue
                 fp.entries[path] = _entry(st)  # a folder left out still counts as there or not
                 if stat.S_ISDIR(st.st_mode):
@@ -110,7 +127,7 @@ def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
             continue
         if now != old and old[0] != stat.S_IFDIR:
             modified.append(path)
-    after = fingerprint(before.roots, skip)
+    after = fingerprint(before.roots, skip, own=before.own_files)
     complete = before.complete and after.complete
     created = sorted(p for p in after.entries if p not in before.entries) if complete else []
     modified.sort()
