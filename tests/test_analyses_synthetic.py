@@ -96,6 +96,18 @@ def test_every_rank_raising_the_same_error_names_them_all(tmp_path: Path) -> Non
     assert f.ranks == (0, 1) and f.message.startswith("ranks 0, 1 raised FileNotFoundError")
 
 
+def test_a_device_beyond_the_emulated_ones_is_not_called_a_bug_of_the_script(tmp_path: Path) -> None:
+    """A DataParallel script written for 4 GPUs (device_ids=[0, 1, 2, 3]) on a CPU probe of 2 emulated devices: it
+    said "fix the error raised by the script", critical; the script is right on its machine."""
+    run = Run(tmp_path)
+    message = "CUDA error: invalid device ordinal (cuda:2; this run emulates 2 CUDA devices)"
+    run.process(10, 0, events=[("exception", {"type": "RuntimeError", "message": message, "user_frame": SITE})])
+    f = _rules(tmp_path)["DD902"]
+    assert f.severity.label == "high" and f.evidence["emulated_devices"] == 2
+    assert "expects at least 3 GPUs" in f.message and "--nproc N, N at least 3" in f.fix
+    assert "Fix the error raised by the script" not in f.fix
+
+
 def test_processes_claiming_the_same_rank_without_a_launcher(tmp_path: Path) -> None:
     """A self-spawning script with rank=0 hard-coded: no launcher contract to fall back on, the rendezvous hangs."""
     run = Run(tmp_path, timed_out=True)

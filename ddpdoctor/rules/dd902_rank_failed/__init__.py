@@ -59,6 +59,10 @@ RULE = Rule(
         "native_crash": (
             "Read the rank's stderr tail in evidence (native crash: collective mismatch, out of memory, segfault)."
         ),
+        "emulated_devices": (
+            "Run the probe with as many ranks as GPUs the script expects (--nproc N, N at least {needed}): on CPU the "
+            "probe emulates one CUDA device per rank (a DataParallel script's one process sees them all)."
+        ),
         "launcher": (
             "Find what killed the launcher (dmesg for the OOM killer; a script that signals its parent process); "
             "with fewer ranks (--nproc) the probe needs less memory."

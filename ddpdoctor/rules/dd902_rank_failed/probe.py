@@ -8,9 +8,11 @@ A rank that recorded `done` and died in interpreter teardown is not a failure.
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd902_rank_failed import CODE
 
 RUN_FIRST = True  # how the run ended: analysed first, so its notes lead the report
@@ -31,6 +33,10 @@ def _describe(f: Failure) -> str:
     if f.signal:
         return f"died with {f.signal}" + (f" ({f.message})" if f.message else "")
     return f"exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
+
+
+# the emulation's error for a device index beyond the devices it gives the run (probe/emulation.py)
+_EMULATED_ORDINAL = re.compile(r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)")
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -92,11 +98,26 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "last_event": {"kind": last.get("kind"), "t": last.get("t")} if last else None,
     }
     variant = {"exception": "exception", "launcher": "launcher"}.get(first.kind, "native_crash")
+    fix_args = None
+    severity = None
+    beyond = _EMULATED_ORDINAL.search(first.message)
+    if beyond is not None:
+        # not the script's error: it addresses more GPUs than the emulation gave this run (one per rank)
+        needed = int(beyond.group(1)) + 1
+        message += (
+            f" — the script addresses cuda:{beyond.group(1)}, and this CPU run emulated {beyond.group(2)} CUDA "
+            f"devices (one per rank): the script expects at least {needed} GPUs, which the machine it is written for "
+            "has; nothing after this line was measured"
+        )
+        variant, fix_args, severity = "emulated_devices", {"needed": needed}, Severity.HIGH
+        evidence["emulated_devices"] = int(beyond.group(2))
     return [
         ctx.finding(
             CODE,
             message=message,
             fix_variant=variant,
+            fix_args=fix_args,
+            **({"severity": severity} if severity is not None else {}),
             site=first.user_frame,
             ranks=ranks,
             evidence=evidence,
