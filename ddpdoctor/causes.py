@@ -120,6 +120,16 @@ def _crash_on_default_local_rank(cause: Finding, consequence: Finding, findings:
     if named and "device" in message.lower():
         return f"every rank kept the option's default local rank {value}, and the device call that took it failed"
     return None
+def _never_distributed(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
+    """The script never formed a process group (a single-GPU script launched on several ranks): each process is a
+    run of its own, so every one reads all the data and writes the same files."""
+    if _ev(cause, "process_group") is not False:
+        return None
+    if consequence.rule == "DD302":
+        return "the script never initialised a process group: each process trains alone, over the whole dataset"
+    return "the script never initialised a process group: each process is a run of its own and saves its own"
+
+
 def _favours_syncbn(consequence: Finding) -> bool:
     """A triage verdict that the arm with per-rank statistics did worse (its running statistics lag more, its
     evaluation shifts more)."""
@@ -167,6 +177,8 @@ EXPLAINS: tuple[Explains, ...] = (
     Explains("DD103", "DD203", _replicas_diverged),
     Explains("DD104", "DD901", _rendezvous_hang),
     Explains("DD305", "DD302", _split_differs),
+    Explains("DD903", "DD302", _never_distributed),
+    Explains("DD903", "DD502", _never_distributed),
     Explains("DD108", "DD105", _default_local_rank_shared),
     Explains("DD108", "DD902", _crash_on_default_local_rank),
     # triage (ddpdoctor.triage): running statistics worse with per-rank statistics, and why

@@ -69,6 +69,19 @@ def test_dd108_folds_a_crash_on_the_default_local_rank_unless_the_probe_overrode
     assert [f.rule for f in fold_consequences([crash, overridden])] == ["DD902", "DD108"]
 
 
+def test_a_script_that_never_forms_a_process_group_explains_its_unsharded_data_and_shared_saves() -> None:
+    """pytorch/examples' single_gpu.py launched on 2 ranks: DD302 (high) and DD502 ranked above DD903 (info), the
+    finding that says why — each process is a run of its own."""
+    cause = make("DD903", Severity.INFO, evidence={"process_group": False, "processes": 2})
+    data, saves = make("DD302"), make("DD502", Severity.LOW)
+    (top,) = fold_consequences([data, saves, cause])
+    assert top.rule == "DD903" and top.severity == Severity.HIGH
+    assert [c.finding.rule for c in top.consequences] == ["DD302", "DD502"]
+    assert "never initialised a process group" in top.consequences[0].because
+    formed = make("DD903", Severity.INFO, evidence={"process_group": True})  # a group, but no DDP: not this
+    assert [f.rule for f in fold_consequences([make("DD302"), formed])] == ["DD302", "DD903"]
+
+
 def test_chains_nest_and_the_cause_takes_the_worst_severity() -> None:
     relation = (
         Explains("DD305", "DD302", lambda c, y, fs: "split"),
