@@ -120,6 +120,8 @@ def _crash_on_default_local_rank(cause: Finding, consequence: Finding, findings:
     if named and "device" in message.lower():
         return f"every rank kept the option's default local rank {value}, and the device call that took it failed"
     return None
+
+
 def _never_distributed(cause: Finding, consequence: Finding, findings: Sequence[Finding]) -> str | None:
     """The script never formed a process group (a single-GPU script launched on several ranks): each process is a
     run of its own, so every one reads all the data and writes the same files."""

@@ -3,6 +3,8 @@ of the errors a process of a distributed run reports when a *peer* went away (`i
 
 from __future__ import annotations
 
+import re
+
 
 class UsageError(Exception):
     """Bad input from the user (missing file, syntax error, bad option, unknown rule)."""
@@ -50,3 +52,9 @@ def is_peer_error(text: str) -> bool:
     """Whether an error text is only a peer's failure seen from this process."""
     low = text.lower()
     return any(marker in low for marker in PEER_ERROR_MARKERS)
+
+
+# The CUDA emulation's error for a device index beyond the devices it gives the run (probe/emulation.py raises it,
+# DD902 recognises it: the script addresses more GPUs than the probe emulated, not a bug of the script).
+EMULATED_ORDINAL = "CUDA error: invalid device ordinal (cuda:{index}; this run emulates {devices} CUDA devices)"
+EMULATED_ORDINAL_RE = re.compile(r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)")

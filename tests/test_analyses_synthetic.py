@@ -100,7 +100,9 @@ def test_a_device_beyond_the_emulated_ones_is_not_called_a_bug_of_the_script(tmp
     """A DataParallel script written for 4 GPUs (device_ids=[0, 1, 2, 3]) on a CPU probe of 2 emulated devices: it
     said "fix the error raised by the script", critical; the script is right on its machine."""
     run = Run(tmp_path)
-    message = "CUDA error: invalid device ordinal (cuda:2; this run emulates 2 CUDA devices)"
+    from ddpdoctor.errors import EMULATED_ORDINAL
+
+    message = EMULATED_ORDINAL.format(index=2, devices=2)  # as probe/emulation.py raises it
     run.process(10, 0, events=[("exception", {"type": "RuntimeError", "message": message, "user_frame": SITE})])
     f = _rules(tmp_path)["DD902"]
     assert f.severity.label == "high" and f.evidence["emulated_devices"] == 2

@@ -92,6 +92,7 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ddpdoctor.errors import EMULATED_ORDINAL
 from ddpdoctor.probe.patching import Patcher
 
 __all__ = [
@@ -387,9 +388,7 @@ def _require_state() -> _Emulation:
 
 
 def _invalid_ordinal(state: _Emulation, index: int) -> RuntimeError:
-    return RuntimeError(
-        f"CUDA error: invalid device ordinal (cuda:{index}; this run emulates {state.num_devices} CUDA devices)"
-    )
+    return RuntimeError(EMULATED_ORDINAL.format(index=index, devices=state.num_devices))
 
 
 def _cuda_index(state: _Emulation, device: Any) -> int | None:

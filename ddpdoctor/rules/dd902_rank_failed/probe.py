@@ -8,10 +8,9 @@ A rank that recorded `done` and died in interpreter teardown is not a failure.
 
 from __future__ import annotations
 
-import re
-
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
+from ddpdoctor.errors import EMULATED_ORDINAL_RE
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd902_rank_failed import CODE
 
@@ -33,10 +32,6 @@ def _describe(f: Failure) -> str:
     if f.signal:
         return f"died with {f.signal}" + (f" ({f.message})" if f.message else "")
     return f"exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
-
-
-# the emulation's error for a device index beyond the devices it gives the run (probe/emulation.py)
-_EMULATED_ORDINAL = re.compile(r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)")
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -100,7 +95,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     variant = {"exception": "exception", "launcher": "launcher"}.get(first.kind, "native_crash")
     fix_args = None
     severity = None
-    beyond = _EMULATED_ORDINAL.search(first.message)
+    beyond = EMULATED_ORDINAL_RE.search(first.message)
     if beyond is not None:
         # not the script's error: it addresses more GPUs than the emulation gave this run (one per rank)
         needed = int(beyond.group(1)) + 1

@@ -125,7 +125,7 @@ class TorchInterpreter(TorchState):
         return ranks.classify_branch(self, test, node)
 
     def single_process_otherwise(self, node: ast.expr, test: Value) -> bool:
-        return ranks.asks_distributed(self, node, test)
+        return ranks.asks_distributed(self, node)
 
     def compare_value(self, node: ast.Compare, operands: list[Value]) -> Value | None:
         environ.membership(self, node, operands)

@@ -300,12 +300,12 @@ _DISTRIBUTED_FLAG = re.compile(r"^(is_|use_|enable_|args_)?(distributed|ddp|dist
 _DISTRIBUTED_CALL = re.compile(r"^(is_)?dist(ributed)?(_avail(able)?_and)?_?(is_)?initiali[sz]ed$|^is_distributed$")
 
 
-def asks_distributed(w: TorchState, node: ast.expr, test: Value) -> bool:
+def asks_distributed(w: TorchState, node: ast.expr) -> bool:
     """An `if` test that asks whether the run is distributed — a flag (`args.distributed`, `self._distributed`,
     `use_ddp`), `dist.is_initialized()` or a helper named like it (`is_dist_avail_and_initialized()`), or a world
     size above one: its `else` side runs in a single process."""
     if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
-        return any(asks_distributed(w, v, test) for v in node.values)
+        return any(asks_distributed(w, v) for v in node.values)
     if isinstance(node, (ast.Name, ast.Attribute)):
         ident = node.id if isinstance(node, ast.Name) else node.attr
         return bool(_DISTRIBUTED_FLAG.match(ident.lower().lstrip("_")))

@@ -99,9 +99,14 @@ class CallsMixin:
                 return found
         return (self._derived(obj, name, node),)
 
-    def _callable_instance(self, obj: Obj) -> bool:
+    def _dunder_call(self, obj: Obj) -> Value | None:
+        """The bound `__call__` of an instance of a project class, when every candidate is a function."""
+        if obj.props.get("class") is None:
+            return None
         found = self._lookup_class_attr(obj.props["class"], "__call__")
-        return bool(found) and all(f.kind == "function" for f in found)
+        if not found or not all(f.kind == "function" for f in found):
+            return None
+        return self._bind_methods(found, (obj,))
 
     def _attr_from_class(self, obj: Obj, name: str) -> Value | None:
         if obj.kind == "class":
@@ -373,10 +378,10 @@ class CallsMixin:
                 out.extend(self.call_qual(o.qual or "", node, args, heuristic=o.props.get("heuristic", False)))
             elif kind == "builtin":
                 out.extend(self.call_builtin(o.label or "", node, args))
-            elif kind == "instance" and o.props.get("class") is not None and self._callable_instance(o):
+            elif kind == "instance" and (call := self._dunder_call(o)):
                 # a project class's instance called like a function: its __call__ (an AMP scaler helper that
                 # runs backward and the optimizer step, Swin's NativeScalerWithGradNormCount)
-                out.extend(self.call_value(self._attr_from_class(o, "__call__") or EMPTY, node, args))
+                out.extend(self.call_value(call, node, args))
             elif kind == "partial":
                 merged = Args(
                     pos=list(o.props["args"].pos) + args.pos,
