@@ -541,6 +541,81 @@ def test_deep_recursion_and_fan_out_stay_bounded():
     assert build_model(nested, "deep.py").errors == []
 
 
+_LAYERS = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class Gather(nn.Module):
+        def forward(self, x):
+            if dist.get_rank() == 0:
+                dist.all_reduce(x)
+            return x
+
+
+    class Block(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(8)
+            self.inner = inner
+
+        def forward(self, x, gather=False):
+            if gather:
+                if dist.get_rank() == 0:
+                    dist.all_reduce(x)
+            return self.inner(self.bn(x))
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b1 = Block(nn.Identity())
+            self.b2 = Block(INNER2)
+            self.b3 = Block(nn.Identity())
+
+        def forward(self, x):
+            return CALLS
+
+
+    dist.init_process_group("gloo")
+    model = DDP(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(10):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+"""
+
+
+def _layers(inner2: str, calls: str) -> str:
+    """A DDP script whose model runs three `Block` layers; `inner2`: what the second holds, `calls`: how the
+    parent's forward calls them."""
+    return src(_LAYERS.replace("INNER2", inner2).replace("CALLS", calls))
+
+
+def test_sibling_layers_run_in_one_context_are_walked_once():
+    # three blocks of one class called by one walk of the parent's forward: one walk of Block.forward, whose
+    # events stand for all three; the parent called again elsewhere walks it again
+    model = build_model(_layers("nn.Identity()", "self.b3(self.b2(self.b1(x)))"), "t.py")
+    assert model.errors == []
+    inner = [ev for ev in model.of("forward") if ev.func == "Block.forward"]
+    assert len(inner) == 2  # self.bn(x) and self.inner(...), once
+    assert len([ev for ev in model.of("forward") if ev.func == "Net.forward"]) == 3
+
+
+def test_sibling_layers_configured_differently_are_each_walked():
+    # a literal argument that decides a branch, or a field holding another project module, makes a layer's
+    # forward go another way: the collective only the second block reaches is still seen
+    by_argument = _layers("nn.Identity()", "self.b3(self.b2(self.b1(x), gather=True))")
+    assert ("DD206", 23) in rules_of(by_argument)  # (Gather's own, line 10, is walked as uncalled code)
+    by_field = _layers("Gather()", "self.b3(self.b2(self.b1(x)))")
+    (found,) = analyze_source(by_field, "t.py")
+    assert (found.rule, found.line) == ("DD206", 10)
+    assert found.confidence is Confidence.CERTAIN  # reached through b2, not only walked as uncalled code
+
+
 def test_severity_and_confidence_follow_the_evidence():
     literal = rules_and_levels(
         """

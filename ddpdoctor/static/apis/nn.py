@@ -317,6 +317,7 @@ def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
         if fam.mode not in modes:
             modes.append(fam.mode)
     detached = id(node) in w._detached_calls
+    nested = w._forward_depth > 0
     ev = w.emit(
         "forward",
         node,
@@ -324,7 +325,7 @@ def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
         modes=tuple(modes),
         args=args,
         detached=detached,
-        inside_forward=w._forward_depth > 0,
+        inside_forward=nested,
     )
     out: list[Obj] = []
     w._forward_depth += 1
@@ -335,11 +336,56 @@ def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
                 if im.props.get("class") is not None and im.kind == "module":
                     fwd = w._attr_from_class(im, "forward")
                     if fwd:
-                        out.extend(w.call_value(fwd, node, args))
+                        out.extend(_own_forward(w, im, fwd, node, args) if nested else w.call_value(fwd, node, args))
     finally:
         w._forward_depth -= 1
     result = w.new("tensor", node, props={"forward": ev})
     return union(out, (result,)) if out else (result,)
+
+
+def _own_forward(w: TorchState, module: Obj, fwd: Value, node: ast.Call, args: Args) -> Value:
+    """A project module's forward called inside another model's forward. Layers of one class that the same call of
+    the parent runs in the same context (a ResNet stage's blocks, a transformer's layers: `self.layer3(self.layer2(
+    self.layer1(x)))`) run the same code for the same events at the same lines: the first is walked, the others
+    reuse what it returned. A layer configured differently (a constant field or argument that differs: a stride, a
+    flag its forward tests), in another mode, or called from another branch, loop or call of the parent is walked
+    on its own."""
+    try:
+        key = _sibling_key(w, module, fwd, args)
+        done = w._sibling_forwards.get(key)
+    except TypeError:  # a literal that cannot be a key (a list built from literals): walk it
+        return w.call_value(fwd, node, args)
+    if done is None:
+        done = w._sibling_forwards[key] = w.call_value(fwd, node, args)
+    return done
+
+
+def _sibling_key(w: TorchState, module: Obj, fwd: Value, args: Args) -> tuple:
+    return (
+        w.frames[-1].id,
+        tuple(id(f.props["func"].props.get("node")) if f.kind == "bound" else id(f) for f in fwd),
+        tuple((c.kind, id(c.node), c.frame, c.branch) for c in w.ctx),
+        family_of(w, module).mode,
+        tuple((name, _layer_shape(v)) for name, v in module.fields.items()),
+        tuple(_argument_shape(v) for v in args.pos),
+        tuple((k, _argument_shape(v)) for k, v in args.kw.items()),
+        args.opaque,
+    )
+
+
+def _layer_shape(value: Value) -> frozenset:
+    """What of a layer's field can change which way its forward goes: the literals it may be (a stride, a flag,
+    None for an absent downsample), and what the rest are (a project class's module runs its own forward)."""
+    return frozenset((o.kind, o.value) if o.const else (o.kind, o.qual, id(o.props.get("class"))) for o in value)
+
+
+def _argument_shape(value: Value) -> frozenset:
+    """What of an argument can: the literals it may be, and whether it may be something else (the activations
+    passed from layer to layer are tensors or unknowns, which the walk treats alike)."""
+    return frozenset(o.value if o.const else _COMPUTED for o in value)
+
+
+_COMPUTED = object()  # an argument that may be something other than a literal
 
 
 # ---------------------------------------------------------------------- methods on other objects

@@ -10,6 +10,7 @@ from typing import Any
 from ddpdoctor.static.engine.interpreter import Interpreter
 from ddpdoctor.static.engine.support import SourceFile
 from ddpdoctor.static.project import Project
+from ddpdoctor.static.semantic import Value
 
 
 class TorchState(Interpreter):
@@ -29,3 +30,4 @@ class TorchState(Interpreter):
         self._forward_depth = 0
         self._has_bn_memo: dict[ast.AST, bool] = {}
         self._detached_calls: set[int] = set()  # calls whose result is `.detach()`ed right away
+        self._sibling_forwards: dict[tuple, Value] = {}  # nn._own_forward: what a layer's forward returned
