@@ -22,7 +22,9 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
-    for fw in script.of("forward"):
+    forwards = script.of("forward")
+    through_wrapper: list | None = None  # forwards of a DDP wrapper, listed at the first hit
+    for fw in forwards:
         if fw.data["inside_forward"] or fw.data["detached"] or fw.grad_off is not False:
             continue
         targets = fw.data["target"]
@@ -47,9 +49,11 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             for b in script.backward_events
             if b.seq > fw.seq and (b.frame == fw.frame or any(c.node in fw_loops for c in b.loops))
         ]
+        if through_wrapper is None:
+            through_wrapper = [f for f in forwards if any(t.kind == "wrapper" for t in f.data["target"])]
         ddp_forward_same_loop = [
             f
-            for f in script.of("forward")
+            for f in through_wrapper
             if f is not fw
             and any(t.kind == "wrapper" and t.family is obj.family for t in f.data["target"])
             and fw.loops

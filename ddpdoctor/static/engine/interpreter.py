@@ -373,7 +373,7 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         if isinstance(st.value, ast.Call):
             self._bare_calls.add(id(st.value))
         self.eval(st.value)
-        return isinstance(st.value, ast.Call) and self.text(st.value.func) in EXIT_CALLS
+        return isinstance(st.value, ast.Call) and dotted_name(st.value.func) in EXIT_CALLS
 
     def st_Assign(self, st: ast.Assign) -> None:
         value = self.eval(st.value)
