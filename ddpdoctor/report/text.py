@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -68,9 +68,27 @@ def console_text(console: Console, *, color: bool) -> str:
     return out
 
 
+class Lines:
+    """What a report prints, in order, printed on the console in one go (`Group`): rich's overhead per `print`
+    (render options, terminal size, buffer) was half the time of rendering a report of a few dozen findings."""
+
+    def __init__(self) -> None:
+        self.items: list[RenderableType] = []
+
+    def print(self, item: RenderableType | None = None) -> None:
+        self.items.append(Text("") if item is None else item)
+
+
 def render_text(report: Report, *, color: bool, width: int | None = None) -> str:
     """The whole text report."""
+    lines = Lines()
+    _report(lines, report)
     console = make_console(color=color, width=width)
+    console.print(Group(*lines.items))
+    return console_text(console, color=color)
+
+
+def _report(console: Lines, report: Report) -> None:
     _header(console, report)
     if report.triage is not None:
         _triage(console, report)
@@ -104,7 +122,6 @@ def render_text(report: Report, *, color: bool, width: int | None = None) -> str
                 console.print(Text(str(spec["caption"]), style="dim"))
     console.print()
     console.print(_summary_line(findings))
-    return console_text(console, color=color)
 
 
 VERDICT_STYLE = {
@@ -120,7 +137,7 @@ FAVOURS_LABEL = {"syncbn": "SyncBN", "plain": "plain DDP", "subgroups": "SyncBN 
                  "fix_conversion": "fix the conversion", "none": "-"}
 
 
-def _triage(console: Console, report: Report) -> None:
+def _triage(console: Lines, report: Report) -> None:
     """`ddpdoctor triage`: the headline, the arms, pairing, and the ranked verdict table with each cause."""
     tri = report.triage or {}
     extra = report.triage_text or {}
@@ -200,7 +217,7 @@ def render_rules_text(*, color: bool, width: int | None = None) -> str:
     return console_text(console, color=color)
 
 
-def _header(console: Console, report: Report) -> None:
+def _header(console: Lines, report: Report) -> None:
     title = Text()
     title.append(f"ddpdoctor {__version__}", style="bold")
     title.append("  triage " if report.triage is not None else "  ")
@@ -235,7 +252,7 @@ def environment_line(env: dict[str, Any]) -> str:
     return "environment: " + (", ".join(parts) if parts else "unknown")
 
 
-def _finding(console: Console, number: int, f: Finding) -> None:
+def _finding(console: Lines, number: int, f: Finding) -> None:
     head = Text()
     head.append(f"{number:>2}. ")
     head.append(f.rule, style="bold")
@@ -262,7 +279,7 @@ def _finding(console: Console, number: int, f: Finding) -> None:
     _consequences(console, f, INDENT)
 
 
-def _consequences(console: Console, f: Finding, indent: int) -> None:
+def _consequences(console: Lines, f: Finding, indent: int) -> None:
     """What this finding explains (ddpdoctor.causes), folded under it: each with its own place, message and
     the reason this run's evidence links it to the cause; fixing the cause fixes them."""
     if not f.consequences:
