@@ -461,6 +461,28 @@ def test_functions_nobody_calls_are_still_walked_but_marked():
     assert save.reached is False
 
 
+def test_uncalled_code_is_walked_callers_first_and_a_spawn_target_once():
+    # nothing calls main() (no __main__ block): main is walked first, and the worker it hands to mp.spawn is
+    # entered from there, with the per-process rank, not once on its own and again through spawn
+    model = build_model(
+        src(
+            """
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def worker(rank, world_size):
+                dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+            def main():
+                mp.spawn(worker, args=(4,), nprocs=4)
+            """
+        ),
+        "t.py",
+    )
+    (init,) = model.of("init_pg")
+    assert [site[2] for site in init.chain] == ["worker"] and init.reached is False
+
+
 def test_odd_syntax_is_understood_without_internal_errors():
     text = src(
         """

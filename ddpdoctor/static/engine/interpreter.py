@@ -148,11 +148,12 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
 
     def _walk_unreached(self, file: str) -> None:
         """Walk what a module's body never called, callers before callees: a helper that the file calls
-        (`self._save_snapshot(epoch)` under `if self.local_rank == 0` in a Trainer used from another file) is then
-        entered at its call sites, with their rank guards and arguments, rather than on its own with neither."""
+        (`self._save_snapshot(epoch)` under `if self.local_rank == 0` in a Trainer used from another file) or hands
+        on (`mp.spawn(worker, ...)`, a callback) is then entered at its call sites, with their rank guards and
+        arguments, rather than on its own with neither (and not walked twice)."""
         index = self.index_of(file)
-        called = index.called_names
-        defs = sorted(index.functions, key=lambda n: (n.name in called, n.lineno, n.col_offset))
+        used = index.loaded_names
+        defs = sorted(index.functions, key=lambda n: (n.name in used, n.lineno, n.col_offset))
         self.frames.append(self.module_frame_of(file))
         try:
             for d in defs:

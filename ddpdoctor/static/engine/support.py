@@ -123,6 +123,7 @@ class SourceIndex:
         self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
         self.method_class: dict[ast.AST, ast.ClassDef] = {}
         self.called_names: set[str] = set()
+        self.loaded_names: set[str] = set()  # names and attributes read (called, or passed on: `spawn(worker)`)
         self.with_items: list[ast.withitem] = []
         self.imports: set[str] = set()
         self.import_specs: list[tuple[str, int, tuple[str, ...]]] = []  # (module, level, names imported from it)
@@ -137,8 +138,12 @@ class SourceIndex:
                 append(node.id)
                 if type(node.ctx) is ast.Store:
                     self.bound_names.add(node.id)
+                else:
+                    self.loaded_names.add(node.id)
             elif t is ast.Attribute:
                 append(node.attr)
+                if type(node.ctx) is ast.Load:
+                    self.loaded_names.add(node.attr)
             elif t is ast.Call:
                 func = node.func
                 if type(func) is ast.Name:
