@@ -27,7 +27,8 @@ class BindingMixin:
             seen_module = False
             while f is not None:
                 if (f is frame or not f.is_class_body) and name in f.locals:
-                    return self.resolve_lazy(f, name)
+                    # resolve_lazy, inlined for a name no lazy import binds (nearly all lookups)
+                    return self.resolve_lazy(f, name) if name in f.lazy else f.locals[name]
                 seen_module = seen_module or f is module_frame
                 f = f.lexical
             if not seen_module and name in module_frame.locals:
