@@ -21,7 +21,9 @@ RULE = Rule(
         """
         Static analysis looks for a DDP training loop that calls `backward()` every iteration but
         `optimizer.step()` only every k-th (gradient accumulation) without running the other micro-steps
-        under `ddp.no_sync()`.
+        under `ddp.no_sync()` — also when the step's test is a flag computed first (`last = (i + 1) % k ==
+        0`) or passed to a helper that runs backward and the step (an AMP loss scaler called with
+        `update_grad=(i + 1) % k == 0`).
 
         The probe counts DDP gradient all-reduces per optimizer step and fires when there is more than one.
         """

@@ -1,7 +1,8 @@
 """DD403 accumulation-without-no-sync: gradient accumulation that all-reduces on every micro-step.
 
 What it flags (low): in a DDP script, a `backward()` that runs on every iteration of a loop whose optimizer step
-runs only every k-th iteration (`if (i + 1) % accum_steps == 0: optimizer.step()`) or after an inner loop of
+runs only every k-th iteration (`if (i + 1) % accum_steps == 0: optimizer.step()`, or `if update_grad:` inside an
+AMP loss-scaler helper called with `update_grad=(i + 1) % accum_steps == 0`) or after an inner loop of
 micro-steps, without `model.no_sync()` around the intermediate backward passes. Each micro-step pays a full
 gradient all-reduce; the result is the same, only slower.
 
@@ -12,19 +13,56 @@ loops, steps guarded by non-accumulation conditions (`if scaler is not None`).
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd403_accumulation_without_no_sync import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
+from ddpdoctor.static.semantic import Ctx, Event
 
 _ACCUMULATION = re.compile(r"%|accum|update_freq|iters_to_acc|grad_acc|micro", re.I)
 
 
+def _gate(script: ScriptModel, c: Ctx, step: Event) -> tuple[int, str] | None:
+    """A branch that lets the step through only every k-th micro-step, as (how directly, how a message names it),
+    or None: 0 for a test that reads like one (`if (i + 1) % accum_steps == 0`); 1 for a flag computed like one
+    elsewhere — the argument of a helper (`if update_grad:` in an AMP loss scaler called with `update_grad=(idx +
+    1) % accum == 0`, Swin's and ConvNeXt's) or a variable (`do_step = (i + 1) % k == 0`)."""
+    if _ACCUMULATION.search(str(c.info)):
+        return 0, f"`if {c.info}`"
+    test = c.node.test if isinstance(c.node, (ast.If, ast.IfExp, ast.While)) else None
+    for o in c.test:
+        if isinstance(o.node, ast.expr) and o.node is not test:
+            text = script.text(o.node)
+            if _ACCUMULATION.search(text):
+                return 1, f"`if {c.info}`, {c.info} = `{text}` ({script.place(o, step)})"
+    return None
+
+
 def check(script: ScriptModel) -> Iterator[Finding]:
+    """One finding per script: the first accumulation seen, one gated by its own test before one gated by a flag
+    computed elsewhere (a script with both paths, AMP and not, is named where its test reads directly)."""
     if not script.ddp_wraps or "require_backward_grad_sync" in script.words or "no_sync" in script.words:
         return
+    found = sorted(_accumulations(script), key=lambda hit: hit[0])
+    if not found:
+        return
+    _, bw, step, gate, how = found[0]
+    yield script.finding(
+        CODE,
+        line=bw,
+        message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer "
+        f"steps at {script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces "
+        "on every micro-step",
+        confidence=cap_unreached(Confidence.LIKELY, bw, step),
+        evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None},
+    )
+
+
+def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx | None, str]]:
+    """(how directly, backward, step, gate, how) for each backward that runs more often than the step after it."""
     for step in script.of("opt_step"):
         for bw in script.backward_events:
             if bw.frame != step.frame or bw.in_ctx("no_sync") or bw.in_ctx("accumulate"):
@@ -35,24 +73,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             outer = shared[-1]
             step_tail = step.ctx[step.ctx.index(outer) + 1 :]
             bw_tail = bw.ctx[bw.ctx.index(outer) + 1 :] if outer in bw.ctx else ()
-            gate = next(
-                (c for c in step_tail if c.kind == "cond" and c not in bw_tail and _ACCUMULATION.search(str(c.info))),
-                None,
-            )
+            gates = [
+                (g, c) for c in step_tail if c.kind == "cond" and c not in bw_tail and (g := _gate(script, c, step))
+            ]
             inner = next((c for c in bw_tail if c.kind == "loop" and c not in step_tail), None)
-            if gate is None and inner is None:
-                continue
-            if gate is not None:
-                how = f"`if {gate.info}`"
-            else:
-                how = f"the micro-step loop of {script.place(inner, bw)}" if inner else "the micro-step loop"
-            yield script.finding(
-                CODE,
-                line=bw,
-                message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer "
-                f"steps at {script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces "
-                "on every micro-step",
-                confidence=cap_unreached(Confidence.LIKELY, bw, step),
-                evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None},
-            )
-            return
+            if gates:
+                (rank, how), gate = min(gates, key=lambda g: g[0][0])
+                yield rank, bw, step, gate, how
+            elif inner is not None:
+                yield 0, bw, step, None, f"the micro-step loop of {script.place(inner, bw)}"
