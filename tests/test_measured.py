@@ -37,6 +37,7 @@ CLEARED: dict[str, str] = {
     "DD401": "measured_dd401_optimizer_branch_not_taken",
     "DD402": "measured_dd402_lr_scaled_down",
     "DD403": "measured_dd403_accumulation_off",
+    "DD404": "measured_dd404_manual_sync_flag_off",
     "DD216": "measured_dd216_converter_reuses_parameters",
     "DD502": "measured_dd502_save_guarded_by_rank_string",
     "DD503": "ckpt_save_rank0",
@@ -72,7 +73,7 @@ CONFIRMED: dict[str, str] = {
 NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it below certain and the probe measures it "
                       "absent")
 PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
-    "DD101", "DD102", "DD104", "DD105", "DD108", "DD205", "DD206", "DD301", "DD302", "DD404", "DD501", "DD504",
+    "DD101", "DD102", "DD104", "DD105", "DD108", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
 )}
 PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
                             "wrong; a clearance needs a world size passed that is not the device count")

@@ -185,13 +185,15 @@ class TorchInterpreter(TorchState):
             return None
         if kind == "loader":
             return data.special_attr(self, obj, name, node)
-        if kind == "param" and name == "grad":
+        if name == "grad" and kind in ("param", "unknown"):
+            # a parameter's gradient; of an object the walk could not trace (`for p in group["params"]` over an
+            # optimizer's param groups), a gradient whose model is not known
             grad = self.new(
                 "grad",
                 node,
                 tags=frozenset({"grad"}),
-                label=f"{obj.label}.grad",
-                props={"owner": obj.props.get("owner", EMPTY)},
+                label=f"{obj.label}.grad" if obj.label else "grad",
+                props={"owner": obj.props.get("owner", EMPTY) if kind == "param" else EMPTY},
             )
             obj.fields[name] = (grad,)
             return (grad,)
