@@ -126,9 +126,11 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     for body in _bodies(script.tree, index):
         optimised: dict[str, int] = {}
         for stmt in body:
-            for node in walk(stmt):
-                if type(node) is not ast.Call:
-                    continue  # both tests below look at calls only
+            # the statement's calls in the order they run: a statement holding a whole function (`def main()` in
+            # the module body) must not see a call nested in an `if` after a later, shallower one
+            calls = [node for node in walk(stmt) if type(node) is ast.Call]  # both tests below look at calls only
+            calls.sort(key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
+            for node in calls:
                 key = id(node)
                 if key not in optimizers:
                     optimizers[key] = _optimizer_over(node)
