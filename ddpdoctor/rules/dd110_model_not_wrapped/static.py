@@ -94,10 +94,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             return  # DataParallel inside a process group: DD106's case
         yield script.finding(
             CODE,
-            line=opt_ev.line,
-            message=f"the script initialises a process group (line {inits[0].line}) and steps an optimizer (line "
-            f"{steps[0].line}), but never wraps the model in DistributedDataParallel or FSDP and never averages "
-            "gradients: each rank trains its own model",
+            line=opt_ev,
+            message=f"the script initialises a process group ({script.place(inits[0], opt_ev)}) and steps an "
+            f"optimizer ({script.place(steps[0], opt_ev)}), but never wraps the model in DistributedDataParallel or "
+            "FSDP and never averages gradients: each rank trains its own model",
             confidence=cap_unreached(Confidence.LIKELY, opt_ev),
             evidence={"init_line": inits[0].line, "optimizer_line": opt_ev.line, "step_line": steps[0].line,
                       "wraps": 0},
@@ -112,12 +112,17 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if branch is None:
         return
     wrap_lines = sorted({w.line for w in (mine or wraps)})
+    places = list(dict.fromkeys(script.place(w, opt_ev) for w in sorted(mine or wraps, key=lambda w: w.line)))
+    here = [p.removeprefix("line ") for p in places if p.startswith("line ")]
+    wrap_places = ([f"line{'s' if len(here) > 1 else ''} {', '.join(here)}"] if here else []) + [
+        p for p in places if not p.startswith("line ")
+    ]
     yield script.finding(
         CODE,
-        line=opt_ev.line,
-        message=f"DDP wraps the model only when `{branch}` (line{'s' if len(wrap_lines) > 1 else ''} "
-        f"{', '.join(map(str, wrap_lines))}), while the process group (line {inits[0].line}) and the optimizer "
-        f"(line {opt_ev.line}) are set up on every path: launched on the other path, each rank trains its own model",
+        line=opt_ev,
+        message=f"DDP wraps the model only when `{branch}` ({', '.join(wrap_places)}), while the process group "
+        f"({script.place(inits[0], opt_ev)}) and the optimizer ({script.place(opt_ev, opt_ev)}) are set up on every "
+        "path: launched on the other path, each rank trains its own model",
         confidence=cap_unreached(Confidence.POSSIBLE, opt_ev),
         severity=Severity.LOW,
         evidence={"init_line": inits[0].line, "optimizer_line": opt_ev.line, "wrap_lines": wrap_lines,
