@@ -20,7 +20,9 @@ RULE = Rule(
     what=prose(
         """
         Static analysis looks for `torch.save(...)` of `ddp.state_dict()` where `ddp` is the DDP wrapper
-        rather than `ddp.module`.
+        rather than `ddp.module`. A resume checkpoint that the script loads back into the wrapper is not
+        reported when the script also saves the plain model's weights (or a part of them, a backbone) for
+        everything else.
 
         The probe inspects state dicts passed to `torch.save` and fires when their keys start with
         "module.".

@@ -7,10 +7,14 @@ strict=False, silently loads nothing.
 
 What stays silent: `model.module.state_dict()`, an unwrapped alias (`model_without_ddp = model.module`), optimizer
 state dicts, scripts that strip the prefix themselves (`consume_prefix_in_state_dict_if_present`, a
-`"module."` replace/startswith on load).
+`"module."` replace/startswith on load), and a resume checkpoint the script loads back into the wrapper while it
+also saves the plain model's weights for everyone else (Barlow Twins, SwAV: `checkpoint.pth` from the wrapper,
+`resnet50.pth` from `model.module`).
 
 Confidence: certain when the saved state dict comes from the wrapper on every path; likely when the variable is
-the wrapper only on the distributed path or the save happens in a helper.
+the wrapper only on the distributed path or the save happens in a helper. A checkpoint the script loads back into
+the wrapper, with no plain weights saved beside it, is still reported (resuming works; every other consumer must
+strip the prefix), and the message says so.
 """
 
 from __future__ import annotations
@@ -45,9 +49,51 @@ def _wrapper_states(value: Value, depth: int = 0) -> list[tuple[Obj, bool]]:
     return out
 
 
+def _families_loaded_into_wrapper(script: ScriptModel) -> set[int]:
+    """Models whose wrapper the script loads a state dict into (a resume into the same wrapper: the keys match)."""
+    return {
+        id(o.family)
+        for ev in script.of("load_state_dict")
+        for o in ev.data["target"]
+        if o.kind == "wrapper" and o.family is not None
+    }
+
+
+def _plain_saves(script: ScriptModel) -> list[Obj]:
+    """The modules whose own state dicts the script saves (`torch.save(model.module.state_dict(), ...)`, a part of
+    the model: `model.module.backbone.state_dict()`), with no wrapper among their owners on any path."""
+    out: list[Obj] = []
+    for ev in script.of("save"):
+        stack = list(ev.data["obj"])
+        seen = 0
+        while stack and seen < 64:
+            o = stack.pop()
+            seen += 1
+            owners = o.props.get("owner", ()) if o.kind == "state_dict" and not o.props.get("optimizer") else ()
+            if owners and not any(w.kind == "wrapper" for w in owners):
+                out.extend(owners)
+            elif o.kind == "dict":
+                stack.extend(x for v in o.fields.values() for x in v)
+    return out
+
+
+def _exports_plain(wrapper: Obj, plain: list[Obj]) -> bool:
+    """Whether the script also saves the weights of the model inside `wrapper` (or of a part of it) unwrapped."""
+    if not plain:
+        return False
+    parts: list[Obj] = []
+    layer = list(wrapper.props.get("inner", ()))
+    for _ in range(3):  # the model, its submodules, theirs
+        parts.extend(layer)
+        layer = [x for o in layer if o.is_module for v in o.fields.values() for x in v if x.is_module]
+    return any(p is o or (o.family is not None and o.family is p.family) for o in plain for p in parts)
+
+
 def check(script: ScriptModel) -> Iterator[Finding]:
     if script.of("strip_prefix") or any(s.startswith("module.") or s == "module" for s in script.string_constants):
         return
+    resumed = _families_loaded_into_wrapper(script)
+    plain = _plain_saves(script) if resumed else []
     candidates = [(ev, ev.data["obj"], "torch.save") for ev in script.of("save")]
     for ev in script.of("call"):
         name = (ev.data.get("name") or "").lower()
@@ -58,16 +104,30 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if not states:
             continue
         wrapper, only = states[0]
+        family = id(wrapper.family) if wrapper.family is not None else None
+        if family in resumed and _exports_plain(wrapper, plain):
+            continue  # a resume checkpoint: loaded back into the wrapper, the plain weights saved for the rest
         wrap = script.wrap_event_of(wrapper)
         kind = "DDP" if wrapper.wrapper_kind == "ddp" else "DataParallel"
         confidence = Confidence.CERTAIN if only and how == "torch.save" else Confidence.LIKELY
+        message = (
+            f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
+            f"`{script.name(wrapper)}`" + (f" ({script.place(wrap, ev)})" if wrap else "")
+            + ", so every key starts with \"module.\""
+        )
+        if family in resumed:
+            message += (
+                ": this script loads it back into the wrapper, so resuming works, but a single-process run, an "
+                "evaluation script or a fine-tuning recipe that loads it into the plain model fails (or, with "
+                "strict=False, loads nothing)"
+            )
+        else:
+            message += " and the plain model cannot load it"
         yield script.finding(
             CODE,
             line=ev,
-            message=f"the checkpoint saved by {how} at line {ev.line} holds the state of the {kind} wrapper "
-            f"`{script.name(wrapper)}`" + (f" ({script.place(wrap, ev)})" if wrap else "")
-            + ", so every key starts with \"module.\" and the plain model cannot load it",
+            message=message,
             confidence=cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None,
-                      "saved_by": how},
+                      "saved_by": how, "loaded_back_into_wrapper": family in resumed},
         )
