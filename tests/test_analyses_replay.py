@@ -139,6 +139,18 @@ def test_dd108_silent_when_the_script_falls_back_to_local_rank_itself() -> None:
         f for f in load_static_findings(RUNS / "probe_legacy_local_rank_env_fallback") if f.rule == "DD108"]
 
 
+def test_dd108_cleared_when_every_rank_binds_its_own_gpu_whatever_the_option_holds() -> None:
+    """The ranks all parse --local_rank=0 under torchrun, but the device comes from RANK % device count: each rank
+    holds its replica on a GPU of its own, so the static suspicion that the default picks every rank's GPU is
+    dropped with the devices measured (and nothing is shared: no DD105)."""
+    result = analyze_run(RUNS / "probe_legacy_local_rank_device_from_rank")
+    assert not {"DD108", "DD105"} & {f.rule for f in result.findings}
+    report = report_run(RUNS / "probe_legacy_local_rank_device_from_rank")
+    assert not [f for f in report.ranked() if f.rule == "DD108"]
+    (note,) = [n for n in report.notes if n.startswith("static DD108 at ")]
+    assert "parsed --local_rank=0" in note and "rank 0 cuda:0, rank 1 cuda:1" in note
+
+
 def test_dd202_on_shuffle_bn_keeps_per_gpu_bn_and_asks_for_a_larger_batch() -> None:
     """MoCo-v1-style shuffle-BN needs per-GPU statistics: the small per-GPU batch is still reported, but the fix
     must not recommend SyncBatchNorm; a plain small per-GPU batch keeps the SyncBatchNorm advice."""

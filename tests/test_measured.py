@@ -31,6 +31,7 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 # absent (the static finding is dropped, with a note giving the numbers)
 CLEARED: dict[str, str] = {
     "DD106": "measured_dd106_dataparallel_branch_not_taken",
+    "DD108": "probe_legacy_local_rank_device_from_rank",
     "DD110": "measured_dd110_wrap_under_launcher_condition",
     "DD207": "probe_precise_bn",
     "DD303": "data_synthetic_unseeded",
@@ -73,7 +74,7 @@ CONFIRMED: dict[str, str] = {
 NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it below certain and the probe measures it "
                       "absent")
 PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
-    "DD101", "DD102", "DD104", "DD105", "DD108", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
+    "DD101", "DD102", "DD104", "DD105", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
 )}
 PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
                             "wrong; a clearance needs a world size passed that is not the device count")

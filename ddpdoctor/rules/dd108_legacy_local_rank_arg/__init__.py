@@ -20,13 +20,17 @@ RULE = Rule(
     what=prose(
         """
         Static analysis looks for an argparse option `--local_rank` (or `--local-rank`) in a script that never
-        reads the LOCAL_RANK environment variable, typically with `default=0`.
+        reads the LOCAL_RANK environment variable, typically with `default=0`. An option whose value nothing
+        reads is reported low, and only when it accepts one spelling: the legacy launcher's other spelling stops
+        the run.
 
         The probe launches the script as torchrun does (LOCAL_RANK in the environment, no argument) and
         records the value every rank parsed and whether the script reads LOCAL_RANK itself; it fires when the
-        ranks of a node all kept the option's default. A default that names no device (-1, None) would stop the
-        run at the first device call: the probe then gives each rank its LOCAL_RANK instead, as the legacy
-        launcher passed it, so the rest of the run is still measured, and says so.
+        ranks of a node all kept the option's default and did not each end up on a GPU of their own (a script
+        that binds its device from the global rank is not misled by the default). A default that names no
+        device (-1, None) would stop the run at the first device call: the probe then gives each rank its
+        LOCAL_RANK instead, as the legacy launcher passed it, so the rest of the run is still measured, and
+        says so.
         """
     ),
     why=prose(
@@ -59,6 +63,10 @@ RULE = Rule(
         "override for the legacy launcher."
     ),
     fix_variants={
+        "unread": (
+            "Accept both spellings ({option} and {other}) or drop the option and launch with torchrun, which passes "
+            "no argument."
+        ),
         "probe": (
             "Read the local rank from the environment: int(os.environ['LOCAL_RANK']) (keep {option} only as a "
             "fallback)."

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Measures
+from ddpdoctor.rules.dd105_device_not_bound.probe import placements
 from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
 
 MEASURES = Measures(
@@ -58,6 +59,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []
     defaults = sorted({str(e.get("default")) for e in per_rank.values()})
     overridden = {r: e.get("overridden_to") for r, e in per_rank.items() if e.get("overridden_to") is not None}
+    own = _own_devices(ctx, per_rank) if not (injected or overridden or first.get("required")) else None
+    if own:
+        # the ranks kept the default, and yet each bound a GPU of its own (from RANK % device_count, say): the
+        # option does not pick the device (SwAV declares it only to take what the legacy launcher passes)
+        # it clears the suspicion that the default picks the device (static evidence "default"), not the one
+        # about an option nothing reads, which the legacy launcher's `--local-rank` would stop (evidence "read")
+        ctx.measured(CODE, run_wide=True, about=("default",), reason=(
+            f"every rank parsed {option}={defaults[0]} under torchrun, yet each held its DDP replica on its own "
+            f"device ({own}): the option's value does not pick the GPU"
+        ))
+        return []
     if first.get("required"):
         consequence = "argparse exits with an error on every rank under torchrun, which does not pass it"
     else:
@@ -97,6 +109,18 @@ def analyze(ctx: RunContext) -> list[Finding]:
             evidence=evidence,
         )
     ]
+
+
+def _own_devices(ctx: RunContext, per_rank: dict[int, dict]) -> str | None:
+    """"rank 0 cuda:0, rank 1 cuda:1" when every rank that parsed the option held its DDP replica on a CUDA device
+    no other rank of its node held (DD105's measurement), else None."""
+    seen = placements(ctx)
+    if not per_rank or any(not str((seen.get(r) or {}).get("params") or "").startswith("cuda") for r in per_rank):
+        return None
+    held = [(seen[r]["host"], str(seen[r]["params"])) for r in per_rank]
+    if len(set(held)) < len(held):
+        return None
+    return ", ".join(f"rank {r} {seen[r]['params']}" for r in sorted(per_rank))
 
 
 def _what_the_default_does(default: object) -> str:

@@ -5,7 +5,9 @@ environment variable. torchrun (and `torch.distributed.launch --use-env`, the de
 rank only through LOCAL_RANK, so the option keeps its default on every process and they all pick the same GPU.
 
 What stays silent: `int(os.environ.get("LOCAL_RANK", args.local_rank))`, `default=int(os.environ["LOCAL_RANK"])`,
-any read of LOCAL_RANK anywhere in the file.
+any read of LOCAL_RANK anywhere in the file, and an option nothing reads that takes both spellings. An option
+nothing reads with one spelling is low: its default picks nothing, but since torch 2.0 torch.distributed.launch
+passes `--local-rank`, which a parser that only knows `--local_rank` rejects.
 
 Confidence: certain when the script imports none of its own project's modules; likely when it does — a helper
 module can read LOCAL_RANK after parsing (timm's `init_distributed_device`, DINO's `init_distributed_mode`), and the
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd108_legacy_local_rank_arg import CODE
 from ddpdoctor.static.model import ScriptModel
 
@@ -32,6 +35,24 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if any(_names_local_rank_key(s) for s in script.string_constants):
         return  # read through a helper or a variable key: the fallback exists
     opt = options[0]
+    if not _read(script, opt.dest):
+        # declared only to take what the legacy launcher passes: its default is never used
+        if {"--local_rank", "--local-rank"} <= {f for a in options for f in a.flags}:
+            return
+        other = "--local-rank" if "--local_rank" in opt.flags else "--local_rank"
+        yield script.finding(
+            CODE,
+            line=opt,
+            message=f"`{opt.flags[0]}` (line {opt.line}) is declared but never read: it only takes the argument "
+            f"the legacy launcher passes, and torch.distributed.launch passes it as `{other}` since torch 2.0, which "
+            "this parser rejects (\"unrecognized arguments\"): the run stops before training (torchrun passes none)",
+            confidence=Confidence.LIKELY,
+            severity=Severity.LOW,
+            fix_variant="unread",
+            fix_args={"option": opt.flags[0], "other": other},
+            evidence={"line": opt.line, "flags": list(opt.flags), "dest": opt.dest, "read": False},
+        )
+        return
     helpers = _project_modules(script)
     yield script.finding(
         CODE,
@@ -42,6 +63,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         evidence={"line": opt.line, "flags": list(opt.flags), "default": script.text(_default_node(opt.node)),
                   "project_modules": helpers[:8]},
     )
+
+
+def _read(script: ScriptModel, dest: str) -> bool:
+    """Whether any file the walk read uses the option's value: an attribute of that name read anywhere
+    (`args.local_rank`, conservatively any object's), or the name as a string (`vars(args)["local_rank"]`)."""
+    return any(dest in f.index.loaded_names or dest in f.index.strings for f in script.sources.values())
 
 
 def _project_modules(script: ScriptModel) -> list[str]:
