@@ -24,8 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 PROJECTS = REPO / "fixtures" / "projects"
 _EXPECT = re.compile(r"#\s*expect:\s*(?P<codes>[A-Z0-9(),\s a-z]+)$")
 _CODE = re.compile(r"(DD\d{3})(?:\((certain|likely|possible)\))?")
-# projects checked elsewhere: a file that does not parse (its directory cannot be linted as a whole), a suppression
-ANALYSED_BY_ENTRY = {"broken_helper": "main.py"}
+# projects analysed from their entry script: a file that does not parse (its directory cannot be linted as a whole),
+# a package only the installed project makes importable (linted as a directory, it would be an entry of its own);
+# checked elsewhere: a suppression
+ANALYSED_BY_ENTRY = {"broken_helper": "main.py", "installed_package": "scripts/train.py"}
 NOT_BY_EXPECT = {"suppressed_in_helper"}
 
 

@@ -1,8 +1,10 @@
 """The files of a user's project that static analysis may read, found the way Python's import system finds them.
 
 An entry script imports `trainer`, `utils.dist`, `from .data import build`: `Project.resolve` maps each to a file
-under the project's import roots — the script's directory, the root of the package it sits in, and directories the
-script adds to `sys.path` with literal paths — and never to the standard library or an installed package (nothing
+under the project's import roots — the script's directory, the root of the package it sits in, the installable
+project it belongs to (the nearest ancestor with pyproject.toml/setup.py/setup.cfg, and its src/: what `pip install
+-e .` makes importable), and directories the script adds to `sys.path` with literal paths — and never to the
+standard library or an installed package (nothing
 under site-packages, dist-packages or the interpreter's prefix; `torch` is never a project module). Each file is
 read and parsed once (`Project.load`), within bounds (`Limits`): a file that does not parse, or one past the
 budget, becomes a note and its import stays opaque, as a library's would.
@@ -108,6 +110,27 @@ def package_root(directory: Path) -> Path:
     return d
 
 
+# files that make a directory a project pip can install (`pip install -e .`), so that its packages import from anywhere
+PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def project_root(directory: Path, levels: int = 2) -> Path | None:
+    """The project a script in `directory` belongs to, when it is installable: the nearest of its directory and
+    `levels` ancestors holding pyproject.toml, setup.py or setup.cfg. Its packages (and those of its src/) are
+    importable wherever the script runs once the project is installed in develop mode, as research code often
+    is (`scripts/image_train.py` importing the package at the repository root)."""
+    d = directory
+    for _ in range(levels + 1):
+        if is_installed_path(d):
+            return None
+        if any((d / m).is_file() for m in PROJECT_MARKERS):
+            return d
+        if d.parent == d:
+            return None
+        d = d.parent
+    return None
+
+
 def module_name(path: Path, root: Path) -> str:
     rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
@@ -143,6 +166,10 @@ class Project:
         root = package_root(directory)
         if root != directory:
             self.roots.append(root)
+        installed = project_root(directory)
+        for extra in (installed, installed / "src") if installed is not None else ():
+            if extra not in self.roots and extra.is_dir():
+                self.roots.append(extra)
         self.notes: list[str] = []
         self.read: list[Path] = []  # files this analysis loaded, in order
         self._bytes = 0
