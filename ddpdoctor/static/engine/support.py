@@ -131,37 +131,43 @@ class SourceIndex:
         parts: list[str] = []
         docstrings: set[int] = set()
         append = parts.append
+        # the node types and set methods as locals: this loop visits every node of the file
+        Name, Attribute, Call, Constant, Expr, Store, Load = (
+            ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Expr, ast.Store, ast.Load
+        )
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        bound, loaded, called = self.bound_names.add, self.loaded_names.add, self.called_names.add
         self.nodes = walk(tree)
         for node in self.nodes:
             t = type(node)
-            if t is ast.Name:
+            if t is Name:
                 append(node.id)
-                if type(node.ctx) is ast.Store:
-                    self.bound_names.add(node.id)
+                if type(node.ctx) is Store:
+                    bound(node.id)
                 else:
-                    self.loaded_names.add(node.id)
-            elif t is ast.Attribute:
+                    loaded(node.id)
+            elif t is Attribute:
                 append(node.attr)
-                if type(node.ctx) is ast.Load:
-                    self.loaded_names.add(node.attr)
-            elif t is ast.Call:
+                if type(node.ctx) is Load:
+                    loaded(node.attr)
+            elif t is Call:
                 func = node.func
-                if type(func) is ast.Name:
-                    self.called_names.add(func.id)
-                elif type(func) is ast.Attribute:
-                    self.called_names.add(func.attr)
-            elif t is ast.Constant:
-                if isinstance(node.value, str):
+                if type(func) is Name:
+                    called(func.id)
+                elif type(func) is Attribute:
+                    called(func.attr)
+            elif t is Constant:
+                if type(node.value) is str:
                     self.strings.add(node.value)
                     if id(node) not in docstrings:
                         append(node.value[:200])
-            elif t is ast.Expr:
-                if type(node.value) is ast.Constant:
+            elif t is Expr:
+                if type(node.value) is Constant:
                     docstrings.add(id(node.value))
-            elif t is ast.FunctionDef or t is ast.AsyncFunctionDef or t is ast.ClassDef:
+            elif t in defs:
                 append(node.name)
                 self.defs_by_name.setdefault(node.name, []).append(node)
-                self.bound_names.add(node.name)
+                bound(node.name)
                 if t is ast.ClassDef:
                     for item in node.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -170,12 +176,12 @@ class SourceIndex:
                     self.functions.append(node)
             elif t is ast.arg:
                 append(node.arg)
-                self.bound_names.add(node.arg)
+                bound(node.arg)
             elif t is ast.keyword:
                 if node.arg:
                     append(node.arg)
             elif t is ast.alias:
-                self.bound_names.add((node.asname or node.name).split(".")[0])
+                bound((node.asname or node.name).split(".")[0])
             elif t is ast.Import:
                 self.imports.update(a.name for a in node.names)
                 self.import_specs.extend((a.name, 0, ()) for a in node.names)
