@@ -123,8 +123,24 @@ def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.
     tags = tags_of(value)
     if N.is_lr_name(ident):
         w.emit("lr_assign", st, target=w.text(target), value=value, tags=tags)
-    elif N.is_loss_name(ident) and any(scaled_up_by_world(o) for o in value):
+    elif N.is_loss_name(ident) and any(multiplied_by_world(o) for o in value):
         w.emit("loss_scaled", st, target=w.text(target), tags=tags)
+
+
+def multiplied_by_world(obj: Obj, depth: int = 0) -> bool:
+    """A loss multiplied by a number that grows with the world size (`loss * world_size`, `loss *= ws / accum`),
+    not one merely computed from something that mentions it (SwAV's Sinkhorn targets are normalised with
+    `B = n * world_size`: `Q /= B; ...; Q *= B` leaves them summing to one, and the loss built from them is not
+    scaled)."""
+    if depth > 8:
+        return False
+    op = obj.props.get("op")
+    left, right = obj.props.get("left", EMPTY), obj.props.get("right", EMPTY)
+    if op == "Mult":
+        return any(scaled_up_by_world(o) or multiplied_by_world(o, depth + 1) for o in left + right)
+    if op in ("Div", "FloorDiv"):
+        return any(multiplied_by_world(o, depth + 1) for o in left)
+    return False
 
 
 def scaled_up_by_world(obj: Obj, depth: int = 0) -> bool:
