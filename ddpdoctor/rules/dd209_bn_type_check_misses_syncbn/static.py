@@ -8,7 +8,8 @@ to such a tuple at module level included), and class-name tests against "BatchNo
 
 What stays silent: tests that also accept SyncBatchNorm or test `_BatchNorm` / `_NormBase` (what a converted layer
 is), substring tests (`"BatchNorm" in type(m).__name__`, which SyncBatchNorm passes), tests inside a converter (a
-function that builds SyncBatchNorm: it runs on the plain layers), and scripts without SyncBN.
+function that builds SyncBatchNorm: it runs on the plain layers), tests earlier in the same function as the
+conversion (they run on the plain layers: YOLOv7's optimizer groups), and scripts without SyncBN.
 
 Confidence: likely — the test may be applied to a model that is never converted (a teacher, an EMA copy);
 `ddpdoctor triage` measures whether it changed anything.
@@ -123,13 +124,30 @@ def exact_class_tests(tree: ast.Module, index: SourceIndex) -> Iterator[tuple[in
                     yield node.lineno, "class name"
 
 
+def _innermost_function(index: SourceIndex, line: int) -> ast.AST | None:
+    """The innermost function of the file whose lines hold `line` (None: the module body)."""
+    best = None
+    for fn in index.functions:
+        if fn.lineno <= line <= (fn.end_lineno or fn.lineno) and (best is None or fn.lineno > best.lineno):
+            best = fn
+    return best
+
+
+def _runs_before_conversion(index: SourceIndex, lineno: int, conversions: list[int]) -> bool:
+    """A test earlier in the same function body as a conversion runs on the plain layers, before it (YOLOv7
+    groups BatchNorm weights for its optimizer, then converts: torch's converter keeps those Parameters)."""
+    here = _innermost_function(index, lineno)
+    return any(lineno < line and _innermost_function(index, line) is here for line in conversions)
+
+
 def check(script: ScriptModel) -> Iterator[Finding]:
     if not (script.of("convert_syncbn") or script.of("syncbn_layer")):
         return
     line = (script.of("convert_syncbn") or script.of("syncbn_layer"))[0].line
+    conversions = [ev.line for ev in script.of("convert_syncbn") if ev.file == script.filename]
     seen: set[int] = set()
     for lineno, how in exact_class_tests(script.tree, script.index):
-        if lineno in seen:
+        if lineno in seen or _runs_before_conversion(script.index, lineno, conversions):
             continue
         seen.add(lineno)
         text = script.lines[lineno - 1].strip()
