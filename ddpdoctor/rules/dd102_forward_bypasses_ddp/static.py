@@ -6,7 +6,8 @@ forward is what arms the gradient all-reduce, so steps taken on this forward tra
 
 What stays silent: the wrapper's own forward; `model = DDP(model)` under `if args.distributed:` (the variable
 holds the wrapper or, on the other path, the unwrapped model — never the wrapped module behind the wrapper's
-back); evaluation through `model.module` under no_grad; forwards of other models (EMA, teacher copies).
+back); evaluation through `model.module` under no_grad; forwards of other models (EMA, teacher copies), also when
+they were wrapped only to broadcast rank 0's weights (no forward through that wrapper, no optimizer over them).
 
 Confidence: certain when a backward pass follows in the same function and the wrap is in the same function;
 likely when the relation goes through calls/attributes; possible when no backward pass is seen near it.
@@ -19,6 +20,20 @@ from typing import Iterator
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd102_forward_bypasses_ddp import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
+from ddpdoctor.static.semantic import Event, Obj
+
+
+def _wrapped_only_to_broadcast(script: ScriptModel, obj: Obj, forwards: list[Event]) -> bool:
+    """A model that no forward runs through its DDP wrapper and that no optimizer trains (every optimizer's
+    parameters traced to other models): the wrap only broadcast rank 0's weights at construction (StyleGAN2 wraps
+    its EMA generator so, and throws the wrapper away); a forward of the model itself bypasses nothing."""
+    if any(t.kind == "wrapper" and t.family is obj.family for f in forwards for t in f.data["target"]):
+        return False
+    optimizers = script.of("optimizer")
+    owners = [script.param_owners(ev.data["obj"].props.get("params") or ()) for ev in optimizers]
+    if not optimizers or not all(owners):
+        return False  # nothing says what is trained
+    return not any(o.family is obj.family for found in owners for o in found)
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
@@ -43,6 +58,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if hit is None or all(m == "eval" for m in fw.data["modes"]):
             continue
         obj, wrap = hit
+        if _wrapped_only_to_broadcast(script, obj, forwards):
+            continue
         fw_loops = {c.node for c in fw.loops}
         backward_after = [
             b

@@ -7,7 +7,8 @@ severity, when no `mp.spawn(nprocs=...)` of the same value pins it.
 What stays silent: rank from the environment, from the spawn index, from `dist.get_rank()`, from arguments;
 `rank=-1`/`world_size=-1` (the "read it from env://" defaults); a literal world size equal to the `nprocs` the
 script spawns; `rank=0, world_size=1` inside a branch on the world size or the distributed switch (the
-single-process path).
+single-process path); a rank variable that holds a constant on one path to the call and each process's own
+rank on another (a worker called directly with `rank=0` for one GPU and spawned otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ _SINGLE_PROCESS_WORDS = ("world", "size", "distributed", "ddp", "nproc", "gpus",
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     spawned = [v for ev in script.of("spawn") for v in constant_values(ev.data.get("nprocs") or ())]
+    # init calls that some path reaches with a rank of each process's own (the spawn index): a constant the same
+    # call gets on another path comes from a single-process caller (StyleGAN2's `subprocess_fn(rank=0, ...)` when
+    # one GPU is asked for, `mp.spawn(subprocess_fn, ...)` otherwise)
+    per_process = {
+        id(ev.node) for ev in script.of("init_pg") if (r := ev.data["params"].get("rank")) and not is_constant(r)
+    }
     for ev in script.of("init_pg"):
         params, nodes = ev.data["params"], ev.data["nodes"]
         rank, world = params.get("rank"), params.get("world_size")
@@ -42,6 +49,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         }
         if single_path and world_literal == [1]:
             continue  # `else: init_process_group(rank=0, world_size=1)`: the single-process path
+        if bad_rank and not _is_literal(nodes.get("rank")) and id(ev.node) in per_process:
+            continue
         if bad_rank:
             literal = _is_literal(nodes.get("rank"))
             confidence = Confidence.CERTAIN if literal else Confidence.LIKELY

@@ -67,12 +67,14 @@ def check(script: ScriptModel) -> Iterator[Finding]:
 
     literal_zero: list[tuple[Event, str]] = []
     bound: list[int] = []
+    per_process: set[int] = set()  # call sites some path reaches with a per-process device
     for ev in script.of("set_device"):
         arg = ev.data["arg"]
         if arg and is_constant(arg):
             literal_zero.append((ev, f"torch.cuda.set_device({script.text(ev.data['arg_node'])})"))
         else:
             bound.append(ev.line)
+            per_process.add(id(ev.node))
     for ev in wraps:
         ids = ev.data["args"].get(1, "device_ids")
         if not ids:
@@ -82,6 +84,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             literal_zero.append((ev, f"device_ids={script.text(ev.data['args'].node(1, 'device_ids'))}"))
         elif items:
             bound.append(ev.line)
+            per_process.add(id(ev.node))
+    # a constant that the same call gets on another path comes from a single-process caller (a worker called with
+    # rank=0 for one GPU and spawned otherwise): the source does not name one GPU for every process
+    literal_zero = [(ev, what) for ev, what in literal_zero if id(ev.node) not in per_process]
     for ev in moves:
         if not any(o.family is not None for o in ev.data["target"]):
             continue

@@ -65,9 +65,15 @@ def _device_branch(script: ScriptModel, wraps: list[Event], around: list[Event])
             if c.kind == "cond":
                 sides.setdefault(id(c.node), set()).add(c.branch)
     shared |= {node for node, branches in sides.items() if len(branches) > 1}
+    # the same test written again where the process group is formed (`if num_gpus > 1: init_process_group(...)`,
+    # later `if num_gpus > 1: model = DDP(model)`) selects the same runs
+    init_tests = {(str(c.info), c.branch) for c in around[0].ctx if c.kind == "cond"} if around else set()
     found: str | None = None
     for w in wraps:
-        conds = [c for c in w.ctx if c.kind == "cond" and id(c.node) not in shared]
+        conds = [
+            c for c in w.ctx
+            if c.kind == "cond" and id(c.node) not in shared and (str(c.info), c.branch) not in init_tests
+        ]
         device = [c for c in conds if any(word in str(c.info).lower() for word in DEVICE_WORDS)]
         if not device:
             return None
