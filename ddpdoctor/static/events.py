@@ -102,10 +102,11 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         ),
         _k(
             "bn_stats_reset",
-            "BatchNorm statistics about to be recomputed: reset_running_stats(), or `m.momentum = None` (a cumulative "
-            "average of what follows: precise BN)",
+            "BatchNorm statistics about to be recomputed: reset_running_stats(), `m.momentum = None` (a cumulative "
+            "average of what follows) or `m.momentum = 1.0` (the next batch's statistics, collected by the caller): "
+            "precise BN",
             target="Value: the modules (or objects that may be modules)",
-            how="'reset_running_stats' or 'momentum = None'",
+            how="'reset_running_stats', 'momentum = None' or 'momentum = 1'",
         ),
         _k("strip_prefix", "consume_prefix_in_state_dict_if_present: a 'module.' prefix is removed from a state dict"),
         # --- optimisation (apis/optim.py)

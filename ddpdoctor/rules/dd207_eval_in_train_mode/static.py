@@ -8,7 +8,8 @@ statistics and overwrites its running statistics with evaluation data — and Sy
 What stays silent: `model.eval()` (or `model.module.eval()`, or `model.train(False)`) before the evaluation, at
 any distance (another function, a loop iteration before); no_grad forwards of other models (EMA, teachers);
 models defined in the file without BatchNorm; forwards that recompute BatchNorm statistics on purpose — after
-`reset_running_stats()` or `m.momentum = None` in the same call or one around it (precise BN).
+`reset_running_stats()`, `m.momentum = None` or `m.momentum = 1.0` in the same call or one around it (precise
+BN).
 
 Confidence: likely when the model has BatchNorm (torchvision CNNs, classes of the file with BN, SyncBN
 conversion); possible when that is unknown (timm/hub models).

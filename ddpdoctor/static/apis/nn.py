@@ -258,14 +258,16 @@ def _modules_stats_reset(w: TorchState, modules: Value, name: str, node: ast.Cal
 
 
 def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
-    """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next (precise BN)."""
+    """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next; `m.momentum = 1.0`:
+    its running statistics become the next batch's, which the caller collects (precise BN, pycls's way)."""
     if (
         ident == "momentum"
         and isinstance(target, ast.Attribute)
         and value
-        and all(o.kind == "const" and o.value is None for o in value)
+        and all(o.kind == "const" and (o.value is None or o.value == 1) for o in value)
     ):
-        w.emit("bn_stats_reset", st, target=w.eval(target.value), how="momentum = None")
+        how = "momentum = None" if all(o.value is None for o in value) else "momentum = 1"
+        w.emit("bn_stats_reset", st, target=w.eval(target.value), how=how)
 
 
 MODULE_METHODS = {
