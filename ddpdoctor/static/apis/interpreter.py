@@ -124,6 +124,9 @@ class TorchInterpreter(TorchState):
     def classify_branch(self, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
         return ranks.classify_branch(self, test, node)
 
+    def narrowing(self, node: ast.expr) -> tuple[str, Any, bool] | None:
+        return nn.wrapper_narrowing(self, node)
+
     def single_process_otherwise(self, node: ast.expr, test: Value) -> bool:
         return ranks.asks_distributed(self, node)
 

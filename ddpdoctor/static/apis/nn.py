@@ -390,6 +390,65 @@ def _argument_shape(value: Value) -> frozenset:
 _COMPUTED = object()  # an argument that may be something other than a literal
 
 
+# ---------------------------------------------------------------------- "is it the wrapper?" tests
+
+
+def _wrapper_classes(value: Value, depth: int = 0) -> bool:
+    """A class argument naming DDP or DataParallel (or a tuple holding one, or a DDP subclass of the project)."""
+    for o in value:
+        if o.kind == "qual" and N.canonical(o.qual or "") in (N.DDP, N.DATA_PARALLEL, N.APEX_DDP):
+            return True
+        if o.kind == "class" and o.props.get("instance_kind") == "wrapper":
+            return True
+        if o.kind == "tuple" and depth < 2 and any(_wrapper_classes(v, depth + 1) for v in o.items or ()):
+            return True
+    return False
+
+
+def _wrapper_check(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
+    """`isinstance(model, DDP)`, `hasattr(model, "module")`: a test of whether a variable holds the wrapper, which
+    the branches it decides narrow (`model.module if wrapped else model`, pycls's and timm's unwrap helpers)."""
+    if len(node.args) != 2 or not isinstance(node.args[0], ast.Name) or len(args.pos) != 2:
+        return None
+    if name == "isinstance" and not _wrapper_classes(args.pos[1]):
+        return None
+    if name == "hasattr" and not (isinstance(node.args[1], ast.Constant) and node.args[1].value == "module"):
+        return None
+    test = w.new("value", node, props={"builtin": name, "wrapper_test": (w.frame.id, node.args[0].id)})
+    w._wrapper_tests[id(node)] = test.props["wrapper_test"]
+    return (test,)
+
+
+BUILTINS = {"isinstance": _wrapper_check, "hasattr": _wrapper_check}
+
+
+def wrapper_narrowing(w: TorchState, node: ast.expr) -> tuple[str, object, bool] | None:
+    """(variable, "is a wrapper", whether that holds when the test is true) for a test of the current frame that
+    asks whether a local variable holds the DDP/DataParallel wrapper — the call itself, `not` of it, or a name
+    bound to its result (`wrapped = isinstance(model, DDP)`)."""
+    positive = True
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        node, positive = node.operand, not positive
+    found = None
+    if isinstance(node, ast.Call):
+        found = w._wrapper_tests.get(id(node))
+    elif isinstance(node, ast.Name):
+        marks = {o.props.get("wrapper_test") for o in w.frame.locals.get(node.id, ())}
+        found = marks.pop() if len(marks) == 1 else None
+    if found is None or found[0] != w.frame.id:
+        return None
+    return found[1], _is_wrapper, positive
+
+
+def _is_wrapper(o: Obj) -> bool | None:
+    """True for a DDP/DataParallel wrapper, False for what is known not to be one, None when it cannot be told."""
+    if o.kind == "wrapper":
+        return True
+    if o.kind in ("module", "const", "optimizer", "loader", "dataset", "sampler", "tensor"):
+        return False
+    return None
+
+
 # ---------------------------------------------------------------------- methods on other objects
 
 

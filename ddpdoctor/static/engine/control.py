@@ -8,7 +8,7 @@ import ast
 from typing import Any
 
 from ddpdoctor.static.engine.expressions import CMP_OPS, NOT_COMPUTED, known_value, truth_of
-from ddpdoctor.static.engine.support import Args, counters, is_main_guard
+from ddpdoctor.static.engine.support import DEAD, Args, counters, is_main_guard
 from ddpdoctor.static.semantic import Ctx, Obj, Value, union
 
 
@@ -29,6 +29,15 @@ class ControlMixin:
             kind, info, else_info, scope = self.classify_branch(test, st.test)
         frame = self.frame
         before = dict(frame.locals)
+        narrow = self.narrowing(st.test)
+        if narrow is not None:
+            body_dead = self.narrow(narrow, True) is DEAD
+            frame.locals = dict(before)
+            else_dead = self.narrow(narrow, False) is DEAD
+            frame.locals = dict(before)
+            if body_dead != else_dead:  # the variable's objects decide the test in this call
+                return self.block(st.orelse if body_dead else st.body)
+        self.narrow(narrow, True)
         if kind:
             self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
         try:
@@ -39,6 +48,7 @@ class ControlMixin:
         body_guard = self._trailing_guard
         after_body = frame.locals
         frame.locals = dict(before)
+        self.narrow(narrow, False)
         if kind:
             self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
         try:
@@ -65,6 +75,26 @@ class ControlMixin:
                 # ranks have left, and without distribution there is one process (detectron2's evaluators)
                 self._guard = body_guard
         return False
+
+    def narrow(self, narrowing: tuple[str, Any, bool] | None, test_true: bool) -> Value | None:
+        """On one side of a test (`narrowing`), keep only the objects of the variable it speaks of that can be there
+        (`model.module if isinstance(model, DDP) else model`: the wrapper on one side, the plain model on the
+        other; an object the predicate cannot decide, None, stays on both). Returns what the variable held before,
+        or None when nothing changed; DEAD when no object can be there (the side does not run in this call)."""
+        if narrowing is None:
+            return None
+        name, predicate, holds_when_true = narrowing
+        value = self.frame.locals.get(name)
+        if not value:
+            return None
+        want = test_true == holds_when_true
+        kept = tuple(o for o in value if predicate(o) in (None, want))
+        if len(kept) == len(value):
+            return None
+        if not kept:
+            return DEAD
+        self.frame.locals[name] = kept
+        return value
 
     def st_For(self, st: ast.For | ast.AsyncFor) -> None:
         iterable = self.eval(st.iter)

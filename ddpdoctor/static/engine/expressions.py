@@ -7,7 +7,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.static.engine.support import const_key
+from ddpdoctor.static.engine.support import DEAD, const_key
 from ddpdoctor.static.semantic import EMPTY, Ctx, Obj, Value, is_constant, union
 
 BIN_OPS: dict[type, Callable[[Any, Any], Any]] = {
@@ -275,13 +275,19 @@ class ExpressionsMixin:
     def ex_IfExp(self, node: ast.IfExp) -> Value:
         test = self.eval(node.test)
         frame_id = self.frame.id
+        narrowing = self.narrowing(node.test)
         sides: list[Value] = []
         for branch, part in ((0, node.body), (1, node.orelse)):
+            held = self.narrow(narrowing, branch == 0)
+            if held is DEAD:
+                continue  # no object of the variable the test asks about takes this side here
             self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test, file=self.frame.file))
             try:
                 sides.append(self.eval(part))
             finally:
                 self.ctx.pop()
+                if held is not None:
+                    self.frame.locals[narrowing[0]] = held
         return union(*sides)
 
     def ex_Lambda(self, node: ast.Lambda) -> Value:

@@ -92,6 +92,11 @@ class Hooks:
         """Whether the `else` side of this `if` test runs in a single process (the test asks "distributed?")."""
         return False
 
+    def narrowing(self, node: ast.expr) -> tuple[str, Any, bool] | None:
+        """What a test says about a local variable: (name, predicate on its objects, whether the predicate holds
+        when the test is true), as `isinstance(model, DDP)` says `model` is the wrapper; None when nothing."""
+        return None
+
     def classify_branch(self, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
         """(ctx kind, info of the body, info of the else side, scope) of an `if` test."""
         text = self.text(node)
