@@ -40,6 +40,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             or not any(script.loop_evaluates(it.data["loop"]) for it in its)
         ):
             continue
+        evaluating = next(it for it in its if script.loop_evaluates(it.data["loop"]))
         lengths = {d.props.get("length") for d in sampler.props.get("dataset", ()) if d.props.get("length")}
         length = lengths.pop() if len(lengths) == 1 else None
         name = script.sampler_name(sampler, loaders)
@@ -51,5 +52,6 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             + " is a multiple of the world size it pads the shards with repeated samples, which the metric counts "
             "twice",
             confidence=Confidence.POSSIBLE,
-            evidence={"sampler_line": sampler.line, "eval_loop_line": its[0].line, "dataset_length": length},
+            evidence={"sampler_line": sampler.line, "eval_loop_line": evaluating.line,
+                      "eval_loop": script.place(evaluating, sampler), "dataset_length": length},
         )
