@@ -65,8 +65,12 @@ def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx
     """(how directly, backward, step, gate, how) for each backward that runs more often than the step after it."""
     for step in script.of("opt_step"):
         for bw in script.backward_events:
-            if bw.frame != step.frame or bw.in_ctx("no_sync") or bw.in_ctx("accumulate"):
+            # the backward in the stepping function or in one it calls (DeepLearningExamples' Trainer.train_step
+            # steps, its Executor's method runs backward), or the step in one the backward's function calls
+            if not (step.frame in bw.frames or bw.frame in step.frames):
                 continue
+            if bw.in_ctx("no_sync") or bw.in_ctx("accumulate") or bw.exclusive_with(step):
+                continue  # (or on the other side of a branch from the step: the AMP path's backward, the plain step)
             shared = [c for c in step.loops if any(c.node is b.node for b in bw.loops)]
             if not shared:
                 continue
