@@ -27,13 +27,19 @@ def _wrapped_only_to_broadcast(script: ScriptModel, obj: Obj, forwards: list[Eve
     """A model that no forward runs through its DDP wrapper and that no optimizer trains (every optimizer's
     parameters traced to other models): the wrap only broadcast rank 0's weights at construction (StyleGAN2 wraps
     its EMA generator so, and throws the wrapper away); a forward of the model itself bypasses nothing."""
-    if any(t.kind == "wrapper" and t.family is obj.family for f in forwards for t in f.data["target"]):
+    if any(t.kind == "wrapper" and _holds(t, obj) for f in forwards for t in f.data["target"]):
         return False
     optimizers = script.of("optimizer")
     owners = [script.param_owners(ev.data["obj"].props.get("params") or ()) for ev in optimizers]
     if not optimizers or not all(owners):
         return False  # nothing says what is trained
-    return not any(o.family is obj.family for found in owners for o in found)
+    # by identity, not by family: a loop that wraps several models (`for m in [G, G_ema]: DDP(m)`) gives them one
+    # family in the walk, and G's optimizer does not train G_ema
+    return not any(o is obj or (o.kind == "wrapper" and _holds(o, obj)) for found in owners for o in found)
+
+
+def _holds(wrapper: Obj, obj: Obj) -> bool:
+    return any(i is obj for i in wrapper.props.get("inner", ()))
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
