@@ -483,6 +483,35 @@ def test_uncalled_code_is_walked_callers_first_and_a_spawn_target_once():
     assert [site[2] for site in init.chain] == ["worker"] and init.reached is False
 
 
+def test_eval_sampler_padding_names_the_loop_that_evaluates():
+    findings = analyze_source(
+        src(
+            """
+            import torch
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+            dist.init_process_group("gloo")
+            model = DDP(nn.Linear(8, 2))
+            val_set = TensorDataset(torch.randn(50, 8), torch.randint(0, 2, (50,)))
+            val_loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set, shuffle=False))
+            batches = 0
+            for x, y in val_loader:
+                batches += 1
+            model.eval()
+            with torch.no_grad():
+                for x, y in val_loader:
+                    model(x)
+            """
+        ),
+        "t.py",
+    )
+    (found,) = [f for f in findings if f.rule == "DD303"]
+    assert found.evidence["eval_loop_line"] == 16 and found.evidence["eval_loop"] == "line 16"
+
+
 def test_odd_syntax_is_understood_without_internal_errors():
     text = src(
         """

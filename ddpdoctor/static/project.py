@@ -2,9 +2,8 @@
 
 An entry script imports `trainer`, `utils.dist`, `from .data import build`: `Project.resolve` maps each to a file
 under the project's import roots — the script's directory, the root of the package it sits in, the installable
-project it belongs to (the nearest ancestor with pyproject.toml/setup.py/setup.cfg, and its src/: what `pip install
--e .` makes importable), and directories the script adds to `sys.path` with literal paths — and never to the
-standard library or an installed package (nothing
+project it belongs to (`project_root`, and its src/: what `pip install -e .` makes importable), and directories the
+script adds to `sys.path` with literal paths — and never to the standard library or an installed package (nothing
 under site-packages, dist-packages or the interpreter's prefix; `torch` is never a project module). Each file is
 read and parsed once (`Project.load`), within bounds (`Limits`): a file that does not parse, or one past the
 budget, becomes a note and its import stays opaque, as a library's would.

@@ -23,19 +23,22 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 from ddpdoctor.static.semantic import Event, Obj
 
 
-def _wrapped_only_to_broadcast(script: ScriptModel, obj: Obj, forwards: list[Event]) -> bool:
-    """A model that no forward runs through its DDP wrapper and that no optimizer trains (every optimizer's
-    parameters traced to other models): the wrap only broadcast rank 0's weights at construction (StyleGAN2 wraps
-    its EMA generator so, and throws the wrapper away); a forward of the model itself bypasses nothing."""
-    if any(t.kind == "wrapper" and _holds(t, obj) for f in forwards for t in f.data["target"]):
+def _optimised(script: ScriptModel) -> list[Obj] | None:
+    """The modules (or wrappers) whose parameters the script's optimizers hold; None when some optimizer's
+    parameters are not traced (or there is none): then nothing says what is trained."""
+    owners = [script.param_owners(ev.data["obj"].props.get("params") or ()) for ev in script.of("optimizer")]
+    return [o for found in owners for o in found] if owners and all(owners) else None
+
+
+def _wrapped_only_to_broadcast(obj: Obj, forwards: list[Event], optimised: list[Obj] | None) -> bool:
+    """A model that no forward runs through its DDP wrapper and that no optimizer trains (`optimised`): the wrap
+    only broadcast rank 0's weights at construction (StyleGAN2 wraps its EMA generator so, and throws the wrapper
+    away); a forward of the model itself bypasses nothing."""
+    if optimised is None or any(t.kind == "wrapper" and _holds(t, obj) for f in forwards for t in f.data["target"]):
         return False
-    optimizers = script.of("optimizer")
-    owners = [script.param_owners(ev.data["obj"].props.get("params") or ()) for ev in optimizers]
-    if not optimizers or not all(owners):
-        return False  # nothing says what is trained
     # by identity, not by family: a loop that wraps several models (`for m in [G, G_ema]: DDP(m)`) gives them one
     # family in the walk, and G's optimizer does not train G_ema
-    return not any(o is obj or (o.kind == "wrapper" and _holds(o, obj)) for found in owners for o in found)
+    return not any(o is obj or (o.kind == "wrapper" and _holds(o, obj)) for o in optimised)
 
 
 def _holds(wrapper: Obj, obj: Obj) -> bool:
@@ -45,6 +48,7 @@ def _holds(wrapper: Obj, obj: Obj) -> bool:
 def check(script: ScriptModel) -> Iterator[Finding]:
     forwards = script.of("forward")
     through_wrapper: list | None = None  # forwards of a DDP wrapper, listed at the first hit
+    optimised = _optimised(script)
     for fw in forwards:
         if fw.data["inside_forward"] or fw.data["detached"] or fw.grad_off is not False:
             continue
@@ -64,7 +68,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if hit is None or all(m == "eval" for m in fw.data["modes"]):
             continue
         obj, wrap = hit
-        if _wrapped_only_to_broadcast(script, obj, forwards):
+        if _wrapped_only_to_broadcast(obj, forwards, optimised):
             continue
         fw_loops = {c.node for c in fw.loops}
         backward_after = [

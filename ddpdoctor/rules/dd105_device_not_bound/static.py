@@ -7,7 +7,8 @@ statement binds the device to the process: no `torch.cuda.set_device(<per-proces
 `device_ids=[0]` or `set_device(0)` is flagged even when something else looks per-process.
 
 What stays silent: any per-process binding (values from LOCAL_RANK, the spawn index, `args.gpu`, or anything the
-walk cannot prove constant); CPU/gloo scripts.
+walk cannot prove constant); a constant a call gets on one path when another path reaches the same call with a
+per-process value (a worker called with rank=0 for one GPU and spawned otherwise); CPU/gloo scripts.
 
 Confidence: certain for a literal device 0 handed to every process; likely when CUDA is used and nothing binds;
 possible when CUDA use is only inferred from strings.

@@ -11,8 +11,9 @@ What it flags:
   the user may never run; the probe run on that path makes it critical and certain).
 
 What stays silent: any unconditional wrap; wraps whose condition the process group shares (`if args.distributed:`
-around both); hand-written gradient averaging (`dist.all_reduce(p.grad)`); FSDP, Horovod, DeepSpeed and Accelerate
-scripts (their engines average gradients); scripts with no optimizer step.
+around both, or the same test written again around each); hand-written gradient averaging
+(`dist.all_reduce(p.grad)`); FSDP, Horovod, DeepSpeed and Accelerate scripts (their engines average gradients);
+scripts with no optimizer step.
 """
 
 from __future__ import annotations

@@ -27,25 +27,35 @@ from ddpdoctor.static.model import ScriptModel, cap_unreached
 from ddpdoctor.static.semantic import Obj, Value
 
 
-def _wrapper_states(value: Value, depth: int = 0) -> list[tuple[Obj, bool]]:
-    """(wrapper, only-wrapper) for each wrapper whose state ends up in `value`."""
-    out: list[tuple[Obj, bool]] = []
+def _held(value: Value, depth: int = 0) -> Iterator[tuple[Obj, Value]]:
+    """Every object a saved value holds, through dicts and tuples (a checkpoint dict of state dicts), each with
+    the value it is one of."""
     if depth > 4:
-        return out
+        return
     for o in value:
-        if o.kind == "state_dict" and not o.props.get("optimizer"):
-            owners = o.props.get("owner", ())
-            wrappers = [w for w in owners if w.kind == "wrapper"]
-            for w in wrappers:
-                out.append((w, len(wrappers) == len(owners)))
-        elif o.kind == "wrapper":
-            out.append((o, len(value) == 1))
-        elif o.kind == "dict":
+        yield o, value
+        if o.kind == "dict":
             for v in o.fields.values():
-                out.extend(_wrapper_states(v, depth + 1))
+                yield from _held(v, depth + 1)
         elif o.kind == "tuple":
             for v in (o.items or ()) + ((o.props["elem"],) if "elem" in o.props else ()):
-                out.extend(_wrapper_states(v, depth + 1))
+                yield from _held(v, depth + 1)
+
+
+def _model_state_owners(o: Obj) -> tuple[Obj, ...]:
+    """The modules a model state dict comes from (none for an optimizer's, or for anything else)."""
+    return o.props.get("owner", ()) if o.kind == "state_dict" and not o.props.get("optimizer") else ()
+
+
+def _wrapper_states(value: Value) -> list[tuple[Obj, bool]]:
+    """(wrapper, only-wrapper) for each wrapper whose state ends up in `value`."""
+    out: list[tuple[Obj, bool]] = []
+    for o, among in _held(value):
+        owners = _model_state_owners(o)
+        wrappers = [w for w in owners if w.kind == "wrapper"]
+        out.extend((w, len(wrappers) == len(owners)) for w in wrappers)
+        if o.kind == "wrapper":
+            out.append((o, len(among) == 1))
     return out
 
 
@@ -64,16 +74,10 @@ def _plain_saves(script: ScriptModel) -> list[Obj]:
     the model: `model.module.backbone.state_dict()`), with no wrapper among their owners on any path."""
     out: list[Obj] = []
     for ev in script.of("save"):
-        stack = list(ev.data["obj"])
-        seen = 0
-        while stack and seen < 64:
-            o = stack.pop()
-            seen += 1
-            owners = o.props.get("owner", ()) if o.kind == "state_dict" and not o.props.get("optimizer") else ()
+        for o, _ in _held(ev.data["obj"]):
+            owners = _model_state_owners(o)
             if owners and not any(w.kind == "wrapper" for w in owners):
                 out.extend(owners)
-            elif o.kind == "dict":
-                stack.extend(x for v in o.fields.values() for x in v)
     return out
 
 

@@ -29,15 +29,12 @@ class ControlMixin:
             kind, info, else_info, scope = self.classify_branch(test, st.test)
         frame = self.frame
         before = dict(frame.locals)
-        narrow = self.narrowing(st.test)
-        if narrow is not None:
-            body_dead = self.narrow(narrow, True) is DEAD
-            frame.locals = dict(before)
-            else_dead = self.narrow(narrow, False) is DEAD
-            frame.locals = dict(before)
-            if body_dead != else_dead:  # the variable's objects decide the test in this call
-                return self.block(st.orelse if body_dead else st.body)
-        self.narrow(narrow, True)
+        narrowing = self.narrowing(st.test)
+        body_side, else_side = self.narrowed(narrowing, True), self.narrowed(narrowing, False)
+        if (body_side is DEAD) != (else_side is DEAD):  # the variable's objects decide the test in this call
+            return self.block(st.orelse if body_side is DEAD else st.body)
+        if body_side is not None:
+            frame.locals[narrowing[0]] = body_side
         if kind:
             self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
         try:
@@ -48,7 +45,8 @@ class ControlMixin:
         body_guard = self._trailing_guard
         after_body = frame.locals
         frame.locals = dict(before)
-        self.narrow(narrow, False)
+        if else_side is not None:
+            frame.locals[narrowing[0]] = else_side
         if kind:
             self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
         try:
@@ -76,11 +74,11 @@ class ControlMixin:
                 self._guard = body_guard
         return False
 
-    def narrow(self, narrowing: tuple[str, Any, bool] | None, test_true: bool) -> Value | None:
-        """On one side of a test (`narrowing`), keep only the objects of the variable it speaks of that can be there
+    def narrowed(self, narrowing: tuple[str, Any, bool] | None, test_true: bool) -> Value | None:
+        """On one side of a test (`narrowing`), the objects of the variable it speaks of that can be there
         (`model.module if isinstance(model, DDP) else model`: the wrapper on one side, the plain model on the
-        other; an object the predicate cannot decide, None, stays on both). Returns what the variable held before,
-        or None when nothing changed; DEAD when no object can be there (the side does not run in this call)."""
+        other; an object the predicate cannot decide stays on both): None when that is all of them, DEAD when
+        none (the side does not run in this call)."""
         if narrowing is None:
             return None
         name, predicate, holds_when_true = narrowing
@@ -91,10 +89,7 @@ class ControlMixin:
         kept = tuple(o for o in value if predicate(o) in (None, want))
         if len(kept) == len(value):
             return None
-        if not kept:
-            return DEAD
-        self.frame.locals[name] = kept
-        return value
+        return kept or DEAD
 
     def st_For(self, st: ast.For | ast.AsyncFor) -> None:
         iterable = self.eval(st.iter)

@@ -278,9 +278,12 @@ class ExpressionsMixin:
         narrowing = self.narrowing(node.test)
         sides: list[Value] = []
         for branch, part in ((0, node.body), (1, node.orelse)):
-            held = self.narrow(narrowing, branch == 0)
-            if held is DEAD:
+            kept = self.narrowed(narrowing, branch == 0)
+            if kept is DEAD:
                 continue  # no object of the variable the test asks about takes this side here
+            held = None
+            if kept is not None:  # an expression binds nothing: the variable is narrowed for this side only
+                held, self.frame.locals[narrowing[0]] = self.frame.locals[narrowing[0]], kept
             self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test, file=self.frame.file))
             try:
                 sides.append(self.eval(part))

@@ -16,7 +16,7 @@ MAX_DEPTH = 24
 # A helper called from many call sites is entered at each of the first few, then summarised by what it returned:
 # training scripts call their helpers a handful of times, while library-style code can fan out exponentially.
 MAX_INLINE_PER_FUNCTION = 16
-DEAD: Any = object()  # ControlMixin.narrow: no object of the variable a test asks about can be on that side
+DEAD: Any = object()  # ControlMixin.narrowed: no object of the variable a test asks about can be on that side
 # A safety net for pathological inputs (deep mutual calls in a huge file): past this many visited nodes, calls are
 # no longer entered and the model says it was truncated. Real scripts of a few thousand lines use a few percent.
 VISIT_BUDGET = 400_000
