@@ -164,7 +164,9 @@ def report_triage(base: Path, check: CheckConfig, overrides: dict[str, Any] | No
     from ddpdoctor.analyses import load_static_findings
 
     try:
-        layout = json.loads((base / TRIAGE_FILE).read_text(encoding="utf-8"))["layout"]
+        from ddpdoctor.events import read_text_bounded
+
+        layout = json.loads(read_text_bounded(base / TRIAGE_FILE, "strict"))["layout"]
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{base / TRIAGE_FILE}: unreadable: {exc}") from None
     written = base / layout["arm_dirs"][layout["written"]]
