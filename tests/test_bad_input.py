@@ -506,3 +506,12 @@ def test_report_refuses_event_logs_and_side_files_that_are_not_files(tmp_path: P
     done = subprocess.run([sys.executable, "-m", "ddpdoctor", "report", str(run)], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False, preexec_fn=limit_memory)
     one_line_error(done, "not a file a run writes")
+
+
+def test_keep_run_never_replaces_a_fifo_under_a_name_the_run_writes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".ddpdoctor-run").write_text("{}")
+    os.mkfifo(run / "meta.json")
+    one_line_error(ddpdoctor("check", str(DEMO), "--keep-run", str(run)), "never replaces one")
+    assert stat.S_ISFIFO(os.lstat(run / "meta.json").st_mode)
