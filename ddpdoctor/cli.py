@@ -27,6 +27,9 @@ app = typer.Typer(
 )
 
 
+_OUTPUT_HELP = "Write the report to FILE (-: stdout; a device, FIFO or socket is written into, never replaced)."
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"ddpdoctor {__version__}")
@@ -94,7 +97,7 @@ def check(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
@@ -173,7 +176,7 @@ def triage(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
@@ -230,7 +233,7 @@ def report(
         "directories, or their parent."
     ),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
@@ -318,7 +321,7 @@ def compare_bn(
     seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     output_format: str = typer.Option("text", "--format", help="text | json."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""

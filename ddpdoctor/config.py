@@ -171,6 +171,14 @@ def check_nproc(value: object, *, low: int = 1) -> int:
                        why=" ranks on one machine (each rank is a process with its own copy of torch and the model)")
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes at most 64 bits, numpy's default_rng no negative seed
+
+
+def check_seed(value: object) -> int:
+    """A seed every generator compare-bn's ranks seed accepts (numpy's default_rng, torch's): 0 to MAX_SEED."""
+    return check_count("--seed", value, low=0, high=MAX_SEED)
+
+
 def check_seconds(option: str, value: object) -> float:
     """A time limit: a finite number of seconds between 1 and MAX_TIMEOUT (nan, inf or 1e300 would mean no limit
     at all)."""

@@ -406,6 +406,8 @@ def test_compare_bn_output_never_overwrites_the_model_file(tmp_path: Path, form:
         (["compare-bn", "--nproc", "65"], "--nproc 65"),
         (["compare-bn", "--timeout", "nan"], "--timeout nan"),
         (["compare-bn", "--timeout", "1e300"], "--timeout"),
+        (["compare-bn", "--seed", "-1"], "--seed -1"),
+        (["compare-bn", "--seed", str(2**64)], "--seed"),
         (["triage", str(DEMO), "--timeout", "nan"], "--timeout nan"),
         (["triage", str(DEMO), "--timeout", "inf"], "--timeout inf"),
         (["triage", str(DEMO), "--timeout", "1e300"], "--timeout"),

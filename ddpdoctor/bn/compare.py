@@ -55,7 +55,7 @@ def _check_factory_spec(spec: str | None, option: str) -> None:
 
 def _validate(cfg: CompareConfig) -> tuple[str, list[list[int]] | None]:
     from ddpdoctor.bn.plan import read_shard_file
-    from ddpdoctor.config import check_count, check_nproc, check_seconds
+    from ddpdoctor.config import check_count, check_nproc, check_seconds, check_seed
 
     if isinstance(cfg.nproc, int) and cfg.nproc < 2:
         raise UsageError("--nproc must be at least 2: compare-bn compares what ranks compute")
@@ -63,6 +63,7 @@ def _validate(cfg: CompareConfig) -> tuple[str, list[list[int]] | None]:
     check_count("--batch-size", cfg.batch_size)
     check_count("--steps", cfg.steps)
     check_seconds("--timeout", cfg.timeout)
+    check_seed(cfg.seed)
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device: {cfg.device!r} is not one of auto, cpu, cuda")
     _check_factory_spec(cfg.model, "--model")
