@@ -517,3 +517,12 @@ def test_keep_run_never_replaces_a_fifo_under_a_name_the_run_writes(tmp_path: Pa
     os.mkfifo(run / "meta.json")
     one_line_error(ddpdoctor("check", str(DEMO), "--keep-run", str(run)), "never replaces one")
     assert stat.S_ISFIFO(os.lstat(run / "meta.json").st_mode)
+
+
+def test_triage_keep_run_never_removes_a_fifo_under_a_name_it_writes(tmp_path: Path) -> None:
+    base = tmp_path / "triage"
+    base.mkdir()
+    (base / ".ddpdoctor-run").write_text("{}")
+    os.mkfifo(base / "triage.json")
+    one_line_error(ddpdoctor("triage", str(DEMO), "--keep-run", str(base), timeout=600), "never replaces one")
+    assert stat.S_ISFIFO(os.lstat(base / "triage.json").st_mode) and not list(base.glob("arm-*"))

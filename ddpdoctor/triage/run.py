@@ -247,8 +247,14 @@ def _prepare_triage_dir(base: Path) -> RunDirClaim:
         raise UsageError(
             f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder"
         )
+    names = (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G")
+    for name in names:  # a device, FIFO or socket under one of its names is nothing a triage wrote
+        p = base / name
+        if p.exists() and not p.is_symlink() and not p.is_file() and not p.is_dir():
+            raise UsageError(f"--keep-run {base}: {name} is not a file or folder a triage writes (a device, FIFO or "
+                             "socket); ddpdoctor never replaces one")
     claim = claim_folder(base, "--keep-run", "a triage writing into it")
-    for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
+    for name in names:
         p = base / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
