@@ -1142,6 +1142,9 @@ def check_regular_files(run_dir: Path) -> None:
     candidates = [run_dir / n for n in (META_FILE, LAUNCHER_FILE, STATIC_FILE)]
     for folder in (EVENTS_DIR, LOGS_DIR, SOURCE_DIR):
         base = run_dir / folder
+        if base.is_symlink():  # a run writes real folders: a link could lead the walk anywhere (/proc, /dev)
+            raise ValueError(f"{base}: a link to {os.path.realpath(base)}, not a folder a run writes: the run "
+                             "directory is damaged or not a ddpdoctor run")
         if base.is_dir():
             for root, dirs, files in os.walk(base):
                 candidates.extend(Path(root) / f for f in files)

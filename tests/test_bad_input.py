@@ -481,13 +481,14 @@ def test_report_of_a_parent_refuses_an_attach_run_still_being_written(tmp_path: 
     assert ddpdoctor("report", str(parent)).returncode in (0, 1)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "zero", "blob-fifo", "log-zero"])
+@pytest.mark.parametrize("kind", ["fifo", "zero", "blob-fifo", "log-zero", "events-link"])
 def test_report_refuses_event_logs_and_side_files_that_are_not_files(tmp_path: Path, kind: str) -> None:
     """An event log that is a FIFO hung `report`; one linked to /dev/zero grew its memory without end."""
     import resource
 
     run = tmp_path / "run"
     shutil.copytree(RUN, run)
+    needle = "not a file a run writes"
     log = min((run / "events").glob("*.jsonl"))
     if kind == "fifo":
         os.mkfifo(run / "events" / "other-p1.jsonl")
@@ -498,6 +499,10 @@ def test_report_refuses_event_logs_and_side_files_that_are_not_files(tmp_path: P
         blob = min((run / "events").glob("*.bin"))
         blob.unlink()
         os.mkfifo(blob)
+    elif kind == "events-link":
+        shutil.rmtree(run / "events")
+        (run / "events").symlink_to("/dev")
+        needle = "not a folder a run writes"
     else:
         (run / "logs" / "rank0.stderr").unlink()
         (run / "logs" / "rank0.stderr").symlink_to("/dev/zero")
@@ -507,7 +512,7 @@ def test_report_refuses_event_logs_and_side_files_that_are_not_files(tmp_path: P
 
     done = subprocess.run([sys.executable, "-m", "ddpdoctor", "report", str(run)], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False, preexec_fn=limit_memory)
-    one_line_error(done, "not a file a run writes")
+    one_line_error(done, needle)
 
 
 def test_keep_run_never_replaces_a_fifo_under_a_name_the_run_writes(tmp_path: Path) -> None:
