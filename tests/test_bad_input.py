@@ -298,7 +298,7 @@ def test_output_to_a_character_device_is_written_in_place(tmp_path: Path) -> Non
         assert done.returncode == 1, done.stderr
         assert _is_char_device(str(node)) and os.stat(node).st_rdev == os.makedev(1, 3)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]  # no temporary file left beside it
-    assert _is_char_device("/dev/null")
+    assert _is_char_device("/dev/null"), "/dev/null was no device before this test: something else replaced it"
     done = ddpdoctor("check", str(DEMO), "--static", "--output", "/dev/null")
     assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
     assert _is_char_device("/dev/null")
