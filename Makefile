@@ -19,7 +19,13 @@ setup: $(VENV)/.installed
 
 demo: setup
 	@echo "--- ddpdoctor check on the bundled buggy example (fixtures/demo/train.py) ---"
-	-$(VENV)/bin/ddpdoctor check fixtures/demo/train.py --base-lr 0.1 --base-batch 32
+	@# the demo is buggy on purpose: exit 1 (findings at or above --fail-on) is the expected end, said in words
+	@$(VENV)/bin/ddpdoctor check fixtures/demo/train.py --base-lr 0.1 --base-batch 32; code=$$?; \
+	case $$code in \
+	  1) echo "--- exit 1: findings at or above --fail-on (medium), as expected for the buggy demo ---" ;; \
+	  0) echo "--- exit 0: no finding at or above --fail-on; the demo should have had some ---"; exit 1 ;; \
+	  *) echo "--- exit $$code: ddpdoctor could not analyse the demo (see the error above) ---"; exit $$code ;; \
+	esac
 
 # The lint gate (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup

@@ -120,10 +120,10 @@ def run_dir_files(run_dir: Path) -> list[tuple[Path, str]]:
     """The user's files a recorded run names (its script, the sources it copied): `report --output` spares them."""
     import json
 
-    from ddpdoctor.events import META_FILE
+    from ddpdoctor.events import META_FILE, read_text_bounded
 
     try:
-        meta = json.loads((Path(run_dir) / META_FILE).read_text(encoding="utf-8"))
+        meta = json.loads(read_text_bounded(Path(run_dir) / META_FILE, "strict"))
     except (OSError, ValueError):
         return []
     if not isinstance(meta, dict):
@@ -225,7 +225,7 @@ def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
     machine, else from the current directory. Several directories (one per node): the first that names it."""
     import json
 
-    from ddpdoctor.events import META_FILE, find_run_dirs
+    from ddpdoctor.events import META_FILE, find_run_dirs, read_text_bounded
 
     try:
         dirs = find_run_dirs([Path(run_dir)] if isinstance(run_dir, (str, Path)) else list(run_dir))
@@ -233,7 +233,7 @@ def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
         return Path.cwd()
     for d in dirs:
         try:
-            meta = json.loads((Path(d) / META_FILE).read_text(encoding="utf-8"))
+            meta = json.loads(read_text_bounded(Path(d) / META_FILE, "strict"))
             script = Path(meta["script_abs"])
         except (OSError, ValueError, KeyError, TypeError):
             continue

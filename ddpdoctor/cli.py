@@ -27,6 +27,9 @@ app = typer.Typer(
 )
 
 
+_OUTPUT_HELP = "Write the report to FILE (-: stdout; a device, FIFO or socket is written into, never replaced)."
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"ddpdoctor {__version__}")
@@ -49,7 +52,9 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 
 def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None:
-    if output is None:
+    from ddpdoctor.output import is_stdout
+
+    if output is None or is_stdout(output):
         sys.stdout.write(text)
         if not text.endswith("\n"):
             sys.stdout.write("\n")
@@ -62,9 +67,10 @@ def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None
 
 
 def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=()) -> None:
+    from ddpdoctor.output import is_stdout
     from ddpdoctor.report.render import render
 
-    color = output is None and fmt == "text" and sys.stdout.isatty()
+    color = (output is None or is_stdout(output)) and fmt == "text" and sys.stdout.isatty()
     _emit(render(report, fmt, color=color, base_dir=report.base_dir), output, protect=protect, run_dirs=run_dirs)
     raise typer.Exit(report.exit_code(fail_on))
 
@@ -91,7 +97,7 @@ def check(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
@@ -170,14 +176,16 @@ def triage(
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
-    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.check import findings_files, output_guards
+    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
+    from ddpdoctor.output import check_output
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
 
@@ -208,8 +216,14 @@ def triage(
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
         raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple "
                          "of G (SyncBN over subgroups smaller than the world)")
-    report = run_triage(TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed))
-    _render_and_exit(report, fmt, output, opts.fail_on)
+    validate_config(cfg)  # the numbers every arm runs with, as `check` holds them
+    tcfg = TriageConfig(check=cfg, arms=parse_arms(arms, group_size), group_size=group_size, seed=seed)
+    protect, keep_dirs = output_guards(cfg, opts.pyproject)
+    if output is not None:
+        check_output(output, protected=protect, run_dirs=keep_dirs)  # refused before any arm runs
+    report = run_triage(tcfg)
+    _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
+                     run_dirs=keep_dirs)
 
 
 @app.command()
@@ -219,7 +233,7 @@ def report(
         "directories, or their parent."
     ),
     output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
@@ -241,10 +255,15 @@ def report(
     protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
+    from ddpdoctor.events import find_run_dirs
     from ddpdoctor.probe.rundir import ensure_finished
     from ddpdoctor.triage.run import is_triage_dir, report_triage
 
-    for d in run_dirs:
+    try:  # a parent of per-node directories: each one it holds, as the directory itself would be
+        found = find_run_dirs(list(run_dirs))
+    except ValueError:
+        found = []  # not a run directory: the reading below says so in one line
+    for d in [*run_dirs, *found]:
         ensure_finished(d)  # a run still being written is not analysed as if it were whole
 
     if len(run_dirs) == 1 and run_dirs[0].is_dir() and is_triage_dir(run_dirs[0]):  # `triage --keep-run DIR`
@@ -302,12 +321,13 @@ def compare_bn(
     seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     output_format: str = typer.Option("text", "--format", help="text | json."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
-    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.bn.compare import CompareConfig, output_guards, run_compare, validate
     from ddpdoctor.errors import require_torch
+    from ddpdoctor.output import check_output
     from ddpdoctor.report.compare_bn import render_compare
 
     require_torch("compare-bn")
@@ -323,9 +343,15 @@ def compare_bn(
         timeout=timeout,
     )
     fmt = _choice(output_format, ("text", "json"), "--format")
+    validate(cfg)
+    protect = output_guards(cfg)
+    if output is not None:
+        check_output(output, protected=protect)  # refused before any rank starts
     result = run_compare(cfg)
-    color = output is None and fmt == "text" and sys.stdout.isatty()
-    _emit(render_compare(result, fmt, color=color), output)
+    from ddpdoctor.output import is_stdout
+
+    color = (output is None or is_stdout(output)) and fmt == "text" and sys.stdout.isatty()
+    _emit(render_compare(result, fmt, color=color), output, protect=protect)
     raise typer.Exit(0)
 
 
@@ -390,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     script). Everything a command opens is closed by the command itself; no atexit handler is registered."""
     if argv is None:
         gc.disable()
+        _reopen_closed_std_streams()
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
     _RAW_ARGS[:] = args
@@ -414,6 +441,34 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         _exit(code)
     return code
+
+
+def _reopen_closed_std_streams() -> None:
+    """Started with stdin, stdout or stderr closed (`>&-`, `2>&-`): put /dev/null on that descriptor. Python leaves
+    the stream None (every print would raise), and the first file ddpdoctor opened would otherwise take the free
+    descriptor 1 or 2 and receive what is meant for the terminal, as would the ranks that inherit it. What would
+    have been printed there is dropped, as the caller asked; the exit code still says how the run went."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            if getattr(sys, name) is not None:
+                continue
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            except OSError:
+                continue
+            if null != fd:
+                os.dup2(null, fd)  # inheritable, as the descriptor the ranks expect
+                os.close(null)
+            else:
+                os.set_inheritable(fd, True)
+        try:
+            stream = open(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        except OSError:
+            continue
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _exit(code: int) -> None:

@@ -155,18 +155,46 @@ def validate_recipe(base_lr: float | None, base_batch: int | None) -> None:
         raise UsageError(f"--base-batch {base_batch}: must be at least 1 (samples per optimizer step)")
 
 
+def check_count(option: str, value: object, *, low: int = 1, high: int | None = None, why: str = "") -> int:
+    """A whole number in [low, high] (one-line UsageError otherwise): the one test every command's counts pass
+    (ranks, epochs, steps, batch sizes, whether from an option, [tool.ddpdoctor] or a library caller)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UsageError(f"{option} {value}: must be a whole number of at least {low}{why}")
+    if high is not None and value > high:
+        raise UsageError(f"{option} {value}: at most {high}{why}")
+    return value
+
+
+def check_nproc(value: object, *, low: int = 1) -> int:
+    """Ranks on one machine: between `low` and MAX_NPROC, for every command that launches them."""
+    return check_count("--nproc", value, low=low, high=MAX_NPROC,
+                       why=" ranks on one machine (each rank is a process with its own copy of torch and the model)")
+
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes at most 64 bits, numpy's default_rng no negative seed
+
+
+def check_seed(value: object) -> int:
+    """A seed every generator compare-bn's ranks seed accepts (numpy's default_rng, torch's): 0 to MAX_SEED."""
+    return check_count("--seed", value, low=0, high=MAX_SEED)
+
+
+def check_seconds(option: str, value: object) -> float:
+    """A time limit: a finite number of seconds between 1 and MAX_TIMEOUT (nan, inf or 1e300 would mean no limit
+    at all)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 1.0 <= value <= MAX_TIMEOUT):
+        raise UsageError(f"--timeout {value}: must be a number of seconds between 1 and {MAX_TIMEOUT:.0f}")
+    return float(value)
+
+
 def validate_config(cfg: CheckConfig) -> CheckConfig:
-    """Numbers a check can run with: one-line UsageError for anything else (whatever set them: options,
-    [tool.ddpdoctor], a library caller)."""
-    for name, value in (("--nproc", cfg.nproc), ("--epochs", cfg.epochs), ("--steps", cfg.steps),
-                        ("small_bn_batch", cfg.small_bn_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{name} {value}: must be a whole number of at least 1")
-    if cfg.nproc > MAX_NPROC:
-        raise UsageError(f"--nproc {cfg.nproc}: at most {MAX_NPROC} ranks on one machine (each rank is a process "
-                         "with its own copy of torch and the model)")
-    if not (math.isfinite(cfg.timeout) and 1.0 <= cfg.timeout <= MAX_TIMEOUT):
-        raise UsageError(f"--timeout {cfg.timeout}: must be a number of seconds between 1 and {MAX_TIMEOUT:.0f}")
+    """Numbers a check (or each arm of a triage) can run with: one-line UsageError for anything else (whatever
+    set them: options, [tool.ddpdoctor], a library caller)."""
+    for name, value in (("--epochs", cfg.epochs), ("--steps", cfg.steps), ("small_bn_batch", cfg.small_bn_batch)):
+        check_count(name, value)
+    check_nproc(cfg.nproc)
+    check_seconds("--timeout", cfg.timeout)
     validate_recipe(cfg.base_lr, cfg.base_batch)
     return cfg
 
@@ -228,8 +256,16 @@ def resolve_options(
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if options.nproc is not None and not 1 <= options.nproc <= MAX_NPROC:
-        raise UsageError(f"--nproc {options.nproc}: must be between 1 and {MAX_NPROC} ranks on one machine (each rank "
-                         "is a process with its own copy of torch and the model)")
+    if options.nproc is not None:
+        check_nproc(options.nproc)
+    if options.small_bn_batch is not None:
+        check_count("small_bn_batch", options.small_bn_batch)
     validate_recipe(options.base_lr, options.base_batch)
+    from ddpdoctor.rules import select_codes
+
+    for option, codes in (("--select", options.select), ("--ignore", options.ignore)):
+        try:
+            select_codes(codes)  # an unknown code is refused now, not after a probe run or a triage's arms
+        except ValueError as exc:
+            raise UsageError(f"{option}: {exc}") from None
     return options

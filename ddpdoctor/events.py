@@ -1060,7 +1060,7 @@ class RunData:
             ref = BlobRef.from_json(ref)
         name = Path(ref.file).name
         if name not in self._blob_cache:
-            self._blob_cache[name] = (self.blob_dirs.get(name, self.path) / EVENTS_DIR / name).read_bytes()
+            self._blob_cache[name] = read_bounded(self.blob_dirs.get(name, self.path) / EVENTS_DIR / name)
         raw = self._blob_cache[name][ref.offset : ref.offset + ref.nbytes]
         if len(raw) != ref.nbytes:
             raise ValueError(f"blob {name}@{ref.offset} is truncated")
@@ -1081,7 +1081,7 @@ class RunData:
         if path is None:
             return []
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = read_text_bounded(path)
         except OSError:
             return []
         return text.splitlines()[-lines:]
@@ -1097,14 +1097,82 @@ class RunData:
         return None
 
 
+MAX_EVENT_LINE = 64 << 20  # an event is a few KB (tensors go to side files): a longer line is damage, not parsed
+
+
+class NotRegularFile(OSError):
+    """A file of a run directory that is a device, FIFO, socket or directory: never read (it may never end)."""
+
+
+def read_bounded(path: Path) -> bytes:
+    """The bytes of a regular file as large as it was when opened: a FIFO, a device (/dev/zero behind a symlink)
+    or a socket raises NotRegularFile instead of blocking or growing without end, and a file that reports no
+    size but streams (/proc/kmsg) reads as empty. The one way ddpdoctor reads a recorded run's files."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        chunks: list[bytes] = []
+        left = st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text_bounded(path: Path, errors: str = "replace") -> str:
+    return read_bounded(path).decode("utf-8", errors=errors)
+
+
+def check_regular_files(run_dir: Path) -> None:
+    """Refuse (ValueError, one line) a run directory whose files `report` reads include something that is not a
+    regular file once symlinks are followed: an event log that is a FIFO would wait for a writer forever, one
+    that links to /dev/zero would fill the memory."""
+    import stat
+
+    run_dir = Path(run_dir)
+    candidates = [run_dir / n for n in (META_FILE, LAUNCHER_FILE, STATIC_FILE)]
+    for folder in (EVENTS_DIR, LOGS_DIR, SOURCE_DIR):
+        base = run_dir / folder
+        if base.is_symlink():  # a run writes real folders: a link could lead the walk anywhere (/proc, /dev)
+            raise ValueError(f"{base}: a link to {os.path.realpath(base)}, not a folder a run writes: the run "
+                             "directory is damaged or not a ddpdoctor run")
+        if base.is_dir():
+            for root, dirs, files in os.walk(base):
+                candidates.extend(Path(root) / f for f in files)
+                candidates.extend(Path(root) / d for d in dirs if (Path(root) / d).is_symlink())
+    for path in candidates:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # absent, or a dangling link: the reader says what is missing
+        if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and path.parent != run_dir and not path.is_symlink()):
+            continue
+        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+                "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "a directory" if stat.S_ISDIR(mode) else "not a regular file")
+        link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise ValueError(f"{path}: {what}{link}, not a file a run writes: the run directory is damaged or not a "
+                         "ddpdoctor run")
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     events: list[dict[str, Any]] = []
     bad = 0
-    with path.open("r", encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
+    for raw in read_bounded(path).split(b"\n"):
+        if len(raw) > MAX_EVENT_LINE:
+            bad += 1
+            continue
+        line = raw.decode("utf-8", errors="replace").strip()
+        if line:
             try:
                 ev = json.loads(line)
             except ValueError:
@@ -1133,10 +1201,11 @@ def read_run(path: Path) -> RunData:
         raise ValueError(f"{path}: not a directory")
     if not is_run_dir(path):
         raise ValueError(f"{path}: not a ddpdoctor run directory (no {META_FILE} or {EVENTS_DIR}/)")
+    check_regular_files(path)
     meta: dict[str, Any] = {}
     if (path / META_FILE).is_file():
         try:
-            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+            meta = json.loads(read_text_bounded(path / META_FILE, "strict"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path / META_FILE}: unreadable: {exc}") from None
         if not isinstance(meta, dict):
@@ -1147,13 +1216,13 @@ def read_run(path: Path) -> RunData:
     launcher = None
     if (path / LAUNCHER_FILE).is_file():
         try:
-            launcher = json.loads((path / LAUNCHER_FILE).read_text(encoding="utf-8"))
+            launcher = json.loads(read_text_bounded(path / LAUNCHER_FILE, "strict"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path / LAUNCHER_FILE}: unreadable: {exc}") from None
     static = None
     if (path / STATIC_FILE).is_file():
         try:
-            static = json.loads((path / STATIC_FILE).read_text(encoding="utf-8"))
+            static = json.loads(read_text_bounded(path / STATIC_FILE, "strict"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path / STATIC_FILE}: unreadable: {exc}") from None
     processes: list[ProcessLog] = []
@@ -1175,7 +1244,10 @@ def read_run(path: Path) -> RunData:
             stack_file = log.with_suffix(".stack")
             stack_text = None
             if stack_file.is_file():
-                stack_text = stack_file.read_text(encoding="utf-8", errors="replace") or None
+                try:
+                    stack_text = read_text_bounded(stack_file) or None
+                except OSError:
+                    stack_text = None
             processes.append(ProcessLog(log.stem, pid, host, events, stack_text, bad))
     if logs and not processes and unreadable:
         raise ValueError(f"{events_dir}: {unreadable} event log(s) and not one readable event: the run directory is "

@@ -275,3 +275,259 @@ def test_a_triage_directory_in_use_is_refused_not_cleared(tmp_path: Path) -> Non
         (base / "arm-A" / "theirs.jsonl").write_text("{}\n")
         one_line_error(ddpdoctor("triage", str(DEMO), "--keep-run", str(base)), "in use by another ddpdoctor run")
         assert (base / "arm-A" / "theirs.jsonl").exists()
+
+
+# ------------------------------------------------------------------ issue 19: where the report goes
+
+
+def _is_char_device(path: str) -> bool:
+    return stat.S_ISCHR(os.stat(path).st_mode)
+
+
+def test_output_to_a_character_device_is_written_in_place(tmp_path: Path) -> None:
+    """As root (every container) the atomic replace turned /dev/null into a regular file. Tried first on a device
+    node of our own (a /dev/null twin), and on the real /dev/null only once the twin survived: a regression fails
+    here without harming the machine."""
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        node = None  # not root, or no CAP_MKNOD: then the replace cannot happen in /dev either
+    if node is not None:
+        done = ddpdoctor("check", str(DEMO), "--static", "--output", str(node))
+        assert done.returncode == 1, done.stderr
+        assert _is_char_device(str(node)) and os.stat(node).st_rdev == os.makedev(1, 3)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]  # no temporary file left beside it
+    assert _is_char_device("/dev/null"), "/dev/null was no device before this test: something else replaced it"
+    done = ddpdoctor("check", str(DEMO), "--static", "--output", "/dev/null")
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert _is_char_device("/dev/null")
+
+
+def test_output_to_a_fifo_feeds_its_reader_and_stays_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb')"
+                               ".read())", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        done = ddpdoctor("check", str(DEMO), "--static", "--output", str(fifo))
+        received, _ = reader.communicate(timeout=60)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert received.decode().startswith("ddpdoctor ") and "DD104" in received.decode()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_output_to_a_unix_socket_is_sent_to_its_listener(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    path = tmp_path / "report.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    got: list[bytes] = []
+
+    def accept() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while chunk := conn.recv(65536):
+                got.append(chunk)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        done = ddpdoctor("check", str(DEMO), "--static", "--output", str(path))
+        thread.join(timeout=60)
+    finally:
+        server.close()
+    assert done.returncode == 1, done.stderr
+    assert b"".join(got).decode().startswith("ddpdoctor ") and stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+@pytest.mark.parametrize("target", ["/dev/stdout", "-"])
+def test_output_to_stdout_by_name_reaches_a_pipe(tmp_path: Path, target: str) -> None:
+    """`-o /dev/stdout | cat` exited 2 (a temporary file in /proc/PID/fd); `-o -` wrote a file named "-"."""
+    done = ddpdoctor("check", str(DEMO), "--static", "-o", target, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("ddpdoctor ") and "DD104" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_to_dev_stderr_and_stdout_appended_to_a_file(tmp_path: Path) -> None:
+    done = ddpdoctor("check", str(DEMO), "--static", "-o", "/dev/stderr")
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.startswith("ddpdoctor "), done.stderr
+    log = tmp_path / "log.txt"
+    log.write_text("earlier line\n")
+    with log.open("a") as fh:  # `>> log.txt`: the report goes after what was there, the file stays the same one
+        inode = os.fstat(fh.fileno()).st_ino
+        done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", str(DEMO), "--static", "-o",
+                               "/dev/stdout"], cwd=REPO, stdout=fh, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert log.read_text().startswith("earlier line\nddpdoctor ") and log.stat().st_ino == inode
+
+
+# ------------------------------------------------------------------ issue 19: every command's --output guards
+
+
+def test_triage_output_never_overwrites_the_script_or_its_keep_run(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    shutil.copy(DEMO, script)
+    original = script.read_bytes()
+    one_line_error(ddpdoctor("triage", str(script), "--output", str(script), timeout=600), "the script being analysed")
+    assert script.read_bytes() == original
+    keep = tmp_path / "keep"
+    one_line_error(ddpdoctor("triage", str(script), "--keep-run", str(keep), "--output", str(keep / "r.txt"),
+                             timeout=600), "inside the run directory")
+    assert not (keep / "arm-A").exists()  # refused before any arm ran
+
+
+@pytest.mark.parametrize("form", ["path", "module"])
+def test_compare_bn_output_never_overwrites_the_model_file(tmp_path: Path, form: str) -> None:
+    model = tmp_path / "mymodel.py"
+    model.write_text("import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), "
+                     "torch.nn.BatchNorm2d(4))\n")
+    original = model.read_bytes()
+    spec = f"{model}:make" if form == "path" else "mymodel:make"
+    done = ddpdoctor("compare-bn", "--model", spec, "--output", "mymodel.py", cwd=tmp_path, timeout=600)
+    one_line_error(done, "the --model module")
+    assert model.read_bytes() == original
+
+
+# ------------------------------------------------------------------ issue 19: numbers refused everywhere, first
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["compare-bn", "--nproc", "65"], "--nproc 65"),
+        (["compare-bn", "--timeout", "nan"], "--timeout nan"),
+        (["compare-bn", "--timeout", "1e300"], "--timeout"),
+        (["compare-bn", "--seed", "-1"], "--seed -1"),
+        (["compare-bn", "--seed", str(2**64)], "--seed"),
+        (["triage", str(DEMO), "--timeout", "nan"], "--timeout nan"),
+        (["triage", str(DEMO), "--timeout", "inf"], "--timeout inf"),
+        (["triage", str(DEMO), "--timeout", "1e300"], "--timeout"),
+        (["triage", str(DEMO), "--nproc", "65"], "--nproc 65"),
+        (["check", str(DEMO), "--ignore", "XX1"], "unknown rule"),
+    ],
+)
+def test_numbers_check_refuses_are_refused_by_every_command_before_it_runs(args: list[str], needle: str) -> None:
+    """compare-bn took 65 ranks, triage a timeout of nan/inf/1e300 (every arm without a limit) and checked
+    --select only after all its arms had run."""
+    one_line_error(ddpdoctor(*args, timeout=600), needle)
+
+
+def test_triage_refuses_an_unknown_rule_before_any_arm_runs(tmp_path: Path) -> None:
+    keep = tmp_path / "keep"
+    one_line_error(ddpdoctor("triage", str(DEMO), "--select", "DD9999", "--keep-run", str(keep), timeout=600),
+                   "unknown rule")
+    assert not keep.exists() or not list(keep.glob("arm-*"))  # it used to run every arm first
+
+
+@pytest.mark.parametrize("command", ["report", "triage"])
+def test_small_bn_batch_zero_in_pyproject_is_refused(tmp_path: Path, command: str) -> None:
+    shutil.copy(DEMO, tmp_path / "train.py")
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpdoctor]\nsmall_bn_batch = 0\n")
+    target = "train.py"
+    if command == "report":  # a recorded run of that script: report reads the table beside it
+        shutil.copytree(RUN, tmp_path / "run")
+        meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+        meta["script_abs"] = str(tmp_path / "train.py")
+        (tmp_path / "run" / "meta.json").write_text(json.dumps(meta))
+        target = "run"
+    one_line_error(ddpdoctor(command, target, cwd=tmp_path, timeout=600), "small_bn_batch 0")
+
+
+# ------------------------------------------------------------------ issue 19: closed stdout / stderr
+
+
+def _closed(redirect: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", f'exec "$0" -m ddpdoctor "$@" {redirect}', sys.executable, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_closed_stdout_or_stderr_is_no_traceback() -> None:
+    done = _closed(">&-", "check", "missing.py")
+    one_line_error(done, "missing.py: no such file")
+    done = _closed("2>&-", "check", "missing.py")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    done = _closed(">&-", "check", str(DEMO), "--static")
+    assert done.returncode == 1 and done.stderr == "", done.stderr  # the report had nowhere to go; no crash
+
+
+# ------------------------------------------------------------------ issue 19: report reads only regular files
+
+
+def test_report_of_a_parent_refuses_an_attach_run_still_being_written(tmp_path: Path) -> None:
+    """`report RUN` refused a live run, `report PARENT` (per-node directories) analysed it cut short."""
+    parent = tmp_path / "run"
+    node = parent / "node0"
+    writer = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path; from ddpdoctor.probe.rundir import "
+                               "claim_for_attach; c = claim_for_attach(Path(sys.argv[1]), 'host');"
+                               " print('locked', flush=True); time.sleep(120)", str(node)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        shutil.copytree(RUN, node, dirs_exist_ok=True)  # what the job has written so far
+        one_line_error(ddpdoctor("report", str(parent)), "still writing into it")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert ddpdoctor("report", str(parent)).returncode in (0, 1)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "blob-fifo", "log-zero", "events-link"])
+def test_report_refuses_event_logs_and_side_files_that_are_not_files(tmp_path: Path, kind: str) -> None:
+    """An event log that is a FIFO hung `report`; one linked to /dev/zero grew its memory without end."""
+    import resource
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    needle = "not a file a run writes"
+    log = min((run / "events").glob("*.jsonl"))
+    if kind == "fifo":
+        os.mkfifo(run / "events" / "other-p1.jsonl")
+    elif kind == "zero":
+        log.unlink()
+        log.symlink_to("/dev/zero")
+    elif kind == "blob-fifo":
+        blob = min((run / "events").glob("*.bin"))
+        blob.unlink()
+        os.mkfifo(blob)
+    elif kind == "events-link":
+        shutil.rmtree(run / "events")
+        (run / "events").symlink_to("/dev")
+        needle = "not a folder a run writes"
+    else:
+        (run / "logs" / "rank0.stderr").unlink()
+        (run / "logs" / "rank0.stderr").symlink_to("/dev/zero")
+
+    def limit_memory() -> None:  # a regression must fail this test, not exhaust the machine
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "report", str(run)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False, preexec_fn=limit_memory)
+    one_line_error(done, needle)
+
+
+def test_keep_run_never_replaces_a_fifo_under_a_name_the_run_writes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".ddpdoctor-run").write_text("{}")
+    os.mkfifo(run / "meta.json")
+    one_line_error(ddpdoctor("check", str(DEMO), "--keep-run", str(run)), "never replaces one")
+    assert stat.S_ISFIFO(os.lstat(run / "meta.json").st_mode)
+
+
+def test_triage_keep_run_never_removes_a_fifo_under_a_name_it_writes(tmp_path: Path) -> None:
+    base = tmp_path / "triage"
+    base.mkdir()
+    (base / ".ddpdoctor-run").write_text("{}")
+    os.mkfifo(base / "triage.json")
+    one_line_error(ddpdoctor("triage", str(DEMO), "--keep-run", str(base), timeout=600), "never replaces one")
+    assert stat.S_ISFIFO(os.lstat(base / "triage.json").st_mode) and not list(base.glob("arm-*"))

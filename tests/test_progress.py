@@ -224,3 +224,36 @@ def test_check_under_a_pseudo_terminal_draws_the_live_table() -> None:
 if not hasattr(os, "openpty"):  # pragma: no cover - Windows
     test_check_under_a_pseudo_terminal_draws_the_live_table = pytest.mark.skip("no pty")(
         test_check_under_a_pseudo_terminal_draws_the_live_table)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.parametrize("logs", ["none", "no-rank"])
+def test_a_run_where_no_rank_recorded_a_step_ends_with_a_line_not_an_error(tmp_path: Path, terminal: bool,
+                                                                           logs: str) -> None:
+    """A script that shadows a module the probe needs (random.py, torch.py) dies before any rank records a step:
+    the end line indexed the empty list of step counts ("internal error: IndexError" instead of DD902)."""
+    (tmp_path / "events").mkdir()
+    if logs == "no-rank":  # only the launcher's main process said anything
+        (tmp_path / "events" / "h-p5.jsonl").write_text(
+            '{"kind":"process_start","t":100.5,"pid":5,"seq":1,"role":"main","env":{}}\n'
+            '{"kind":"exception","t":100.6,"pid":5,"seq":2,"type":"AttributeError","message":"partially initialized '
+            'module \'torch\'"}\n')
+    out = io.StringIO()
+    display = ProgressDisplay(tmp_path, script="random.py", nproc=2, epochs=2, steps=4, stream=out,
+                              terminal=terminal, width=100, clock=Clock(100.0))
+    display.update()
+    display.close()
+    assert out.getvalue().rstrip().splitlines()[-1].endswith("no rank recorded anything; analysing")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["random.py", "torch.py"])
+def test_a_script_that_shadows_a_module_gets_its_report_with_the_progress_display(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_text("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+                                 "print('trained')\n")
+    # the installed command, as a user runs it (`python -m` would put the folder on ddpdoctor's own sys.path)
+    done = subprocess.run([str(Path(sys.executable).parent / "ddpdoctor"), "check", name, "--format", "json"],
+                          check=False, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr
+    assert "DD902" in [f["rule"] for f in json.loads(done.stdout)["findings"]]
+    assert done.stderr.splitlines()[-1].startswith("ddpdoctor: probe finished in ")

@@ -99,3 +99,14 @@ def test_ddpdoctors_own_output_files_are_not_the_scripts_writes(tmp_path: Path) 
     with open(tmp_path / "log.txt", "w") as err, open(tmp_path / "report.txt", "w") as out:
         subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=out, stderr=err, check=True)
     assert (tmp_path / "report.txt").read_text().strip() == "{'modified': 0, 'deleted': 0, 'created': 1}"
+
+
+def test_a_bytecode_cache_that_appears_is_not_a_change_to_the_users_files(tmp_path: Path) -> None:
+    """A first run from a fresh clone (`make demo`) has the ranks write ddpdoctor's own __pycache__ folders under
+    the project: the interpreter's cache, not a write of the script's to report."""
+    make_project(tmp_path)
+    before = fingerprint([str(tmp_path)], skip=[])
+    (tmp_path / "ckpt" / "__pycache__").mkdir()
+    (tmp_path / "ckpt" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"")
+    tree = changes(before, skip=[])
+    assert tree["complete"] and tree["counts"] == {"modified": 0, "deleted": 0, "created": 0}, tree

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs
+from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs, read_text_bounded
 from ddpdoctor.findings import Clearance, Finding, Measurement, resolve_measurements
 from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
@@ -120,7 +120,7 @@ def load_static(run_dir: Path | Sequence[Path]) -> StaticRecord:
     if path is None:
         return StaticRecord()
     try:
-        return StaticRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return StaticRecord.from_json(json.loads(read_text_bounded(path, "strict")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: unreadable static findings: {exc}") from None
 

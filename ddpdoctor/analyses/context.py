@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ddpdoctor.errors import PEER_ERROR_MARKERS
-from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData
+from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData, read_text_bounded
 from ddpdoctor.findings import Clearance, Confidence, Finding, Measurement, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.records import LaunchRecord
@@ -131,7 +131,7 @@ class RunContext:
         key = f"source:{path}"
         if key not in self.memo:
             try:
-                self.memo[key] = path.read_text(encoding="utf-8", errors="replace")
+                self.memo[key] = read_text_bounded(path)
             except OSError:
                 self.memo[key] = None
         return self.memo[key]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.context import PEER_ERROR_MARKERS, RunContext
-from ddpdoctor.events import ProcessLog, parse_stack_dump
+from ddpdoctor.events import ProcessLog, parse_stack_dump, read_text_bounded
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPAWN_EXIT = re.compile(r"process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
@@ -101,7 +101,7 @@ def crash_frame(ctx: RunContext, rank: int | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        dumps = parse_stack_dump(path.read_text(encoding="utf-8", errors="replace"))
+        dumps = parse_stack_dump(read_text_bounded(path))
     except OSError:
         return None
     for thread in reversed(dumps[-1] if dumps else []):
@@ -256,7 +256,7 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
 def _launcher_tail(ctx: RunContext, mode: str) -> list[str]:
     path = ctx.run.path / "logs" / ("agent.stderr" if mode == "torchrun" else "main.stderr")
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+        return read_text_bounded(path).splitlines()[-30:]
     except OSError:
         return []
 

@@ -55,15 +55,15 @@ def _check_factory_spec(spec: str | None, option: str) -> None:
 
 def _validate(cfg: CompareConfig) -> tuple[str, list[list[int]] | None]:
     from ddpdoctor.bn.plan import read_shard_file
+    from ddpdoctor.config import check_count, check_nproc, check_seconds, check_seed
 
-    if cfg.nproc < 2:
+    if isinstance(cfg.nproc, int) and cfg.nproc < 2:
         raise UsageError("--nproc must be at least 2: compare-bn compares what ranks compute")
-    if cfg.batch_size < 1:
-        raise UsageError("--batch-size must be at least 1")
-    if cfg.steps < 1:
-        raise UsageError("--steps must be at least 1")
-    if not cfg.timeout > 0:
-        raise UsageError("--timeout must be positive")
+    check_nproc(cfg.nproc, low=2)  # the same bounds as every command that launches ranks
+    check_count("--batch-size", cfg.batch_size)
+    check_count("--steps", cfg.steps)
+    check_seconds("--timeout", cfg.timeout)
+    check_seed(cfg.seed)
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device: {cfg.device!r} is not one of auto, cpu, cuda")
     _check_factory_spec(cfg.model, "--model")
@@ -78,6 +78,42 @@ def _validate(cfg: CompareConfig) -> tuple[str, list[list[int]] | None]:
         return "file", read_shard_file(path, cfg.nproc)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _factory_file(spec: str | None) -> Path | None:
+    """The file a MODULE:FACTORY names, found without importing it: a .py path, else the dotted module's file
+    under the current directory or sys.path (a package's __init__.py)."""
+    if spec is None:
+        return None
+    module_part, sep, _ = spec.rpartition(":")
+    if not sep or not module_part:
+        return None
+    if module_part.endswith(".py") or "/" in module_part or os.sep in module_part:
+        return Path(module_part)
+    rel = Path(*module_part.split("."))
+    for base in (Path.cwd(), *(Path(p) for p in sys.path if p)):
+        for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def output_guards(cfg: CompareConfig) -> list[tuple[Path, str]]:
+    """What `compare-bn --output` must never overwrite: the model's and the data's modules, the shard file."""
+    protect: list[tuple[Path, str]] = []
+    for spec, what in ((cfg.model, "the --model module"), (cfg.data, "the --data module")):
+        path = _factory_file(spec)
+        if path is not None:
+            protect.append((path, what))
+    if cfg.shard.strip().lower() not in ("iid", "sorted"):
+        protect.append((Path(cfg.shard.strip()), "the --shard file"))
+    return protect
+
+
+def validate(cfg: CompareConfig) -> CompareConfig:
+    """Everything a comparison checks before it launches anything (one-line UsageError)."""
+    _validate(cfg)
+    return cfg
 
 
 # ------------------------------------------------------------------------------------------------ launch

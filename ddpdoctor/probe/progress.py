@@ -160,7 +160,10 @@ class RunProgress:
                 before = None
             else:
                 before = proc.phase
-            proc.apply(event)
+            try:
+                proc.apply(event)
+            except (TypeError, ValueError, AttributeError):  # a malformed event: the analysis reports it
+                continue
             if proc.phase != before:
                 changes.append((proc, before, proc.phase))
         return changes
@@ -273,8 +276,9 @@ class ProgressDisplay:
             where = ", ".join(f"rank {p.rank}: {self._state(p)}" for p in ranks if p.phase != "finished")
             self._say(f"probe stopped at the timeout after {elapsed}" + (f" ({where})" if where else ""))
         else:
+            # no rank may have recorded anything (a script that shadows a module the probe needs): say so
             steps = sorted({p.steps for p in ranks})
-            each = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+            each = "" if not steps else f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
             what = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}, {each} optimizer steps each" if ranks else (
                 "no rank recorded anything")
             fail = f", {len(failed)} failed" if failed else ""
@@ -373,5 +377,5 @@ class ProgressDisplay:
         try:
             self.stream.write(f"ddpdoctor: {text}\n")
             self.stream.flush()
-        except (OSError, ValueError):  # a closed stderr never stops the probe
+        except (OSError, ValueError, AttributeError):  # a closed stderr never stops the probe
             pass

@@ -152,6 +152,12 @@ def claim_for_check(run_dir: Path) -> RunDirClaim:
             )
         _write_marker(run_dir, _marker_data())
     fd = _lock(run_dir, True, "a check writing into it")
+    for name in RUN_FILES:  # a device, FIFO or socket under one of the run's names is nothing ddpdoctor wrote
+        p = run_dir / name
+        if p.exists() and not p.is_symlink() and not p.is_file() and not p.is_dir():
+            os.close(fd)
+            raise UsageError(f"--keep-run {run_dir}: {name} is not a file or folder a run writes (a device, FIFO or "
+                             "socket); ddpdoctor never replaces one")
     for name in RUN_FILES:
         p = run_dir / name
         if p.is_symlink() or p.is_file():

@@ -129,7 +129,10 @@ def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
             modified.append(path)
     after = fingerprint(before.roots, skip, own=before.own_files)
     complete = before.complete and after.complete
-    created = sorted(p for p in after.entries if p not in before.entries) if complete else []
+    # a bytecode cache appearing is the interpreter's doing for whatever module was imported (ddpdoctor's own,
+    # when it is installed from the project's folder, on a first run): never a change to the user's files
+    created = sorted(p for p in after.entries if p not in before.entries
+                     and os.path.basename(p) != "__pycache__") if complete else []
     modified.sort()
     deleted.sort()
     return {

@@ -164,7 +164,9 @@ def report_triage(base: Path, check: CheckConfig, overrides: dict[str, Any] | No
     from ddpdoctor.analyses import load_static_findings
 
     try:
-        layout = json.loads((base / TRIAGE_FILE).read_text(encoding="utf-8"))["layout"]
+        from ddpdoctor.events import read_text_bounded
+
+        layout = json.loads(read_text_bounded(base / TRIAGE_FILE, "strict"))["layout"]
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{base / TRIAGE_FILE}: unreadable: {exc}") from None
     written = base / layout["arm_dirs"][layout["written"]]
@@ -245,8 +247,14 @@ def _prepare_triage_dir(base: Path) -> RunDirClaim:
         raise UsageError(
             f"--keep-run {base}: not empty and not a ddpdoctor triage directory; use a new or empty folder"
         )
+    names = (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G")
+    for name in names:  # a device, FIFO or socket under one of its names is nothing a triage wrote
+        p = base / name
+        if p.exists() and not p.is_symlink() and not p.is_file() and not p.is_dir():
+            raise UsageError(f"--keep-run {base}: {name} is not a file or folder a triage writes (a device, FIFO or "
+                             "socket); ddpdoctor never replaces one")
     claim = claim_folder(base, "--keep-run", "a triage writing into it")
-    for name in (TRIAGE_FILE, "arm-A", "arm-L", "arm-P", "arm-G"):
+    for name in names:
         p = base / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
