@@ -16,7 +16,7 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
-OUTPUT_FORMATS = ("text", "json", "sarif", "github")
+OUTPUT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
 MAX_NPROC = 64  # ranks on one machine: each is a Python process with torch (~300 MB before the model)
@@ -50,7 +50,7 @@ class Options:
     Unset (None) recipe values mean: `check` uses its default, `report` the value recorded with the run.
     """
 
-    fail_on: Severity = Severity.MEDIUM
+    fail_on: Severity | None = Severity.MEDIUM  # None: `--fail-on none`, never exit 1 for findings
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     nproc: int | None = None
@@ -188,6 +188,17 @@ def choice(value: Any, allowed: tuple[str, ...], option: str) -> str:
     return v
 
 
+def parse_fail_on(text: str) -> Severity | None:
+    """`--fail-on`: a severity, or `none` (findings never fail the run, as `--exit-zero`)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return Severity.parse(text)
+    except ValueError:
+        raise ValueError(f"unknown --fail-on {text!r} (expected one of: "
+                         f"{', '.join(s.label for s in Severity)}, none)") from None
+
+
 def resolve_options(
     start: Path | None,
     *,
@@ -208,7 +219,7 @@ def resolve_options(
         return cli_value if cli_value is not None else table.get(key)
 
     try:
-        fail = Severity.parse(str(pick(fail_on, "fail_on") or "medium"))
+        fail = parse_fail_on(str(pick(fail_on, "fail_on") or "medium"))
         scaling = pick(lr_scaling, "lr_scaling")
         n = pick(nproc, "nproc")
         blr = pick(base_lr, "base_lr")

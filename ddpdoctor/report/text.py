@@ -22,8 +22,8 @@ from rich.text import Text
 from ddpdoctor import __version__
 from ddpdoctor.causes import flatten
 from ddpdoctor.findings import Finding, Severity, summarize
-from ddpdoctor.formatting import fmt_evidence_float
 from ddpdoctor.formatting import fmt_rank_spans as format_ranks
+from ddpdoctor.formatting import format_value
 from ddpdoctor.report import Report
 from ddpdoctor.rules import RULES, get_rule
 
@@ -39,7 +39,6 @@ SEVERITY_STYLE = {
 # Evidence is shown in the text report only as far as it stays readable; --format json has all of it.
 MAX_EVIDENCE_ITEMS = 8
 MAX_SCALAR_CHARS = 60
-MAX_LIST_ITEMS = 8
 MAX_BLOCK_LINES = 12
 MAX_BLOCKS = 4
 
@@ -72,16 +71,17 @@ class Lines:
     """What a report prints, in order, printed on the console in one go (`Group`): rich's overhead per `print`
     (render options, terminal size, buffer) was half the time of rendering a report of a few dozen findings."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verbose: bool = False) -> None:
         self.items: list[RenderableType] = []
+        self.verbose = verbose  # `-v`: every evidence item
 
     def print(self, item: RenderableType | None = None) -> None:
         self.items.append(Text("") if item is None else item)
 
 
-def render_text(report: Report, *, color: bool, width: int | None = None) -> str:
-    """The whole text report."""
-    lines = Lines()
+def render_text(report: Report, *, color: bool, width: int | None = None, verbose: bool = False) -> str:
+    """The whole text report (`verbose`: all evidence, `-v`)."""
+    lines = Lines(verbose=verbose)
     _report(lines, report)
     console = make_console(color=color, width=width)
     console.print(Group(*lines.items))
@@ -274,7 +274,7 @@ def _finding(console: Lines, number: int, f: Finding) -> None:
     fix.append("fix: ", style="bold green")
     fix.append(f.fix)
     console.print(Padding(fix, (0, 0, 0, INDENT)))
-    for block in _evidence(f.evidence):
+    for block in _evidence(f.evidence, verbose=console.verbose):
         console.print(Padding(block, (0, 0, 0, INDENT)))
     _consequences(console, f, INDENT)
 
@@ -317,32 +317,20 @@ def _rule_name(code: str) -> str:
         return "unknown-rule"
 
 
-def format_value(value: Any) -> str:
-    """A compact, readable cell or evidence value."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return fmt_evidence_float(value)
-    if isinstance(value, (list, tuple)):
-        shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
-        more = len(value) - len(shown)
-        return "[" + ", ".join(shown) + (f", ... +{more}" if more > 0 else "") + "]"
-    return str(value)
-
-
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float)) or (
         isinstance(value, str) and "\n" not in value and len(value) <= MAX_SCALAR_CHARS
     )
 
 
-def _evidence(evidence: dict[str, Any]) -> list[Text]:
+def _evidence(evidence: dict[str, Any], *, verbose: bool = False) -> list[Text]:
     """The evidence as far as it fits a terminal: short values on one line, multi-line text (tracebacks,
-    per-rank stacks) as the tail of each block; the rest is left to --format json."""
+    per-rank stacks) as the tail of each block; the rest is left to --format json. `verbose` (`-v`): all of it,
+    every value, list item and line, nested values as indented JSON."""
     if not evidence:
         return []
+    if verbose:
+        return _all_evidence(evidence)
     inline: list[str] = []
     blocks: list[tuple[str, str]] = []
     hidden = 0
@@ -377,7 +365,29 @@ def _evidence(evidence: dict[str, Any]) -> list[Text]:
             block.append("\n  " + ln)
         out.append(block)
     if hidden:
-        out.append(Text(f"(+{hidden} more evidence item{'s' if hidden > 1 else ''} in --format json)", style="dim"))
+        out.append(Text(f"(+{hidden} more evidence item{'s' if hidden > 1 else ''}: -v shows all, as does "
+                        "--format json)", style="dim"))
+    return out
+
+
+def _all_evidence(evidence: dict[str, Any]) -> list[Text]:
+    """`-v`: every evidence item, one per line; multi-line text and nested values as indented blocks."""
+    import json
+
+    from ddpdoctor.report.jsonfmt import json_safe
+
+    out: list[Text] = []
+    for key, value in evidence.items():
+        if _is_scalar(value) or (isinstance(value, (list, tuple)) and all(_is_scalar(v) for v in value)):
+            line = Text(f"{key}: ", style="dim")
+            line.append(format_value(value, max_items=None))
+            out.append(line)
+            continue
+        text = value if isinstance(value, str) else json.dumps(json_safe(value), indent=2, ensure_ascii=False)
+        block = Text(f"{key}:", style="dim")
+        for ln in text.rstrip("\n").splitlines():
+            block.append("\n  " + ln)
+        out.append(block)
     return out
 
 
