@@ -7,8 +7,11 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 from __future__ import annotations
 
 import re
+from os import PathLike
 from pathlib import Path
+from typing import Any, Sequence
 
+from ddpdoctor.callmodule import callable_module
 from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_torch
@@ -294,3 +297,23 @@ def report_run(
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )
+
+
+
+
+def check(script: str | PathLike, args: Sequence[str] = (), *, nproc: int | None = None, static: bool = False,
+          **options: Any) -> Report:
+    """`ddpdoctor check SCRIPT -- ARGS` as a function (`ddpdoctor.check(...)`): static analysis and (unless
+    `static`) the multi-rank probe, returning the Report. `options`: epochs, steps, timeout, device, base_lr,
+    base_batch, lr_scaling, select, ignore, keep_run, paths (more files or directories with `static`), quiet
+    (default True: no progress display). `report.exit_code(fail_on)` is what the command would exit with; bad
+    input raises UsageError."""
+    from ddpdoctor.config import check_config
+
+    options.setdefault("quiet", True)
+    cfg, _ = check_config(script, args, nproc=nproc, static=static, **options)
+    return run_check(cfg)
+
+
+# `ddpdoctor.check(script, ...)` is the function above although this module has its name (ddpdoctor.callmodule)
+callable_module(__name__, check)

@@ -132,45 +132,17 @@ def check(
     [tool.ddpdoctor]): each entry script with the project modules it imports.
     """
     from ddpdoctor.check import findings_files, output_guards, run_check
-    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
+    from ddpdoctor.config import OUTPUT_FORMATS, check_config
     from ddpdoctor.output import check_output
-    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
     shown = Shown(fmt, statistics=statistics, verbose=verbose, exit_zero=exit_zero)
-    dev = _choice(device, DEVICES, "--device")
-    if not script.exists():
-        raise UsageError(f"{script}: no such file")
     extra_paths, script_args = _paths_and_script_args(static, list(script_args or ()))
-    for p in extra_paths:
-        if not p.exists():
-            raise UsageError(f"{p}: no such file or directory")
-    opts = resolve_options(
-        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
-        lr_scaling=lr_scaling,
+    cfg, opts = check_config(
+        script, script_args, static=static, paths=extra_paths, nproc=nproc, epochs=epochs, steps=steps,
+        timeout=timeout, device=device, base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling,
+        fail_on=fail_on, select=select, ignore=ignore, keep_run=keep_run, quiet=quiet,
     )
-    cfg = CheckConfig(
-        script=script,
-        script_args=tuple(script_args or ()),
-        static_only=static,
-        nproc=opts.nproc if opts.nproc is not None else 2,
-        epochs=epochs,
-        steps=steps,
-        timeout=timeout,
-        device=dev,
-        base_lr=opts.base_lr,
-        base_batch=opts.base_batch,
-        lr_scaling=opts.lr_scaling or "auto",
-        select=opts.select,
-        ignore=opts.ignore,
-        keep_run=keep_run,
-        quiet=quiet,
-        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
-        paths=tuple(extra_paths),
-        exclude=opts.exclude,
-        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
-    )
-    validate_config(cfg)
     protect, run_dirs = output_guards(cfg, opts.pyproject)
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
@@ -344,7 +316,7 @@ def compare_bn(
     shard: str = typer.Option("iid", "--shard", help="iid | sorted | FILE (per-rank index lists, JSON)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    output_format: str = typer.Option("text", "--format", help="text | json."),
+    output_format: str = typer.Option("text", "--format", help="text | json | markdown."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
 ) -> None:
@@ -365,7 +337,7 @@ def compare_bn(
         device=_choice(device, ("auto", "cpu", "cuda"), "--device"),
         timeout=timeout,
     )
-    fmt = _choice(output_format, ("text", "json"), "--format")
+    fmt = _choice(output_format, ("text", "json", "markdown"), "--format")
     result = run_compare(cfg)
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render_compare(result, fmt, color=color), output)

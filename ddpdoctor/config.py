@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
@@ -244,3 +245,60 @@ def resolve_options(
                          "is a process with its own copy of torch and the model)")
     validate_recipe(options.base_lr, options.base_batch)
     return options
+
+
+def check_config(
+    script: str | PathLike,
+    args: Sequence[str] = (),
+    *,
+    static: bool = False,
+    paths: Sequence[str | PathLike] = (),
+    nproc: int | None = None,
+    epochs: int = 2,
+    steps: int = 4,
+    timeout: float = 120.0,
+    device: str = "auto",
+    base_lr: float | None = None,
+    base_batch: int | None = None,
+    lr_scaling: str | None = None,
+    fail_on: str | None = None,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    keep_run: str | PathLike | None = None,
+    quiet: bool = True,
+) -> tuple[CheckConfig, Options]:
+    """The validated `CheckConfig` of a check and the options it was layered from (command line values over
+    `[tool.ddpdoctor]`): what `ddpdoctor check` and `ddpdoctor.check` both run."""
+    script = Path(script)
+    dev = choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    for p in paths:
+        if not Path(p).exists():
+            raise UsageError(f"{p}: no such file or directory")
+    opts = resolve_options(
+        script, fail_on=fail_on, select=list(select) if select else None, ignore=list(ignore) if ignore else None,
+        nproc=nproc, base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(str(a) for a in args),
+        static_only=static,
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs,
+        steps=steps,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=Path(keep_run) if keep_run is not None else None,
+        quiet=quiet,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        paths=tuple(Path(p) for p in paths),
+        exclude=opts.exclude,
+        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
+    )
+    return validate_config(cfg), opts

@@ -50,12 +50,6 @@ class Report:
         """Dict access to the JSON document: `report["findings"][0]["rule"]`, `report["summary"]`."""
         return self.to_json()[key]
 
-    def render(self, fmt: str = "text", *, verbose: bool = False) -> str:
-        """The report as `ddpdoctor check --format FMT` prints it (text without colour)."""
-        from ddpdoctor.report.render import render
-
-        return render(self, fmt, color=False, base_dir=self.base_dir, verbose=verbose)
-
     def _repr_markdown_(self) -> str:
         """Jupyter shows a report as its `--format markdown` rendering."""
         from ddpdoctor.report.markdown import render_markdown

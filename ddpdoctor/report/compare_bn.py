@@ -23,8 +23,12 @@ def render_compare(result: CompareResult, fmt: str, *, color: bool = False) -> s
     `ddpdoctor.compare-bn/1` document."""
     if fmt == "json":
         return json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+    if fmt == "markdown":
+        from ddpdoctor.report.markdown import render_compare_markdown
+
+        return render_compare_markdown(result)
     if fmt != "text":
-        raise UsageError(f"--format: {fmt!r} is not one of text, json")
+        raise UsageError(f"--format: {fmt!r} is not one of text, json, markdown")
     return _render_text(result, color=color)
 
 

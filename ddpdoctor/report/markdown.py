@@ -1,6 +1,7 @@
-"""`--format markdown`: a report to paste into a GitHub issue or a pull-request comment (and what a notebook shows,
-`Report._repr_markdown_`): a headline, the findings with their place, message, fix and evidence (folded in
-`<details>`), the report's tables (the BN table) and the environment in a fenced block. No rich: plain strings."""
+"""`--format markdown`: a report to paste into a GitHub issue or a pull-request comment, and what a notebook shows
+(`Report._repr_markdown_`, which is why this module does not import the Report it renders): a headline, the
+findings with their place, message, fix and evidence (folded in `<details>`), the report's tables (the BN table)
+and the environment in a fenced block. No rich: plain strings."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import shlex
 from typing import Any
 
 from ddpdoctor import __version__
-from ddpdoctor.findings import Finding, Severity, summarize
-from ddpdoctor.formatting import fmt_rank_spans, format_value
-from ddpdoctor.report import Report
+from ddpdoctor.findings import Finding, Severity, rank_findings, summarize
+from ddpdoctor.formatting import fmt_err, fmt_p, fmt_rank_spans, format_value
 
 
 def _cell(value: Any) -> str:
@@ -31,7 +31,7 @@ def _fenced(text: str, lang: str = "") -> list[str]:
     return [f"{fence}{lang}", text.rstrip("\n"), fence]
 
 
-def headline(report: Report) -> str:
+def headline(report: Any) -> str:
     """`3 findings: 1 critical, 2 high (2 more explained by them)` or `no findings`."""
     findings = report.ranked()
     if not findings:
@@ -42,7 +42,7 @@ def headline(report: Report) -> str:
     return f"{n} finding{'s' if n != 1 else ''}: " + ", ".join(parts)
 
 
-def render_markdown(report: Report, *, verbose: bool = False) -> str:
+def render_markdown(report: Any, *, verbose: bool = False) -> str:
     out: list[str] = []
     what = "triage" if report.triage is not None else "check"
     target = " ".join([report.script, *(shlex.quote(a) for a in report.args)])
@@ -92,7 +92,7 @@ def environment_summary(env: dict[str, Any]) -> str:
     return ", ".join(parts) or "environment unknown"
 
 
-def environment_block(report: Report) -> str:
+def environment_block(report: Any) -> str:
     """`key: value` per environment entry of the report (what ran, where), for the fenced block."""
     lines = [f"ddpdoctor: {__version__}", f"script: {report.script}"]
     if report.args:
@@ -180,3 +180,32 @@ def _triage(tri: dict[str, Any]) -> list[str]:
             out.append(f"| {i} | {_cell(c.get('verdict'))} | {_cell(cause)} | {_cell(c.get('favours'))} | "
                        f"{_cell((c.get('measured') or {}).get('summary') or '')} |")
     return out
+
+
+def render_compare_markdown(result: Any) -> str:
+    """compare-bn's CompareResult as Markdown (an issue, a notebook: `CompareResult._repr_markdown_`): the verdict,
+    the per-layer table, the non-i.i.d. test, the findings."""
+    env, plan = result.environment, result.plan
+    out = [f"### ddpdoctor compare-bn: {result.config.model or 'demo model'} on "
+           f"{result.config.data or 'demo data'}", "",
+           f"{env['nproc']} ranks × batch {plan['local_batch']} = global batch {plan['global_batch']}, "
+           f"{plan['steps']} train-mode forwards, {plan['shard']} shards, {env['device']}/{env['backend']}", ""]
+    out.extend(f"- {line}" for line in result.verdict)
+    out.extend(["", "| layer | C | batch loc/sync | var err local | var err no-bcast | var err reduce | var err SyncBN "
+                "| mean err local | mean err SyncBN | non-iid p |", "|---|" + "---:|" * 9])
+    for layer in result.layers:
+        m, v = layer.running_mean_rel_err, layer.running_var_rel_err
+        cells = [layer.layer, layer.features, f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}",
+                 fmt_err(v.get("local")), fmt_err(v.get("local_no_broadcast_worst")), fmt_err(v.get("local_reduce")),
+                 fmt_err(v.get("sync")), fmt_err(m.get("local")), fmt_err(m.get("sync")), fmt_p(layer.noniid_p)]
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    n = result.noniid
+    out.append("")
+    out.append(f"non-i.i.d. test: p = {fmt_p(n.p_value)} (threshold {fmt_p(n.threshold)})" if n.p_value is not None
+               else f"non-i.i.d. test: not run ({n.reason})")
+    for f in rank_findings(result.findings):
+        out.append("")
+        out.append(f"**{f.rule} {f.name}** ({f.severity.label}): {f.message}")
+        out.append("")
+        out.append(f"**Fix:** {f.fix}")
+    return "\n".join(out) + "\n"
