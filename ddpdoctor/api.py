@@ -34,10 +34,10 @@ __all__ = ["check", "check_config", "compare_bn", "triage"]
 
 def compare_bn(model: str | None = None, data: str | None = None, *, nproc: int = 2, batch_size: int = 16,
                steps: int = 20, shard: str = "iid", seed: int = 0, device: str = "auto",
-               timeout: float = 300.0) -> "CompareResult":
+               timeout: float = 300.0, quiet: bool = True) -> "CompareResult":
     """`ddpdoctor compare-bn`: local BN vs SyncBN vs the exact global-batch BN, per layer, as a CompareResult
     (`.to_json()` is `--format json`'s document; `.layers`, `.findings`, `.verdict`). `model`/`data` are
-    `MODULE:FACTORY` strings, None for the built-in demo."""
+    `MODULE:FACTORY` strings, None for the built-in demo; `quiet=False` shows the ranks' phases on stderr."""
     from ddpdoctor.bn.compare import CompareConfig, run_compare
     from ddpdoctor.config import DEVICES, choice
     from ddpdoctor.errors import UsageError, require_torch
@@ -48,5 +48,5 @@ def compare_bn(model: str | None = None, data: str | None = None, *, nproc: int 
     require_torch("compare-bn")
     return run_compare(CompareConfig(model=model, data=data, nproc=nproc, batch_size=batch_size, steps=steps,
                                      shard=shard, seed=seed, device=choice(device, DEVICES, "--device"),
-                                     timeout=float(timeout)))
+                                     timeout=float(timeout)), quiet=quiet)
 

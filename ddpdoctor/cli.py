@@ -179,6 +179,7 @@ def triage(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while the arms run."),
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
@@ -208,6 +209,7 @@ def triage(
         select=opts.select,
         ignore=opts.ignore,
         keep_run=keep_run,
+        quiet=quiet,
         small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
     )
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
@@ -319,6 +321,7 @@ def compare_bn(
     output_format: str = typer.Option("text", "--format", help="text | json | markdown."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result to FILE."),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while the ranks run."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
     from ddpdoctor.bn.compare import CompareConfig, run_compare
@@ -338,7 +341,7 @@ def compare_bn(
         timeout=timeout,
     )
     fmt = _choice(output_format, ("text", "json", "markdown"), "--format")
-    result = run_compare(cfg)
+    result = run_compare(cfg, quiet=quiet)
     color = output is None and fmt == "text" and sys.stdout.isatty()
     _emit(render_compare(result, fmt, color=color), output)
     raise typer.Exit(0)
