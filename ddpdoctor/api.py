@@ -38,14 +38,16 @@ def compare_bn(model: str | None = None, data: str | None = None, *, nproc: int 
     """`ddpdoctor compare-bn`: local BN vs SyncBN vs the exact global-batch BN, per layer, as a CompareResult
     (`.to_json()` is `--format json`'s document; `.layers`, `.findings`, `.verdict`). `model`/`data` are
     `MODULE:FACTORY` strings, None for the built-in demo; `quiet=False` shows the ranks' phases on stderr."""
-    from ddpdoctor.bn.compare import CompareConfig, run_compare
     from ddpdoctor.config import DEVICES, choice
-    from ddpdoctor.errors import UsageError, require_torch
+    from ddpdoctor.errors import UsageError, require_analysis_packages, require_torch
 
     for name, value in (("nproc", nproc), ("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"{name}: {value!r} is not a positive integer")
     require_torch("compare-bn")
+    require_analysis_packages("compare-bn")
+    from ddpdoctor.bn.compare import CompareConfig, run_compare
+
     return run_compare(CompareConfig(model=model, data=data, nproc=nproc, batch_size=batch_size, steps=steps,
                                      shard=shard, seed=seed, device=choice(device, DEVICES, "--device"),
                                      timeout=float(timeout)), quiet=quiet)

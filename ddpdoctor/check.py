@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ddpdoctor.callmodule import callable_module
 from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.errors import UsageError, require_torch
+from ddpdoctor.errors import UsageError, require_analysis_packages, require_torch
 from ddpdoctor.findings import Clearance, Finding, Measurement, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
@@ -164,6 +164,7 @@ def run_check(cfg: CheckConfig) -> Report:
         import shutil
 
         require_torch("the probe")
+        require_analysis_packages("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
         from ddpdoctor.probe.rundir import claim_for_check
@@ -261,6 +262,7 @@ def report_run(
     as the one `check` printed; options given here override those recorded with the run. A run recorded per node
     (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
+    require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.analyses import analyze_run, load_static
 
     dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]

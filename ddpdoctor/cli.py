@@ -183,7 +183,10 @@ def triage(
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options
+    from ddpdoctor.errors import require_analysis_packages
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+
+    require_analysis_packages("triage")
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
@@ -252,6 +255,9 @@ def report(
     protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
+    from ddpdoctor.errors import require_analysis_packages
+
+    require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.probe.rundir import ensure_finished
     from ddpdoctor.triage.run import is_triage_dir, report_triage
 
@@ -324,11 +330,13 @@ def compare_bn(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while the ranks run."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
-    from ddpdoctor.bn.compare import CompareConfig, run_compare
-    from ddpdoctor.errors import require_torch
-    from ddpdoctor.report.compare_bn import render_compare
+    from ddpdoctor.errors import require_analysis_packages, require_torch
 
     require_torch("compare-bn")
+    require_analysis_packages("compare-bn")
+    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.report.compare_bn import render_compare
+
     cfg = CompareConfig(
         model=model,
         data=data,

@@ -77,3 +77,27 @@ def test_compare_bn_returns_the_comparison():
     assert [layer.layer for layer in result.layers] == [layer["layer"] for layer in result["layers"]]
     md = result._repr_markdown_()
     assert md.startswith("### ddpdoctor compare-bn") and "| stem.bn |" in md
+
+
+@pytest.mark.parametrize("argv", [["report", "fixtures/runs/demo"], ["compare-bn"],
+                                  ["triage", "fixtures/demo/train.py"], ["check", "fixtures/demo/train.py"]])
+def test_without_numpy_and_scipy_what_needs_them_says_so_in_one_line(capsys, monkeypatch, argv):
+    """numpy and scipy are the `probe` extra (issue 22: a light pre-commit hook): a command that needs them and
+    does not find them says which and how to install them, exit 2."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # find_spec → None, as in an environment without it
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "needs scipy" in err and "pip install 'ddpdoctor[probe]'" in err
+
+
+def test_check_static_imports_neither_numpy_nor_scipy_nor_torch_and_rich_only_for_text(tmp_path):
+    code = ("import sys\nfrom ddpdoctor.cli import main\n"
+            "main(sys.argv[1:])\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'scipy', 'torch', 'rich'}))\n")
+    for fmt, expected in (("json", "[]"), ("sarif", "[]"), ("concise", "[]"), ("github", "[]"), ("text", "['rich']")):
+        done = subprocess.run([sys.executable, "-c", code, "check", "--static", str(DEMO), "--format", fmt,
+                               "-o", str(tmp_path / f"out.{fmt}")], capture_output=True, text=True, cwd=REPO,
+                              timeout=120, check=False)
+        assert done.stdout.strip().splitlines()[-1] == expected, (fmt, done.stdout, done.stderr)

@@ -38,7 +38,9 @@ def triage(script: str | PathLike, args: Sequence[str] = (), *, arms: str | Sequ
     `ddpdoctor.check` (timeout per arm, device, base_lr, select, keep_run, quiet ...); bad input raises
     UsageError."""
     from ddpdoctor.config import check_config
-    from ddpdoctor.errors import UsageError
+    from ddpdoctor.errors import UsageError, require_analysis_packages
+
+    require_analysis_packages("triage")
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
 
     options.setdefault("quiet", True)
