@@ -103,6 +103,56 @@ def test_pre_commit_try_repo_runs_the_hook(tmp_path: Path) -> None:
     assert "ddpdoctor" in out and "Failed" in out
     assert "train.py:" in out and "utils/dist.py:" in out and " DD101 " in out and " DD104 " in out
     assert "README.txt" not in out  # types: [python]
+    # a light environment: typer and rich, none of the probe's numpy and scipy (issue 22)
+    site = list((tmp_path / "cache").glob("repo*/py_env-*/lib/python*/site-packages"))
+    assert site and (site[0] / "rich").is_dir()
+    assert not (site[0] / "numpy").exists() and not (site[0] / "scipy").exists()
+
+
+def _readme_rev() -> str:
+    import yaml
+
+    (repo,) = yaml.safe_load(_readme_block("# .pre-commit-config.yaml"))["repos"]
+    return str(repo["rev"])
+
+
+def test_readme_pre_commit_rev_exists_in_this_repository() -> None:
+    """The README's `rev:` names a revision this repository has (issue 22: `rev: v0.1.0` named a tag that did not
+    exist, so the instructions failed as written)."""
+    git = shutil.which("git")
+    if git is None or subprocess.run([git, "rev-parse", "--git-dir"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    shallow = subprocess.run([git, "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True, text=True)
+    rev = _readme_rev()
+    found = subprocess.run([git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO,
+                           capture_output=True).returncode == 0
+    if not found and shallow.stdout.strip() == "true":
+        pytest.skip(f"a shallow clone may lack {rev}")
+    assert found, f"README's pre-commit rev {rev!r} is no revision of this repository"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DDPDOCTOR_OFFLINE") == "1", reason="DDPDOCTOR_OFFLINE=1: no package index")
+def test_readme_pre_commit_config_works_as_written(tmp_path: Path) -> None:
+    """The README's .pre-commit-config.yaml, with this checkout as the repository: pre-commit fetches the README's
+    rev, builds the hook's environment and the hook fails the commit."""
+    git = shutil.which("git")
+    assert git
+    block = _readme_block("# .pre-commit-config.yaml")
+    project = tmp_path / "project"
+    project.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "GIT_", "PRE_COMMIT"))}
+    env.update(PRE_COMMIT_HOME=str(tmp_path / "cache"), GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+    subprocess.run([git, "init", "-q"], cwd=project, check=True, env=env)
+    (project / ".pre-commit-config.yaml").write_text(
+        re.sub(r"repo: \S+", f"repo: {REPO}", block, count=1), encoding="utf-8")
+    shutil.copy(BAD_A, project / "train.py")
+    subprocess.run([git, "add", "."], cwd=project, check=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "run", "--all-files"], check=False, cwd=project,
+                          env=env, capture_output=True, text=True, timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "train.py:" in out, out[-4000:]
 
 
 def _readme_block(marker: str) -> str:
