@@ -87,7 +87,7 @@ def test_explain_unknown_prefix_is_one_line_exit_2(capsys, bad):
 def test_docs_rules_md_is_generated_and_has_an_anchor_per_rule():
     text = (REPO / "docs" / "rules.md").read_text(encoding="utf-8")
     assert text == catalog_markdown_document(), (
-        "docs/rules.md is stale: regenerate it from ddpdoctor.rules.catalog_markdown_document()")
+        "docs/rules.md is stale: regenerate it with `.venv/bin/python -m ddpdoctor.dev.rules_doc`")
     headings = re.findall(r"^## (\S+)$", text, flags=re.M)
     # GitHub's anchor of `## DD301` is `dd301`: the fragment help_uri gives
     assert headings == [r.code for r in RULES]
