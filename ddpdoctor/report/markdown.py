@@ -142,9 +142,10 @@ def _evidence(evidence: dict[str, Any], *, verbose: bool) -> list[str]:
         flat = isinstance(value, (list, tuple)) and all(
             v is None or isinstance(v, (bool, int, float, str)) for v in value)
         if scalar or flat:
-            rows.append(f"| {_cell(key)} | {_cell(value)} |")
+            shown = _code(_cell(value)) if isinstance(value, str) and value else _cell(value)
+            rows.append(f"| {_cell(key)} | {shown} |")
         else:
-            text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str, ensure_ascii=False)
+            text = value if isinstance(value, str) else _compact_json(value)
             blocks.extend(["", f"`{key}`", "", *_fenced(text)])
     out = ["", "<details open>" if verbose else "<details>", "<summary>Evidence</summary>", ""]
     if rows:
@@ -152,6 +153,19 @@ def _evidence(evidence: dict[str, Any], *, verbose: bool) -> list[str]:
     out.extend(blocks)
     out.extend(["", "</details>"])
     return out
+
+
+def _compact_json(value: Any) -> str:
+    """Nested evidence as JSON with one line per item of the outer list or dict (indented JSON of per-rank records
+    runs to hundreds of lines in an issue)."""
+    def one(v: Any) -> str:
+        return json.dumps(v, default=str, ensure_ascii=False)
+
+    if isinstance(value, list) and value:
+        return "[\n" + ",\n".join(f"  {one(v)}" for v in value) + "\n]"
+    if isinstance(value, dict) and value:
+        return "{\n" + ",\n".join(f"  {one(str(k))}: {one(v)}" for k, v in value.items()) + "\n}"
+    return one(value)
 
 
 def _table(spec: Any) -> list[str]:
