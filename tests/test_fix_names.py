@@ -60,3 +60,24 @@ def test_a_merged_finding_keeps_the_static_name() -> None:
     assert probe.fix == get_rule("DD501").fix
     (merged,) = merge_findings([static, probe])
     assert isinstance(merged, Finding) and merged.fix.startswith("Save model.module.state_dict()")
+
+
+def test_dd302_fix_names_the_loaders_dataset(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "dist.init_process_group('gloo')\n"
+        "train_set = TensorDataset(torch.randn(64, 4), torch.randn(64, 4))\n"
+        "train_loader = DataLoader(train_set, batch_size=8, shuffle=True)\n"
+        "model = DDP(torch.nn.Linear(4, 4))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in train_loader:\n"
+        "    loss = (model(x) - y).pow(2).mean()\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n", encoding="utf-8")
+    (f,) = [f for f in run_check(CheckConfig(script=script, static_only=True)).findings if f.rule == "DD302"]
+    assert "DataLoader(train_set, sampler=DistributedSampler(train_set), ...)" in f.fix
+    assert f.evidence["loader"] == "train_loader" and f.line == 8

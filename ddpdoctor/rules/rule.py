@@ -117,11 +117,12 @@ class Rule:
 
     def named(self, text: str, evidence: Mapping[str, Any] | None) -> str:
         """`text` with each of `fix_names` replaced by the script's name from the evidence, where the name is
-        used as code (`ddp.module`, `ddp.no_sync()`), and only when the evidence holds a plain (dotted) name."""
+        used as code (`ddp.module`, `ddp.no_sync()`, `DistributedSampler(dataset)`), and only when the evidence
+        holds a plain (dotted) name."""
         for name, key in self.fix_names.items():
             value = (evidence or {}).get(key)
             if isinstance(value, str) and _CODE_NAME.fullmatch(value) and value != name:
-                text = re.sub(rf"(?<![\w.]){re.escape(name)}(?=[.(\[])", value, text)
+                text = re.sub(rf"(?<![\w.]){re.escape(name)}(?=[.(\[,)])", value, text)
         return text
 
     @property
