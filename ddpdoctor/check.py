@@ -7,11 +7,14 @@ The CLI builds a `CheckConfig` and calls `run_check`; this module owns the pipel
 from __future__ import annotations
 
 import re
+from os import PathLike
 from pathlib import Path
+from typing import Any, Sequence
 
+from ddpdoctor.callmodule import callable_module
 from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.errors import UsageError, require_torch
+from ddpdoctor.errors import UsageError, require_analysis_packages, require_torch
 from ddpdoctor.findings import Clearance, Finding, Measurement, apply_clearances, merge_findings
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
@@ -161,6 +164,7 @@ def run_check(cfg: CheckConfig) -> Report:
         import shutil
 
         require_torch("the probe")
+        require_analysis_packages("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
         from ddpdoctor.probe.rundir import claim_for_check
@@ -258,6 +262,7 @@ def report_run(
     as the one `check` printed; options given here override those recorded with the run. A run recorded per node
     (attach mode, one `--out` per node) is given as its directories, or their parent, and analysed as one run.
     """
+    require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.analyses import analyze_run, load_static
 
     dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
@@ -294,3 +299,23 @@ def report_run(
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )
+
+
+
+
+def check(script: str | PathLike, args: Sequence[str] = (), *, nproc: int | None = None, static: bool = False,
+          **options: Any) -> Report:
+    """`ddpdoctor check SCRIPT -- ARGS` as a function (`ddpdoctor.check(...)`): static analysis and (unless
+    `static`) the multi-rank probe, returning the Report. `options`: epochs, steps, timeout, device, base_lr,
+    base_batch, lr_scaling, select, ignore, keep_run, paths (more files or directories with `static`), quiet
+    (default True: no progress display). `report.exit_code(fail_on)` is what the command would exit with; bad
+    input raises UsageError."""
+    from ddpdoctor.config import check_config
+
+    options.setdefault("quiet", True)
+    cfg, _ = check_config(script, args, nproc=nproc, static=static, **options)
+    return run_check(cfg)
+
+
+# `ddpdoctor.check(script, ...)` is the function above although this module has its name (ddpdoctor.callmodule)
+callable_module(__name__, check)

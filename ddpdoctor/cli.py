@@ -24,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
 
 
@@ -66,16 +67,40 @@ def _emit(text: str, output: Optional[Path], *, protect=(), run_dirs=()) -> None
     write_output(text, output, check_output(output, protected=protect, run_dirs=run_dirs))
 
 
-def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=()) -> None:
-    from ddpdoctor.output import is_stdout
-    from ddpdoctor.report.render import render
+def _render_and_exit(report, fmt: str, output: Optional[Path], fail_on, *, protect=(), run_dirs=(),
+                     shown: "Shown") -> None:
+    if shown.statistics:
+        from ddpdoctor.report.concise import render_statistics
 
-    color = (output is None or is_stdout(output)) and fmt == "text" and sys.stdout.isatty()
-    _emit(render(report, fmt, color=color, base_dir=report.base_dir), output, protect=protect, run_dirs=run_dirs)
-    raise typer.Exit(report.exit_code(fail_on))
+        text = render_statistics(report, fmt)
+    else:
+        from ddpdoctor.output import is_stdout
+        from ddpdoctor.report.render import render
+
+        color = (output is None or is_stdout(output)) and fmt == "text" and sys.stdout.isatty()
+        text = render(report, fmt, color=color, base_dir=report.base_dir, verbose=shown.verbose)
+    _emit(text, output, protect=protect, run_dirs=run_dirs)
+    raise typer.Exit(0 if shown.exit_zero else report.exit_code(fail_on))
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+class Shown:
+    """How a report is shown and what it exits with: `--statistics`, `-v`, `--exit-zero` (the options every
+    report-printing command shares)."""
+
+    def __init__(self, fmt: str, *, statistics: bool = False, verbose: bool = False, exit_zero: bool = False) -> None:
+        if statistics and fmt not in ("text", "json"):
+            raise UsageError(f"--statistics: prints per-rule counts as text or json, not --format {fmt}")
+        self.statistics, self.verbose, self.exit_zero = statistics, verbose, exit_zero
+
+
+_FORMAT_HELP = "text | json | sarif | github (workflow annotations) | concise (one line per finding) | markdown."
+_FAIL_ON_HELP = "info|low|medium|high|critical|none (default medium; none: as --exit-zero)."
+_STATISTICS_HELP = "Print per-rule counts (count, code, severity, name) instead of the findings."
+_VERBOSE_HELP = "Show every evidence item in the text report (by default long evidence is cut)."
+_EXIT_ZERO_HELP = "Exit 0 even when findings are at or above --fail-on (2 still means it could not analyse)."
+
+
+@app.command()
 def check(
     script: Path = typer.Argument(..., help="The training script to diagnose (with --static: files or directories)."),
     script_args: Optional[List[str]] = typer.Argument(
@@ -96,9 +121,12 @@ def check(
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
+    output_format: str = typer.Option("text", "--format", help=_FORMAT_HELP),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help=_FAIL_ON_HELP),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help=_EXIT_ZERO_HELP),
+    statistics: bool = typer.Option(False, "--statistics", help=_STATISTICS_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
@@ -110,53 +138,26 @@ def check(
     [tool.ddpdoctor]): each entry script with the project modules it imports.
     """
     from ddpdoctor.check import findings_files, output_guards, run_check
-    from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
+    from ddpdoctor.config import OUTPUT_FORMATS, check_config
     from ddpdoctor.output import check_output
-    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
-    dev = _choice(device, DEVICES, "--device")
-    if not script.exists():
-        raise UsageError(f"{script}: no such file")
+    shown = Shown(fmt, statistics=statistics, verbose=verbose, exit_zero=exit_zero)
     extra_paths, script_args = _paths_and_script_args(static, list(script_args or ()))
-    for p in extra_paths:
-        if not p.exists():
-            raise UsageError(f"{p}: no such file or directory")
-    opts = resolve_options(
-        script, fail_on=fail_on, select=select, ignore=ignore, nproc=nproc, base_lr=base_lr, base_batch=base_batch,
-        lr_scaling=lr_scaling,
+    cfg, opts = check_config(
+        script, script_args, static=static, paths=extra_paths, nproc=nproc, epochs=epochs, steps=steps,
+        timeout=timeout, device=device, base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling,
+        fail_on=fail_on, select=select, ignore=ignore, keep_run=keep_run, quiet=quiet,
     )
-    cfg = CheckConfig(
-        script=script,
-        script_args=tuple(script_args or ()),
-        static_only=static,
-        nproc=opts.nproc if opts.nproc is not None else 2,
-        epochs=epochs,
-        steps=steps,
-        timeout=timeout,
-        device=dev,
-        base_lr=opts.base_lr,
-        base_batch=opts.base_batch,
-        lr_scaling=opts.lr_scaling or "auto",
-        select=opts.select,
-        ignore=opts.ignore,
-        keep_run=keep_run,
-        quiet=quiet,
-        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
-        paths=tuple(extra_paths),
-        exclude=opts.exclude,
-        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
-    )
-    validate_config(cfg)
     protect, run_dirs = output_guards(cfg, opts.pyproject)
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
     report = run_check(cfg)
     _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
-                     run_dirs=run_dirs)
+                     run_dirs=run_dirs, shown=shown)
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@app.command()
 def triage(
     script: Path = typer.Argument(..., help="The training script to diagnose."),
     script_args: Optional[List[str]] = typer.Argument(
@@ -175,21 +176,29 @@ def triage(
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
     base_batch: Optional[int] = typer.Option(None, "--base-batch", help="Batch size of the single-process recipe."),
     lr_scaling: Optional[str] = typer.Option(None, "--lr-scaling", help="auto | linear | sqrt | none."),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif."),
+    output_format: str = typer.Option("text", "--format", help=_FORMAT_HELP),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help=_FAIL_ON_HELP),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help=_EXIT_ZERO_HELP),
+    statistics: bool = typer.Option(False, "--statistics", help=_STATISTICS_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match, comma list)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep every arm's run directory in DIR."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while the arms run."),
 ) -> None:
     """Why does the DDP+SyncBN run score lower than plain DDP? Paired arms of SCRIPT, ranked causes."""
     from ddpdoctor.check import findings_files, output_guards
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
+    from ddpdoctor.errors import require_analysis_packages
     from ddpdoctor.output import check_output
     from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+
+    require_analysis_packages("triage")
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    shown = Shown(fmt, statistics=statistics, verbose=verbose, exit_zero=exit_zero)
     dev = _choice(device, DEVICES, "--device")
     if not script.exists():
         raise UsageError(f"{script}: no such file")
@@ -211,6 +220,7 @@ def triage(
         select=opts.select,
         ignore=opts.ignore,
         keep_run=keep_run,
+        quiet=quiet,
         small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
     )
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
@@ -223,7 +233,7 @@ def triage(
         check_output(output, protected=protect, run_dirs=keep_dirs)  # refused before any arm runs
     report = run_triage(tcfg)
     _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
-                     run_dirs=keep_dirs)
+                     run_dirs=keep_dirs, shown=shown)
 
 
 @app.command()
@@ -232,9 +242,12 @@ def report(
         ..., help="A probe run directory (from --keep-run or attach mode); a run recorded per node: its "
         "directories, or their parent."
     ),
-    output_format: str = typer.Option("text", "--format", help="text | json | sarif | github (workflow annotations)."),
+    output_format: str = typer.Option("text", "--format", help=_FORMAT_HELP),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="info|low|medium|high|critical (default medium)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help=_FAIL_ON_HELP),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help=_EXIT_ZERO_HELP),
+    statistics: bool = typer.Option(False, "--statistics", help=_STATISTICS_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (prefix match)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match)."),
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="lr of the single-process recipe."),
@@ -247,6 +260,7 @@ def report(
     from ddpdoctor.output import check_output
 
     fmt = _choice(output_format, OUTPUT_FORMATS, "--format")
+    shown = Shown(fmt, statistics=statistics, verbose=verbose, exit_zero=exit_zero)
     opts = resolve_options(
         run_project(list(run_dirs)), fail_on=fail_on, select=select, ignore=ignore, base_lr=base_lr,
         base_batch=base_batch,
@@ -255,7 +269,10 @@ def report(
     protect = [named for d in run_dirs for named in run_dir_files(d)]
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
+    from ddpdoctor.errors import require_analysis_packages
     from ddpdoctor.events import find_run_dirs
+
+    require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.probe.rundir import ensure_finished
     from ddpdoctor.triage.run import is_triage_dir, report_triage
 
@@ -274,7 +291,7 @@ def report(
                                        ("lr_scaling", opts.lr_scaling), ("small_bn_batch", opts.small_bn_batch))
                      if v is not None}
         _render_and_exit(report_triage(run_dirs[0], cfg, overrides), fmt, output, opts.fail_on, protect=protect,
-                         run_dirs=run_dirs)
+                         run_dirs=run_dirs, shown=shown)
     rep = report_run(
         list(run_dirs),
         select=opts.select,
@@ -284,7 +301,8 @@ def report(
         lr_scaling=opts.lr_scaling,
         small_bn_batch=opts.small_bn_batch,
     )
-    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=run_dirs)
+    _render_and_exit(rep, fmt, output, opts.fail_on, protect=[*protect, *findings_files(rep)], run_dirs=run_dirs,
+                     shown=shown)
 
 
 @app.command()
@@ -299,15 +317,20 @@ def rules(
 
 
 @app.command()
-def explain(code: str = typer.Argument(..., help="A rule code, e.g. DD101.")) -> None:
-    """Print one rule's documentation: what it detects, why it hurts accuracy, an example, the fix."""
-    from ddpdoctor.rules import get_rule
+def explain(code: str = typer.Argument(..., help="A rule code (DD101) or a prefix (DD3: every data rule).")) -> None:
+    """Print rules' documentation: what each detects, why it hurts accuracy, an example, the fix. A prefix
+    explains every rule it matches, in code order."""
+    from ddpdoctor.rules import RULES, select_codes
 
     try:
-        rule = get_rule(code)
-    except KeyError:
-        raise UsageError(f"unknown rule {code!r} (see `ddpdoctor rules`)") from None
-    _emit(rule.documentation(), None)
+        codes = select_codes([code]) if code.strip() else set()
+    except ValueError:
+        codes = set()
+    if not codes:
+        raise UsageError(f"unknown rule or prefix {code!r} (see `ddpdoctor rules`)")
+    docs = [r.documentation() for r in RULES if r.code in codes]
+    rule_line = "\n" + "-" * 100 + "\n\n"
+    _emit(rule_line.join(docs), None)
 
 
 @app.command("compare-bn")
@@ -320,17 +343,20 @@ def compare_bn(
     shard: str = typer.Option("iid", "--shard", help="iid | sorted | FILE (per-rank index lists, JSON)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the shuffle and the demo data."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    output_format: str = typer.Option("text", "--format", help="text | json."),
+    output_format: str = typer.Option("text", "--format", help="text | json | markdown."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds for the whole comparison."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while the ranks run."),
 ) -> None:
     """Local BN vs SyncBN vs exact global-batch BN running statistics, per layer."""
+    from ddpdoctor.errors import require_analysis_packages, require_torch
+
+    require_torch("compare-bn")
+    require_analysis_packages("compare-bn")
     from ddpdoctor.bn.compare import CompareConfig, output_guards, run_compare, validate
-    from ddpdoctor.errors import require_torch
     from ddpdoctor.output import check_output
     from ddpdoctor.report.compare_bn import render_compare
 
-    require_torch("compare-bn")
     cfg = CompareConfig(
         model=model,
         data=data,
@@ -342,12 +368,12 @@ def compare_bn(
         device=_choice(device, ("auto", "cpu", "cuda"), "--device"),
         timeout=timeout,
     )
-    fmt = _choice(output_format, ("text", "json"), "--format")
+    fmt = _choice(output_format, ("text", "json", "markdown"), "--format")
     validate(cfg)
     protect = output_guards(cfg)
     if output is not None:
         check_output(output, protected=protect)  # refused before any rank starts
-    result = run_compare(cfg)
+    result = run_compare(cfg, quiet=quiet)
     from ddpdoctor.output import is_stdout
 
     color = (output is None or is_stdout(output)) and fmt == "text" and sys.stdout.isatty()

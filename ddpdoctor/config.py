@@ -9,14 +9,15 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 
-OUTPUT_FORMATS = ("text", "json", "sarif", "github")
+OUTPUT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
 MAX_NPROC = 64  # ranks on one machine: each is a Python process with torch (~300 MB before the model)
@@ -50,7 +51,7 @@ class Options:
     Unset (None) recipe values mean: `check` uses its default, `report` the value recorded with the run.
     """
 
-    fail_on: Severity = Severity.MEDIUM
+    fail_on: Severity | None = Severity.MEDIUM  # None: `--fail-on none`, never exit 1 for findings
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     nproc: int | None = None
@@ -216,6 +217,17 @@ def choice(value: Any, allowed: tuple[str, ...], option: str) -> str:
     return v
 
 
+def parse_fail_on(text: str) -> Severity | None:
+    """`--fail-on`: a severity, or `none` (findings never fail the run, as `--exit-zero`)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return Severity.parse(text)
+    except ValueError:
+        raise ValueError(f"unknown --fail-on {text!r} (expected one of: "
+                         f"{', '.join(s.label for s in Severity)}, none)") from None
+
+
 def resolve_options(
     start: Path | None,
     *,
@@ -236,7 +248,7 @@ def resolve_options(
         return cli_value if cli_value is not None else table.get(key)
 
     try:
-        fail = Severity.parse(str(pick(fail_on, "fail_on") or "medium"))
+        fail = parse_fail_on(str(pick(fail_on, "fail_on") or "medium"))
         scaling = pick(lr_scaling, "lr_scaling")
         n = pick(nproc, "nproc")
         blr = pick(base_lr, "base_lr")
@@ -269,3 +281,60 @@ def resolve_options(
         except ValueError as exc:
             raise UsageError(f"{option}: {exc}") from None
     return options
+
+
+def check_config(
+    script: str | PathLike,
+    args: Sequence[str] = (),
+    *,
+    static: bool = False,
+    paths: Sequence[str | PathLike] = (),
+    nproc: int | None = None,
+    epochs: int = 2,
+    steps: int = 4,
+    timeout: float = 120.0,
+    device: str = "auto",
+    base_lr: float | None = None,
+    base_batch: int | None = None,
+    lr_scaling: str | None = None,
+    fail_on: str | None = None,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    keep_run: str | PathLike | None = None,
+    quiet: bool = True,
+) -> tuple[CheckConfig, Options]:
+    """The validated `CheckConfig` of a check and the options it was layered from (command line values over
+    `[tool.ddpdoctor]`): what `ddpdoctor check` and `ddpdoctor.check` both run."""
+    script = Path(script)
+    dev = choice(device, DEVICES, "--device")
+    if not script.exists():
+        raise UsageError(f"{script}: no such file")
+    for p in paths:
+        if not Path(p).exists():
+            raise UsageError(f"{p}: no such file or directory")
+    opts = resolve_options(
+        script, fail_on=fail_on, select=list(select) if select else None, ignore=list(ignore) if ignore else None,
+        nproc=nproc, base_lr=base_lr, base_batch=base_batch, lr_scaling=lr_scaling,
+    )
+    cfg = CheckConfig(
+        script=script,
+        script_args=tuple(str(a) for a in args),
+        static_only=static,
+        nproc=opts.nproc if opts.nproc is not None else 2,
+        epochs=epochs,
+        steps=steps,
+        timeout=timeout,
+        device=dev,
+        base_lr=opts.base_lr,
+        base_batch=opts.base_batch,
+        lr_scaling=opts.lr_scaling or "auto",
+        select=opts.select,
+        ignore=opts.ignore,
+        keep_run=Path(keep_run) if keep_run is not None else None,
+        quiet=quiet,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        paths=tuple(Path(p) for p in paths),
+        exclude=opts.exclude,
+        exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,
+    )
+    return validate_config(cfg), opts

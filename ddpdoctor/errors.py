@@ -32,6 +32,28 @@ def require_torch(what: str) -> None:
         )
 
 
+PROBE_PACKAGES = ("numpy", "scipy")
+
+
+def require_analysis_packages(what: str) -> None:
+    """numpy and scipy are the `probe` extra, not dependencies: the static checks and the pre-commit hook never
+    import them (they are 200 MB of a hook environment). What analyses measurements (the probe, `report`,
+    `triage`, `compare-bn`) does: one line naming the missing ones and the install, checked without importing."""
+    import importlib.util
+
+    missing = []
+    for name in PROBE_PACKAGES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise UsageError(f"{what} needs {' and '.join(missing)}, which this Python does not have: "
+                         "pip install 'ddpdoctor[probe]' (`ddpdoctor check --static` needs neither)")
+
+
 # What a rank reports because a *peer* went away: a consequence, never the root cause. The probe's analyses
 # (DD902's first failure) and compare-bn (which rank's error to show) both skip these when they look for the cause.
 PEER_ERROR_MARKERS = (

@@ -132,6 +132,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             device="device the ranks run on: cpu | cuda",
             cuda_emulated="CUDA emulated on CPU (install_cuda_emulation was applied)",
             emulation_error="why emulation could not be installed, or null",
+            distributed_debug_dropped="TORCH_DISTRIBUTED_DEBUG's value when it was DETAIL and the rank, emulating "
+            "CUDA on CPU, ran without it (DETAIL segfaults DDP on CPU torch); null otherwise",
             recorders="names of the installed recorders",
             installed_now="those installed once torch was imported (the others needed no torch)",
             cuda_available="torch.cuda.is_available() as the script sees it",

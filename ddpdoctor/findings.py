@@ -143,7 +143,7 @@ def new_finding(
         severity=severity if severity is not None else rule.severity,
         confidence=confidence,
         message=message,
-        fix=rule.fix_text(fix_variant, fix_args, fix_detail),
+        fix=rule.fix_text(fix_variant, fix_args, fix_detail, evidence),
         sources=sources,
         file=file,
         line=line,
@@ -172,6 +172,7 @@ def _merge_pair(static: Finding, probe: Finding) -> Finding:
         evidence.setdefault("static", static.evidence)
     return replace(
         probe,
+        fix=get_rule(probe.rule).named(probe.fix, evidence),  # the script's names, which static analysis knows
         sources=sources,
         confidence=Confidence.CERTAIN,
         file=probe.file or static.file,

@@ -117,3 +117,22 @@ def fmt_evidence_float(value: float) -> str:
     if value == 0 or 1e-3 <= abs(value) < 1e5:
         return f"{value:.4g}"
     return f"{value:.3e}"
+
+
+MAX_LIST_ITEMS = 8
+
+
+def format_value(value: object, *, max_items: int | None = MAX_LIST_ITEMS) -> str:
+    """A compact, readable evidence value or table cell (the text and Markdown reports): `-` for none, yes/no,
+    floats by `fmt_evidence_float`, lists cut after `max_items` with the count left (None: every item)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt_evidence_float(value)
+    if isinstance(value, (list, tuple)):
+        shown = [format_value(v, max_items=max_items) for v in (value if max_items is None else value[:max_items])]
+        more = len(value) - len(shown)
+        return "[" + ", ".join(shown) + (f", ... +{more}" if more > 0 else "") + "]"
+    return str(value)

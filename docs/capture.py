@@ -6,12 +6,17 @@ export (`Console.save_svg`). Nothing is edited by hand; a picture that looks wro
 
     .venv/bin/python docs/capture.py            # all pictures
     .venv/bin/python docs/capture.py check      # only those whose name contains "check"
+
+Beside each picture, `docs/<name>.ansi` keeps the captured output it was drawn from. tests/test_docs_pictures.py
+holds the two together (the picture is exactly what that output draws) and, in its slow half, the output to what
+the command prints today (`comparable`: durations aside), so a picture cannot drift from the tool.
 """
 
 from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -73,13 +78,32 @@ def run_in_terminal(args: list[str], stream: str = "stdout", timeout: float = 60
     return b"".join(chunks).decode("utf-8", errors="replace").replace("\r\n", "\n")
 
 
-def save_svg(name: str, title: str, ansi: str) -> Path:
-    path = DOCS / f"{name}.svg"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_RULE = re.compile(r"[─━═]+")
+
+
+def comparable(ansi: str) -> list[str]:
+    """The captured output as words to compare across runs of the same command: no colour codes, every number
+    `#` (the demo's data are not seeded: its measurements, timings and pids differ from run to run), table rules
+    and line breaks aside (a number's width moves columns and wraps). What is left is what drifts when the tool
+    changes: the findings, their wording and order, the tables' columns and rows."""
+    text = _RULE.sub("─", _NUMBER.sub("#", _ANSI.sub("", ansi)))
+    return text.split()
+
+
+def svg_text(name: str, title: str, ansi: str) -> str:
+    """The picture of `ansi` as SVG (rich's export, with a fixed id: the same output gives the same bytes)."""
     with open(os.devnull, "w") as sink:
         console = Console(record=True, width=WIDTH, file=sink, force_terminal=True, color_system="truecolor")
         console.print(Text.from_ansi(ansi.rstrip("\n")), soft_wrap=True)
-        # a fixed id keeps a regenerated picture byte-identical when the output did not change
-        console.save_svg(str(path), title=title, unique_id=f"ddpdoctor-{name}")
+        return console.export_svg(title=title, unique_id=f"ddpdoctor-{name}")
+
+
+def save_svg(name: str, title: str, ansi: str) -> Path:
+    (DOCS / f"{name}.ansi").write_text(ansi, encoding="utf-8")
+    path = DOCS / f"{name}.svg"
+    path.write_text(svg_text(name, title, ansi), encoding="utf-8")
     return path
 
 

@@ -105,6 +105,67 @@ def test_pre_commit_try_repo_runs_the_hook(tmp_path: Path) -> None:
     assert "README.txt" not in out  # types: [python]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DDPDOCTOR_OFFLINE") == "1", reason="DDPDOCTOR_OFFLINE=1: no package index")
+def test_the_hook_environment_is_typer_and_rich_only(tmp_path: Path) -> None:
+    """What `pip install .` (the hook's environment) resolves to: ddpdoctor, typer, rich and theirs, none of the
+    probe extra's numpy and scipy, no torch (issue 22: they were 216 MB of a 267 MB hook environment)."""
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--report", str(report), str(REPO)], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"ddpdoctor", "typer", "rich"} <= names
+    assert not names & {"numpy", "scipy", "torch"}, names
+
+
+def _readme_rev() -> str:
+    import yaml
+
+    (repo,) = yaml.safe_load(_readme_block("# .pre-commit-config.yaml"))["repos"]
+    return str(repo["rev"])
+
+
+def test_readme_pre_commit_rev_exists_in_this_repository() -> None:
+    """The README's `rev:` names a revision this repository has (issue 22: `rev: v0.1.0` named a tag that did not
+    exist, so the instructions failed as written)."""
+    git = shutil.which("git")
+    if git is None or subprocess.run([git, "rev-parse", "--git-dir"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    shallow = subprocess.run([git, "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True, text=True)
+    rev = _readme_rev()
+    found = subprocess.run([git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO,
+                           capture_output=True).returncode == 0
+    if not found and shallow.stdout.strip() == "true":
+        pytest.skip(f"a shallow clone may lack {rev}")
+    assert found, f"README's pre-commit rev {rev!r} is no revision of this repository"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DDPDOCTOR_OFFLINE") == "1", reason="DDPDOCTOR_OFFLINE=1: no package index")
+def test_readme_pre_commit_config_works_as_written(tmp_path: Path) -> None:
+    """The README's .pre-commit-config.yaml, with this checkout as the repository: pre-commit fetches the README's
+    rev, builds the hook's environment and the hook fails the commit."""
+    git = shutil.which("git")
+    assert git
+    block = _readme_block("# .pre-commit-config.yaml")
+    project = tmp_path / "project"
+    project.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "GIT_", "PRE_COMMIT"))}
+    env.update(PRE_COMMIT_HOME=str(tmp_path / "cache"), GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+    subprocess.run([git, "init", "-q"], cwd=project, check=True, env=env)
+    (project / ".pre-commit-config.yaml").write_text(
+        re.sub(r"repo: \S+", f"repo: {REPO}", block, count=1), encoding="utf-8")
+    shutil.copy(BAD_A, project / "train.py")
+    subprocess.run([git, "add", "."], cwd=project, check=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "run", "--all-files"], check=False, cwd=project,
+                          env=env, capture_output=True, text=True, timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "train.py:" in out, out[-4000:]
+
+
 def _readme_block(marker: str) -> str:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     block = re.search(r"```yaml\n(" + re.escape(marker) + r".*?)```", readme, re.S)

@@ -326,3 +326,18 @@ def test_cwd_is_not_written(tmp_path, monkeypatch):
     with pytest.raises(UsageError):
         run_compare(CompareConfig(nproc=1))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", [80, 100, 132])
+def test_text_report_fits_the_terminal_and_never_cuts_a_number(demo_sorted, monkeypatch, columns):
+    """The table splits into tables per meaning (sizes, var errors, mean errors, spread and test), each led by
+    the layer, rather than cutting cells to "…" (issue 22); COLUMNS is honoured when piped."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = render_compare(demo_sorted, "text", color=False)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= columns
+    table = text[: text.index("local = rank 0")]
+    for layer in demo_sorted.layers:
+        assert table.count(layer.layer) >= 1
+        assert f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}" in table

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpdoctor.envinfo import auto_device, collect, launcher_variables, render_env
+from ddpdoctor.envinfo import VARIABLES_LABEL, WITHHELD, auto_device, collect, launcher_variables, render_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,14 +20,44 @@ SENTINELS = {
     "MASTERKEY": "sentinel-masterkey-9e1",  # MASTER without the underscore is not a launcher variable
     "MY_NCCL_DEBUG": "sentinel-prefix-c2d",  # NCCL_ in the middle does not count either
 }
-# torch reads this one itself and rejects unknown values: a valid value, and only its name is checked
-NAME_ONLY = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+# torch reads this one itself and rejects unknown values: a valid value (shown: a known setting)
+DEBUG = {"TORCH_DISTRIBUTED_DEBUG": "INFO"}
+# names always shown, values only of the known settings
+WITHHELD_VALUES = {"NCCL_TOPO_FILE": "/home/sentinel-user-4d1/topo.xml", "TORCH_NCCL_SECRETISH": "sentinel-tn-88a",
+                   "NCCL_DEBUG_SUBSYS": "sentinel value with spaces"}
 SHOWN = {"MASTER_ADDR": "10.9.8.7", "MASTER_PORT": "29511", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth7"}
 
 
 def test_only_master_and_nccl_variables_are_selected() -> None:
     env = {**SENTINELS, **SHOWN, "PATH": "/usr/bin"}
     assert launcher_variables(env) == dict(sorted(SHOWN.items()))
+
+
+def test_cuda_debug_and_torch_nccl_variables_names_always_values_of_settings_only() -> None:
+    env = {**SENTINELS, **SHOWN, **DEBUG, **WITHHELD_VALUES, "CUDA_VISIBLE_DEVICES": "2,3",
+           "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    got = launcher_variables(env)
+    assert got["CUDA_VISIBLE_DEVICES"] == "2,3" and got["TORCH_DISTRIBUTED_DEBUG"] == "INFO"
+    assert got["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    for key in WITHHELD_VALUES:
+        assert got[key] == WITHHELD
+    text = render_env(collect(environ=env, torch_info={"error": "none"}))
+    for key, value in WITHHELD_VALUES.items():
+        assert f"  {key} (set; value not shown)" in text and value not in text
+    assert "  CUDA_VISIBLE_DEVICES=2,3\n" in text and "  TORCH_DISTRIBUTED_DEBUG=INFO\n" in text
+
+
+def test_machine_and_package_versions() -> None:
+    from importlib.metadata import version
+
+    info = collect(environ={}, torch_info={"error": "none"})
+    m = info["machine"]
+    assert m["os"] and m["cpu"] and m["cpu_count"] >= 1 and m["memory_gib"] > 0
+    assert info["packages"] == {name: version(name) for name in ("numpy", "scipy", "rich", "typer")}
+    text = render_env(info)
+    for label in ("OS:        ", "CPU:       ", "memory:    ", "packages:  numpy "):
+        assert f"\n{label}" in text
+    assert f"typer {version('typer')}" in text
 
 
 def test_block_rendered_from_canned_torch_answers() -> None:
@@ -60,11 +90,12 @@ def test_auto_device_follows_the_probe_rule() -> None:
 def test_a_missing_torch_is_said_not_raised() -> None:
     text = render_env(collect(environ={}, torch_info={"error": "ModuleNotFoundError: No module named 'torch'"}))
     assert "torch:     unavailable: ModuleNotFoundError" in text
-    assert "MASTER_* / NCCL_* variables: none set" in text
+    assert f"{VARIABLES_LABEL}: none set" in text
 
 
 def _env_cli(*args: str, extra: dict[str, str]) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "NCCL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "NCCL_", "TORCH_NCCL_"))
+           and k not in ("CUDA_VISIBLE_DEVICES", "TORCH_DISTRIBUTED_DEBUG")}
     env.update(extra)
     return subprocess.run([sys.executable, "-m", "ddpdoctor", "env", *args], check=False, cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -73,7 +104,7 @@ def _env_cli(*args: str, extra: dict[str, str]) -> subprocess.CompletedProcess:
 def test_env_command_never_shows_other_variables() -> None:
     """The real command, real torch: every variable of the caller's environment other than MASTER_*/NCCL_* is
     absent from both formats, whatever its name."""
-    done = _env_cli(extra={**SENTINELS, **SHOWN, **NAME_ONLY})
+    done = _env_cli(extra={**SENTINELS, **SHOWN, **DEBUG})
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert "ddpdoctor: " in text and "torch:     " in text and "backends:  " in text and "gloo yes" in text
@@ -81,7 +112,7 @@ def test_env_command_never_shows_other_variables() -> None:
         assert f"{key}={value}" in text
     for key, value in SENTINELS.items():
         assert value not in text and key not in text
-    assert "TORCH_DISTRIBUTED_DEBUG" not in text
+    assert "TORCH_DISTRIBUTED_DEBUG=INFO" in text
     as_json = _env_cli("--format", "json", extra={**SENTINELS, **SHOWN})
     assert as_json.returncode == 0, as_json.stderr
     doc = json.loads(as_json.stdout)

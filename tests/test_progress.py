@@ -257,3 +257,50 @@ def test_a_script_that_shadows_a_module_gets_its_report_with_the_progress_displa
     assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr
     assert "DD902" in [f["rule"] for f in json.loads(done.stdout)["findings"]]
     assert done.stderr.splitlines()[-1].startswith("ddpdoctor: probe finished in ")
+
+
+def test_a_stall_is_said_as_a_suspected_hang_before_the_timeout(tmp_path: Path) -> None:
+    """No event from any rank for a quarter of the timeout while ranks train: one line saying where each rank is
+    (issue 22), well before the timeout; said again only after events resume and stop again."""
+    logs = _events(RECORDED)
+    clock = Clock(min(json.loads(v[0])["t"] for v in logs.values()) - 1.0)
+    out = io.StringIO()
+    display = ProgressDisplay(tmp_path, script="train_bn.py", nproc=2, epochs=2, steps=4, timeout=40, stream=out,
+                              terminal=False, clock=clock)
+    assert display.stall_s == 10.0
+    _grow(tmp_path, logs, "optimizer_step", clock)
+    display.update()
+    clock.t += 9.0
+    display.update()
+    assert "suspected hang" not in out.getvalue()
+    clock.t += 2.0
+    display.update()
+    clock.t += 5.0
+    display.update()
+    stalls = [ln for ln in out.getvalue().splitlines() if "suspected hang" in ln]
+    assert len(stalls) == 1, out.getvalue()
+    assert "rank 0: epoch 1/2, step 1/4" in stalls[0] and "no event from any rank for 11.0 s" in stalls[0]
+    display.close(timed_out=True)
+
+
+def test_no_stall_while_ranks_import_torch_and_the_live_table_says_a_stall(tmp_path: Path) -> None:
+    logs = _events(RECORDED)
+    clock = Clock(min(json.loads(v[0])["t"] for v in logs.values()) - 1.0)
+    out = io.StringIO()
+    display = ProgressDisplay(tmp_path, script="t.py", nproc=2, epochs=2, steps=4, timeout=40, stream=out,
+                              terminal=False, clock=clock)
+    _grow(tmp_path, logs, "process_start", clock)  # importing torch: slow on a loaded machine, not a hang
+    display.update()
+    clock.t += 25.0
+    display.update()
+    assert "suspected hang" not in out.getvalue()
+    display.discard()
+    live = io.StringIO()
+    display = ProgressDisplay(tmp_path / "b", script="t.py", nproc=2, epochs=2, steps=4, timeout=40, stream=live,
+                              terminal=True, width=100, clock=clock)
+    _grow(tmp_path / "b", logs, "optimizer_step", clock)
+    display.update()
+    clock.t += 12.0
+    display.update()
+    assert "no event from any rank for 12.0 s: a suspected hang" in live.getvalue()
+    display.close()

@@ -186,7 +186,7 @@ def test_text_tolerates_missing_environment_and_malformed_tables():
     )
     out = render(rep, "text", color=False)
     assert "environment: unknown" in out
-    assert "INFO (1)" in out and "(+1 more evidence item in --format json)" in out
+    assert "INFO (1)" in out and "(+1 more evidence item: -v shows all, as does --format json)" in out
     assert "summary: 0 critical, 0 high, 0 medium, 0 low, 1 info (1 finding)" in out
 
 

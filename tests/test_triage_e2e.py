@@ -82,6 +82,7 @@ def _run_triage(folder: Path, name: str, options: tuple[str, ...]) -> tuple[int,
             str(out), *options, "--keep-run", str(keep)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.is_file(), done.stderr[-3000:]
+    (folder / "stderr.txt").write_text(done.stderr, encoding="utf-8")  # the progress lines, for the test reading them
     return done.returncode, json.loads(out.read_text(encoding="utf-8")), keep
 
 
@@ -172,6 +173,19 @@ def test_all_three_arms_on_the_clean_control(tmp_path_factory: pytest.TempPathFa
     # the running statistics compare the statistical effect of syncing: A against L
     lag = next(c for c in tri["causes"] if c["rule"] == "DD213")
     assert set(lag["measured"]["per_arm"]) == {"A", "L"}
+
+
+@pytest.mark.slow
+def test_progress_names_each_arm_and_follows_its_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A triage of minutes is never silent (issue 22): a line per arm, then its ranks' progress (plain lines: stderr
+    is a pipe here), stdout untouched."""
+    _, _, keep = kept_triage(tmp_path_factory, "clean", "--arms", "A,L,P")
+    lines = (keep.parent / "stderr.txt").read_text(encoding="utf-8").splitlines()
+    arms = [ln for ln in lines if ln.startswith("ddpdoctor: triage arm ")]
+    assert [ln.split(":")[1].split()[-1] for ln in arms] == ["1/3", "2/3", "3/3"]
+    assert arms[0] == "ddpdoctor: triage arm A 1/3: the script as written"
+    assert lines[0] == arms[0] and lines[1].startswith("ddpdoctor: probing ") and "(arm A)" in lines[1]
+    assert sum(ln.startswith("ddpdoctor: probe finished in ") for ln in lines) == 3
 
 
 @pytest.mark.slow

@@ -404,8 +404,12 @@ def layer_effective_samples(layer: SampleLayer, interval: bool = True) -> dict[i
             point, lo, hi = effective_samples_interval(samples, tv, bv)
         else:
             point, lo, hi = float(np.median(effective_samples(samples, tv, bv))), float("nan"), float("nan")
+        # the estimate's noise can put it above the number of values the batch mean averages, which no set of
+        # values can have: bounded there (NaN, an interval not computed, stays NaN)
+        values = float(np.median(rec["count"]))
+        point, lo, hi = (min(x, values) if x == x else x for x in (point, lo, hi))
         out[rank] = {"n_eff": point, "lo": lo, "hi": hi, "samples": float(np.median(rec["samples"])),
-                     "values": float(np.median(rec["count"]))}
+                     "values": values}
     return out
 
 

@@ -96,6 +96,11 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             n = next(iter(counts))
         devices = f"{n} virtual device{'s' if n != 1 else ''}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
         ctx.notes.insert(0, f"CUDA was emulated on CPU: {devices}" + (", " + ", ".join(words) if words else ""))
+    dropped = sorted({str(e.get("distributed_debug_dropped")) for _, e in ctx.run.events("torch_ready")
+                      if e.get("distributed_debug_dropped")})
+    if dropped:
+        ctx.notes.insert(0, f"TORCH_DISTRIBUTED_DEBUG={dropped[0]} is set: it makes DDP segfault on CPU torch (a torch "
+                            "bug), so the emulated ranks ran without it")
     plan = meta.get("plan") or {}
     if mode == "spawn":
         line = plan.get("spawn_line")

@@ -98,6 +98,16 @@ class CompareResult:
     verdict: tuple[str, ...]
     timings: dict[str, Any] = field(default_factory=dict)
 
+    def __getitem__(self, key: str) -> Any:
+        """Dict access to the JSON document (`result["layers"]`), as on a Report."""
+        return self.to_json()[key]
+
+    def _repr_markdown_(self) -> str:
+        """Jupyter shows a comparison as its `--format markdown` rendering."""
+        from ddpdoctor.report.markdown import render_compare_markdown
+
+        return render_compare_markdown(self)
+
     def to_json(self) -> dict[str, Any]:
         config = asdict(self.config)
         return _finite(

@@ -31,6 +31,7 @@ from typing import Any
 
 from ddpdoctor.bn.analysis import CompareConfig, CompareResult, analyse
 from ddpdoctor.errors import InternalError, UsageError, is_peer_error
+from ddpdoctor.probe.progress import REFRESH_S
 from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
 
 __all__ = ["CompareConfig", "CompareResult", "run_compare"]
@@ -160,10 +161,16 @@ class _Ranks:
         ).start()
         self.returncodes = [None] * nproc
 
-    def wait(self, deadline: float) -> None:
+    def wait(self, deadline: float, progress: Any = None) -> None:
+        """Until every rank exited 0 (else one-line errors); `progress` (ddpdoctor.bn.progress.PhaseDisplay) is
+        updated with the ranks' phases every REFRESH_S."""
         assert self.supervisor is not None
+        shown = 0.0
         while True:
             codes = self.supervisor.poll()
+            if progress is not None and time.monotonic() - shown >= REFRESH_S:
+                progress.update(self.phase_list())
+                shown = time.monotonic()
             if all(c == 0 for c in codes):
                 return
             if any(c not in (None, 0) for c in codes) or not self.supervisor.running:
@@ -191,15 +198,19 @@ class _Ranks:
             self.supervisor = None
         return self.returncodes
 
-    def _phases(self) -> str:
-        parts = []
+    def phase_list(self) -> list[str]:
+        """What each rank says it is doing (its `rank{r}.phase` file); "" before it says, or while it rewrites it."""
+        out = []
         for rank in range(len(self.returncodes)):
             try:
                 text = (self.work / f"rank{rank}.phase").read_text(encoding="utf-8").strip()
             except OSError:
-                text = "starting"
-            parts.append(f"rank {rank}: {text}")
-        return "; ".join(parts)
+                text = ""
+            out.append(text)
+        return out
+
+    def _phases(self) -> str:
+        return "; ".join(f"rank {rank}: {text or 'starting'}" for rank, text in enumerate(self.phase_list()))
 
     def _said(self) -> tuple[list[dict[str, Any]], dict[int, str]]:
         """What the ranks left to read: their one-line errors, and the last line of each rank's log."""
@@ -241,10 +252,12 @@ class _Ranks:
         return lines[-1][:300] if lines else ""
 
 
-def run_compare(cfg: CompareConfig) -> CompareResult:
+def run_compare(cfg: CompareConfig, *, quiet: bool = True) -> CompareResult:
     """Launch the ranks, supervise them, and analyse what they measured. UsageError/InternalError: one line;
-    Ctrl-C, SIGTERM or SIGHUP stop the ranks and end as KeyboardInterrupt."""
+    Ctrl-C, SIGTERM or SIGHUP stop the ranks and end as KeyboardInterrupt. Unless `quiet`, the ranks' phases
+    are shown on stderr while they run (ddpdoctor.bn.progress)."""
     shard, rank_lists = _validate(cfg)
+    progress = None
     started = time.monotonic()
     deadline = started + cfg.timeout
     cpus = os.cpu_count() or 1
@@ -270,12 +283,22 @@ def run_compare(cfg: CompareConfig) -> CompareResult:
         }
         job_path = work / "job.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
+        if not quiet:
+            from ddpdoctor.bn.progress import PhaseDisplay
+
+            progress = PhaseDisplay(f"compare-bn: {cfg.nproc} ranks × batch {cfg.batch_size}, {cfg.steps} steps per "
+                                    f"BN mode, {shard} shards",
+                                    nproc=cfg.nproc, timeout=cfg.timeout)
         ranks.start(job_path, cfg.nproc, job["threads"], deadline)
-        ranks.wait(deadline)
+        ranks.wait(deadline, progress)
+        if progress is not None:
+            progress.close()
         metas, arrays = _load_results(work, cfg.nproc)
     except Stopped:
         raise KeyboardInterrupt from None
     finally:
+        if progress is not None:
+            progress.close(ok=False)  # a failure: its one-line error says the rest
         restore_signals(previous, quiet=True)
         try:
             ranks.stop()  # every rank is gone, whatever happened (a no-op for ranks that already exited)

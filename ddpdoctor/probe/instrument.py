@@ -60,6 +60,22 @@ def emulates(settings: ProbeSettings, device: str) -> bool:
     return device == "cpu" and (settings.mode != "attach" or settings.device == "cpu")
 
 
+def _drop_detail_debug() -> str | None:
+    """`TORCH_DISTRIBUTED_DEBUG=DETAIL` makes every rank of a DDP script segfault on CPU torch (torch's bug, under
+    a bare torchrun too: docs/facts.md#pytorchs-own-distributed-debug-modes). An emulated rank runs without it:
+    torch read the variable when it imported torch.distributed, so the level is reset as well as the variable
+    (DDP and init_process_group read either). Returns the value dropped (the report says so), None when unset."""
+    value = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+    if value is None or value.strip().upper() != "DETAIL":
+        return None
+    del os.environ["TORCH_DISTRIBUTED_DEBUG"]
+    import torch.distributed as dist
+
+    if dist.is_available():
+        dist.set_debug_level_from_env()  # unset: OFF
+    return value
+
+
 def _notify(probe: session.Probe):
     def notify(what: Any = None, detail: Any = None, *args: Any, **kwargs: Any) -> None:
         probe.emit("emulation", what=str(what), detail=detail if isinstance(detail, dict) else {"value": detail})
@@ -101,6 +117,7 @@ def _install_torch_side(probe: session.Probe) -> None:
             except Exception as exc:
                 error = f"CUDA emulation failed: {type(exc).__name__}: {exc}"
                 probe.internal_error("emulation", exc)
+    debug_dropped = _drop_detail_debug() if emulate else None
     try:
         arms.install_early(probe)  # inside the recorders: they see the script's calls and the arm's results
         arms.seed_torch(probe)
@@ -121,6 +138,7 @@ def _install_torch_side(probe: session.Probe) -> None:
         device=device,
         cuda_emulated=emulated,
         emulation_error=error,
+        distributed_debug_dropped=debug_dropped,
         recorders=probe.recorders,
         installed_now=installed,
         cuda_available=available,

@@ -11,6 +11,8 @@ when the launch is over.
 - Elsewhere (CI logs, a pipe): a few plain lines — the start, all ranks in the process group, each epoch that
   every rank has finished, a failing rank at once, a "still running" line when nothing was said for a while, and
   the end.
+- Either way, a stall — no event from any rank for `stall_after(timeout)` seconds while a rank is alive past its
+  torch import — is said as a suspected hang, with where each rank is, long before the timeout ends the run.
 - `--quiet`: nothing (the caller does not create a display).
 """
 
@@ -27,6 +29,15 @@ from ddpdoctor.events import EVENTS_DIR
 
 REFRESH_S = 0.2  # terminal redraws at most this often
 HEARTBEAT_S = 30.0  # plain mode: a "still running" line after this long without one
+STALL_MIN_S, STALL_MAX_S = 10.0, 30.0  # a suspected hang: no rank event for a quarter of the timeout, within these
+
+
+def stall_after(timeout: float | None) -> float:
+    """Seconds without any rank event after which the display calls it a suspected hang: a quarter of the timeout,
+    at least STALL_MIN_S (a slow step is not a hang) and at most STALL_MAX_S (said well before the timeout)."""
+    if not timeout:
+        return STALL_MAX_S
+    return min(STALL_MAX_S, max(STALL_MIN_S, timeout / 4))
 
 # phase → what the table says (in the order a rank goes through them)
 PHASES = {
@@ -144,6 +155,7 @@ class RunProgress:
     def __init__(self, run_dir: Path) -> None:
         self.tail = EventTail(run_dir)
         self.procs: dict[str, RankProgress] = {}
+        self.events = 0  # events read so far (a stall is none new for a while)
 
     def reset(self) -> None:
         """The launch was started again (a single launch relaunched under torchrun): forget the first one."""
@@ -154,6 +166,7 @@ class RunProgress:
         """Read what is new; returns (process, phase before, phase now) for every process whose phase changed."""
         changes = []
         for name, event in self.tail.read():
+            self.events += 1
             proc = self.procs.get(name)
             if proc is None:
                 proc = self.procs[name] = RankProgress(pid=int(event.get("pid") or 0))
@@ -197,6 +210,7 @@ class ProgressDisplay:
         terminal: bool | None = None,
         width: int | None = None,
         clock: Callable[[], float] = time.time,
+        stall_s: float | None = None,
     ) -> None:
         import sys
 
@@ -215,6 +229,10 @@ class ProgressDisplay:
         self._epochs_said = 0
         self._failed_said: set[int] = set()
         self._closed = False
+        self.stall_s = stall_s if stall_s is not None else stall_after(timeout)
+        self._events_seen = 0
+        self._last_event_at = self.t0
+        self._stall_said = False
         self._start()
 
     # ------------------------------------------------------------------ lifecycle
@@ -246,6 +264,8 @@ class ProgressDisplay:
             return
         changes = self.progress.poll()
         now = self.clock()
+        if self.progress.events != self._events_seen:
+            self._events_seen, self._last_event_at, self._stall_said = self.progress.events, now, False
         if self.terminal:
             if changes or now - self._last_draw >= REFRESH_S:
                 self._live.update(self._table(), refresh=True)
@@ -324,6 +344,9 @@ class ProgressDisplay:
         elapsed = self.clock() - self.t0
         title = Text(f"ddpdoctor: probing {self.script} — {self.nproc} ranks, {self._plan()}, {_fmt_s(elapsed)}",
                      style="bold", overflow="ellipsis", no_wrap=True)
+        stall = self._stall(self.clock())
+        if stall:
+            title = Group(title, Text(stall, style="bold red"))
         table = Table(box=None, pad_edge=False, show_edge=False)
         for name, justify in (("rank", "right"), ("state", "left"), ("epoch", "right"), ("step", "right"),
                               ("elapsed", "right")):
@@ -361,9 +384,20 @@ class ProgressDisplay:
             while self._epochs_said < min(done, self.epochs):
                 self._epochs_said += 1
                 self._say(f"epoch {self._epochs_said}/{self.epochs} done on every rank ({_fmt_s(now - self.t0)})")
-        if now - self._last_line >= HEARTBEAT_S:
+        stall = self._stall(now)
+        if now - self._last_line >= HEARTBEAT_S or (stall and not self._stall_said):
             states = "; ".join(f"rank {p.rank}: {self._state(p)}" for p in ranks) or "no rank has started yet"
-            self._say(f"still running after {_fmt_s(now - self.t0)}: {states}")
+            self._stall_said = self._stall_said or bool(stall)
+            self._say(f"still running after {_fmt_s(now - self.t0)}: {states}" + (f" — {stall}" if stall else ""))
+
+    def _stall(self, now: float) -> str:
+        """"no event from any rank for N s: a suspected hang" while a rank that got past importing torch is alive
+        and silent for `stall_s`; "" otherwise."""
+        quiet = now - self._last_event_at
+        alive = [p for p in self.progress.ranks if p.is_rank and p.phase not in ("finished", "failed")]
+        if quiet < self.stall_s or not alive or any(p.phase in ("launched", "torch") for p in alive):
+            return ""
+        return f"no event from any rank for {_fmt_s(quiet)}: a suspected hang"
 
     def _say_failed(self, p: RankProgress) -> None:
         if p.pid in self._failed_said:

@@ -46,5 +46,18 @@ class Report:
             out["triage"] = self.triage
         return out
 
-    def exit_code(self, fail_on: Severity) -> int:
+    def __getitem__(self, key: str) -> Any:
+        """Dict access to the JSON document: `report["findings"][0]["rule"]`, `report["summary"]`."""
+        return self.to_json()[key]
+
+    def _repr_markdown_(self) -> str:
+        """Jupyter shows a report as its `--format markdown` rendering."""
+        from ddpdoctor.report.markdown import render_markdown
+
+        return render_markdown(self)
+
+    def exit_code(self, fail_on: Severity | None = Severity.MEDIUM) -> int:
+        """1 when a finding is at or above `fail_on` (None: never, as `--exit-zero`), else 0."""
+        if fail_on is None:
+            return 0
         return 1 if any(f.severity >= fail_on for f in self.findings) else 0

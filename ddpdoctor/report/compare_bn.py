@@ -6,14 +6,16 @@ from __future__ import annotations
 import io
 import json
 import math
-import shutil
-from typing import Any
 
 from ddpdoctor.bn.analysis import SYNC_MATCH, CompareResult
+from ddpdoctor.bn.stats import NONIID_THRESHOLD as NONIID_P
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import rank_findings
 from ddpdoctor.formatting import fmt_err, fmt_p
+from ddpdoctor.report.layout import layout, report_width
 from ddpdoctor.rules.dd201_bn_stats_diverge import LOCAL_ERROR_ALARM
+
+PLAIN_WIDTH = 100
 
 
 def render_compare(result: CompareResult, fmt: str, *, color: bool = False) -> str:
@@ -21,8 +23,12 @@ def render_compare(result: CompareResult, fmt: str, *, color: bool = False) -> s
     `ddpdoctor.compare-bn/1` document."""
     if fmt == "json":
         return json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+    if fmt == "markdown":
+        from ddpdoctor.report.markdown import render_compare_markdown
+
+        return render_compare_markdown(result)
     if fmt != "text":
-        raise UsageError(f"--format: {fmt!r} is not one of text, json")
+        raise UsageError(f"--format: {fmt!r} is not one of text, json, markdown")
     return _render_text(result, color=color)
 
 
@@ -41,12 +47,13 @@ def _describe(spec: str | None, demo: str) -> str:
 
 
 def _render_text(result: CompareResult, *, color: bool) -> str:
+    from rich import box
     from rich.console import Console
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
-    width = max(100, min(160, shutil.get_terminal_size((132, 24)).columns)) if color else 132
+    width = report_width(color, PLAIN_WIDTH)
     buf = io.StringIO()
     console = Console(
         file=buf, width=width, color_system="standard" if color else None, force_terminal=color,
@@ -66,38 +73,45 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     if plan.get("uneven_steps"):
         console.print(f"{plan['uneven_steps']} of {plan['steps']} steps had uneven per-rank batch sizes.")
 
-    table = Table(
-        title="running statistics vs the exact global-batch BN (relative L2 error over channels)",
-        title_justify="left", header_style="bold",
-    )
-    for header, justify in (
-        ("layer", "left"), ("C", "right"), ("batch\nloc/sync", "right"),
-        ("var err\nlocal", "right"), ("var err\nno-bcast", "right"), ("var err\nreduce", "right"),
-        ("var err\nSyncBN", "right"),
-        ("mean err\nlocal", "right"), ("mean err\nno-bcast", "right"), ("mean err\nSyncBN", "right"),
-        ("mean shift\nlocal (sd)", "right"), ("var spread\nno-bcast", "right"), ("non-iid\np", "right"),
-    ):
-        table.add_column(header, justify=justify, no_wrap=True)
+    # related columns side by side (the four running_var errors, then the means): a terminal too narrow for all
+    # of them gets one table per group, each led by the layer (ddpdoctor.report.layout), never a cut number
+    headers = ["layer", "C", "batch\nloc/sync", "var err\nlocal", "var err\nno-bcast", "var err\nreduce",
+               "var err\nSyncBN", "mean err\nlocal", "mean err\nno-bcast", "mean err\nSyncBN",
+               "mean shift\nlocal (sd)", "var spread\nno-bcast", "non-iid\np"]
+    rows: list[list[tuple[str, str]]] = []
     for layer in result.layers:
         m, v, sh = layer.running_mean_rel_err, layer.running_var_rel_err, layer.running_mean_shift_sd
         p = layer.noniid_p
         shift = max((x for x in (sh.get("local"), sh.get("local_no_broadcast_worst")) if x is not None), default=None)
-        table.add_row(
-            layer.layer,
-            str(layer.features),
-            f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}",
+        rows.append([
+            (layer.layer, ""),
+            (str(layer.features), ""),
+            (f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}", ""),
             _styled(v.get("local")),
             _styled(v.get("local_no_broadcast_worst")),
             _styled(v.get("local_reduce")),
             _styled(v.get("sync")),
-            fmt_err(m.get("local")),
-            fmt_err(m.get("local_no_broadcast_worst")),
-            fmt_err(m.get("sync")),
-            "-" if shift is None else f"{shift:.2g}",
-            fmt_err(layer.rank_spread["running_var"].get("local_no_broadcast")),
-            Text(fmt_p(p), style="bold red" if p is not None and p < 1e-3 else ""),
-        )
-    console.print(table)
+            (fmt_err(m.get("local")), ""),
+            (fmt_err(m.get("local_no_broadcast_worst")), ""),
+            (fmt_err(m.get("sync")), ""),
+            ("-" if shift is None else f"{shift:.2g}", ""),
+            (fmt_err(layer.rank_spread["running_var"].get("local_no_broadcast")), ""),
+            (fmt_p(p), "bold red" if p is not None and p < NONIID_P else ""),
+        ])
+    console.print(Text("running statistics vs the exact global-batch BN (relative L2 error over channels)",
+                       style="bold"))
+    plain = [[text for text, _ in row] for row in rows]
+    sections = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10], [11, 12]]  # size, var errors, mean errors, spread and test
+    for k, (group, widths) in enumerate(layout(headers, plain, width, sections=sections)):
+        if k:
+            console.print()
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+        for j, i in enumerate(group):
+            table.add_column(headers[i], justify="left" if i == 0 else "right", overflow="fold",
+                             width=None if widths is None else widths[j])
+        for row in rows:
+            table.add_row(*(Text(row[i][0], style=row[i][1]) for i in group))
+        console.print(table)
     console.print(
         Padding(
             "local = rank 0 under DDP's default buffer broadcast (what a rank-0 checkpoint holds); no-bcast = the "
@@ -166,10 +180,8 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def _styled(x: float | None) -> Any:
-    from rich.text import Text
-
+def _styled(x: float | None) -> tuple[str, str]:
+    """A running-statistics error and its style: red at the alarm, green where it matches the reference."""
     if x is None:
-        return "-"
-    style = "red" if x >= LOCAL_ERROR_ALARM else ("green" if x <= SYNC_MATCH else "")
-    return Text(fmt_err(x), style=style)
+        return "-", ""
+    return fmt_err(x), "red" if x >= LOCAL_ERROR_ALARM else ("green" if x <= SYNC_MATCH else "")

@@ -10,17 +10,27 @@ from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps
 from ddpdoctor.rules import RULES
 
-REPORT_FORMATS = ("text", "json", "sarif", "github")
+REPORT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 RULES_FORMATS = ("text", "json")
 
 
-def render(report: Report, fmt: str, *, color: bool, base_dir: Path | None = None) -> str:
-    """The report as `fmt` (text, json, sarif or github). `color` only affects text; `base_dir` is what relative file
-    paths in SARIF are relative to (default: the current directory)."""
+def render(report: Report, fmt: str, *, color: bool, base_dir: Path | None = None, verbose: bool = False,
+           width: int | None = None) -> str:
+    """The report as `fmt` (text, json, sarif, github, concise or markdown). `color` only affects text, `verbose`
+    (all evidence) text and markdown; `base_dir` is what relative file paths in SARIF are relative to (default: the
+    current directory); `width` the text report's columns (default: ddpdoctor.report.text.report_width)."""
     if fmt == "text":
         from ddpdoctor.report.text import render_text
 
-        return render_text(report, color=color)
+        return render_text(report, color=color, verbose=verbose, width=width)
+    if fmt == "concise":
+        from ddpdoctor.report.concise import render_concise
+
+        return render_concise(report)
+    if fmt == "markdown":
+        from ddpdoctor.report.markdown import render_markdown
+
+        return render_markdown(report, verbose=verbose)
     if fmt == "json":
         return dumps(report.to_json())
     if fmt == "sarif":

@@ -20,7 +20,7 @@ from ddpdoctor.causes import flatten
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps, json_safe
-from ddpdoctor.rules import Rule, get_rule
+from ddpdoctor.rules import Rule, get_rule, help_uri
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -82,6 +82,7 @@ def rule_descriptor(rule: Rule) -> dict[str, Any]:
         "shortDescription": {"text": rule.summary},
         "fullDescription": {"text": rule.what},
         "help": {"text": rule.documentation(), "markdown": rule.markdown()},
+        "helpUri": help_uri(rule.code),
         "defaultConfiguration": {"level": sarif_level(rule.severity)},
         "properties": {
             "severity": rule.severity.label,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import shlex
-import shutil
 from typing import Any
 
 from rich import box
@@ -22,9 +21,10 @@ from rich.text import Text
 from ddpdoctor import __version__
 from ddpdoctor.causes import flatten
 from ddpdoctor.findings import Finding, Severity, summarize
-from ddpdoctor.formatting import fmt_evidence_float
 from ddpdoctor.formatting import fmt_rank_spans as format_ranks
+from ddpdoctor.formatting import format_value
 from ddpdoctor.report import Report
+from ddpdoctor.report.layout import layout, report_width
 from ddpdoctor.rules import RULES, get_rule
 
 PLAIN_WIDTH = 100
@@ -39,15 +39,15 @@ SEVERITY_STYLE = {
 # Evidence is shown in the text report only as far as it stays readable; --format json has all of it.
 MAX_EVIDENCE_ITEMS = 8
 MAX_SCALAR_CHARS = 60
-MAX_LIST_ITEMS = 8
 MAX_BLOCK_LINES = 12
 MAX_BLOCKS = 4
 
 
 def make_console(*, color: bool, width: int | None = None) -> Console:
-    """A console writing into a string. Colour means a terminal: use its width; otherwise 100 columns."""
+    """A console writing into a string: `COLUMNS` wide when set, else a terminal's width, else 100 columns
+    (ddpdoctor.report.layout.report_width)."""
     if width is None:
-        width = shutil.get_terminal_size((PLAIN_WIDTH, 24)).columns if color else PLAIN_WIDTH
+        width = report_width(color, PLAIN_WIDTH)
     return Console(
         file=io.StringIO(),
         width=max(width, 40),
@@ -72,18 +72,20 @@ class Lines:
     """What a report prints, in order, printed on the console in one go (`Group`): rich's overhead per `print`
     (render options, terminal size, buffer) was half the time of rendering a report of a few dozen findings."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verbose: bool = False, width: int = PLAIN_WIDTH) -> None:
         self.items: list[RenderableType] = []
+        self.verbose = verbose  # `-v`: every evidence item
+        self.width = width  # what tables are laid out for
 
     def print(self, item: RenderableType | None = None) -> None:
         self.items.append(Text("") if item is None else item)
 
 
-def render_text(report: Report, *, color: bool, width: int | None = None) -> str:
-    """The whole text report."""
-    lines = Lines()
-    _report(lines, report)
+def render_text(report: Report, *, color: bool, width: int | None = None, verbose: bool = False) -> str:
+    """The whole text report (`verbose`: all evidence, `-v`)."""
     console = make_console(color=color, width=width)
+    lines = Lines(verbose=verbose, width=console.width)
+    _report(lines, report)
     console.print(Group(*lines.items))
     return console_text(console, color=color)
 
@@ -112,12 +114,15 @@ def _report(console: Lines, report: Report) -> None:
         console.print()
         console.print(Text(_nothing_found(report), style="bold green"))
     for name, spec in (report.tables or {}).items():
-        table = _table(spec)
-        if table is not None:
+        tables = _table(spec, console.width)
+        if tables:
             title = spec.get("title") or name
             console.print()
             console.print(Text(str(title), style="bold"))
-            console.print(table)
+            for i, table in enumerate(tables):
+                if i:
+                    console.print()
+                console.print(table)
             if spec.get("caption"):
                 console.print(Text(str(spec["caption"]), style="dim"))
     console.print()
@@ -274,7 +279,7 @@ def _finding(console: Lines, number: int, f: Finding) -> None:
     fix.append("fix: ", style="bold green")
     fix.append(f.fix)
     console.print(Padding(fix, (0, 0, 0, INDENT)))
-    for block in _evidence(f.evidence):
+    for block in _evidence(f.evidence, verbose=console.verbose):
         console.print(Padding(block, (0, 0, 0, INDENT)))
     _consequences(console, f, INDENT)
 
@@ -317,32 +322,20 @@ def _rule_name(code: str) -> str:
         return "unknown-rule"
 
 
-def format_value(value: Any) -> str:
-    """A compact, readable cell or evidence value."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return fmt_evidence_float(value)
-    if isinstance(value, (list, tuple)):
-        shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
-        more = len(value) - len(shown)
-        return "[" + ", ".join(shown) + (f", ... +{more}" if more > 0 else "") + "]"
-    return str(value)
-
-
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float)) or (
         isinstance(value, str) and "\n" not in value and len(value) <= MAX_SCALAR_CHARS
     )
 
 
-def _evidence(evidence: dict[str, Any]) -> list[Text]:
+def _evidence(evidence: dict[str, Any], *, verbose: bool = False) -> list[Text]:
     """The evidence as far as it fits a terminal: short values on one line, multi-line text (tracebacks,
-    per-rank stacks) as the tail of each block; the rest is left to --format json."""
+    per-rank stacks) as the tail of each block; the rest is left to --format json. `verbose` (`-v`): all of it,
+    every value, list item and line, nested values as indented JSON."""
     if not evidence:
         return []
+    if verbose:
+        return _all_evidence(evidence)
     inline: list[str] = []
     blocks: list[tuple[str, str]] = []
     hidden = 0
@@ -377,31 +370,60 @@ def _evidence(evidence: dict[str, Any]) -> list[Text]:
             block.append("\n  " + ln)
         out.append(block)
     if hidden:
-        out.append(Text(f"(+{hidden} more evidence item{'s' if hidden > 1 else ''} in --format json)", style="dim"))
+        out.append(Text(f"(+{hidden} more evidence item{'s' if hidden > 1 else ''}: -v shows all, as does "
+                        "--format json)", style="dim"))
     return out
 
 
-def _table(spec: Any) -> Table | None:
-    """A `report.tables` entry ({"columns": [...], "rows": [[...]], "title": str}) as a rich table; entries of
-    another shape are skipped rather than crash the report after a successful run."""
+def _all_evidence(evidence: dict[str, Any]) -> list[Text]:
+    """`-v`: every evidence item, one per line; multi-line text and nested values as indented blocks."""
+    import json
+
+    from ddpdoctor.report.jsonfmt import json_safe
+
+    out: list[Text] = []
+    for key, value in evidence.items():
+        if _is_scalar(value) or (isinstance(value, (list, tuple)) and all(_is_scalar(v) for v in value)):
+            line = Text(f"{key}: ", style="dim")
+            line.append(format_value(value, max_items=None))
+            out.append(line)
+            continue
+        text = value if isinstance(value, str) else json.dumps(json_safe(value), indent=2, ensure_ascii=False)
+        block = Text(f"{key}:", style="dim")
+        for ln in text.rstrip("\n").splitlines():
+            block.append("\n  " + ln)
+        out.append(block)
+    return out
+
+
+def _table(spec: Any, width: int = PLAIN_WIDTH) -> list[Table]:
+    """A `report.tables` entry ({"columns": [...], "rows": [[...]], "title": str}) as rich tables that fit `width`
+    (ddpdoctor.report.layout: no cell cut, several tables repeating the first column when one is too wide);
+    entries of another shape are skipped rather than crash the report after a successful run."""
     if not isinstance(spec, dict):
-        return None
+        return []
     columns = [str(c) for c in spec.get("columns") or []]
     rows = [list(r) for r in spec.get("rows") or [] if isinstance(r, (list, tuple))]
     if not columns and rows:
         columns = [""] * max(len(r) for r in rows)
     if not columns:
-        return None
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, col in enumerate(columns):
-        cells = [r[i] for r in rows if i < len(r) and r[i] is not None]
-        numeric = bool(cells) and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells)
-        table.add_column(col, justify="right" if numeric else "left", overflow="fold")
-    for r in rows:
-        cells = [format_value(c) for c in r[: len(columns)]]
-        cells += [""] * (len(columns) - len(cells))
-        table.add_row(*(Text(c) for c in cells))
-    return table
+        return []
+    cells = [[format_value(c) for c in r[: len(columns)]] + [""] * (len(columns) - len(r[: len(columns)]))
+             for r in rows]
+    numeric = []
+    for i in range(len(columns)):
+        values = [r[i] for r in rows if i < len(r) and r[i] is not None]
+        numeric.append(bool(values) and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in values))
+    tables = []
+    for group, widths in layout(columns, cells, width):
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for j, i in enumerate(group):
+            table.add_column(columns[i], justify="right" if numeric[i] else "left", overflow="fold",
+                             width=None if widths is None else widths[j])
+        for r in cells:
+            table.add_row(*(Text(r[i]) for i in group))
+        tables.append(table)
+    return tables
 
 
 def _nothing_found(report: Report) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,6 +31,7 @@ CATEGORIES = {
     "9": "probe",
 }
 HOOKS = ("static", "probe")
+_CODE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def _blank_lines_emptied(text: str) -> list[str]:
@@ -84,6 +86,10 @@ class Rule:
     example: str
     fix: str
     fix_variants: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    # names in the fix that stand for one of the script's own objects: {name as written in `fix`: the evidence key
+    # holding the script's name for it}. `Save ddp.module.state_dict()` becomes `Save model.module.state_dict()`
+    # in a finding whose evidence says the wrapper is `model` (see `named`).
+    fix_names: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     run_only: str | None = None
 
     @property
@@ -97,14 +103,27 @@ class Rule:
         return has_hook(self.package, "probe")
 
     def fix_text(
-        self, variant: str | None = None, args: Mapping[str, Any] | None = None, detail: str | None = None
+        self, variant: str | None = None, args: Mapping[str, Any] | None = None, detail: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
     ) -> str:
-        """A finding's fix: the rule's fix, or the named variant (formatted with `args`), then `detail` appended
-        (a specialised detail adds to the rule's fix, it never replaces it)."""
+        """A finding's fix: the rule's fix, or the named variant (formatted with `args`), in the script's own names
+        where the evidence holds them (`named`), then `detail` appended (a specialised detail adds to the rule's
+        fix, it never replaces it)."""
         text = self.fix if variant is None else self.fix_variants[variant]
         if args:
             text = text.format(**args)
+        text = self.named(text, evidence)
         return f"{text} {detail}" if detail else text
+
+    def named(self, text: str, evidence: Mapping[str, Any] | None) -> str:
+        """`text` with each of `fix_names` replaced by the script's name from the evidence, where the name is
+        used as code (`ddp.module`, `ddp.no_sync()`, `DistributedSampler(dataset)`), and only when the evidence
+        holds a plain (dotted) name."""
+        for name, key in self.fix_names.items():
+            value = (evidence or {}).get(key)
+            if isinstance(value, str) and _CODE_NAME.fullmatch(value) and value != name:
+                text = re.sub(rf"(?<![\w.]){re.escape(name)}(?=[.(\[,)])", value, text)
+        return text
 
     @property
     def category(self) -> str:

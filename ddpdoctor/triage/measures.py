@@ -22,8 +22,10 @@ from ddpdoctor.analyses import bn_checks
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.findings import Confidence, Severity
 from ddpdoctor.formatting import fmt_measure as fmt_num
+from ddpdoctor.formatting import fmt_p
 from ddpdoctor.rules import get_rule
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules.dd203_non_iid_shards import MATERIAL_EFFECT
 from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
 from ddpdoctor.rules.dd214_bn_train_test_inconsistency import (
     SHIFT_LIKELY,
@@ -68,6 +70,7 @@ def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool, g_arm: Arm |
                      message="the BN noise of the arms could not be measured: no BatchNorm training forward was "
                      "recorded", fix=get_rule("DD204").fix, severity=Severity.LOW)
     b = int(np.median([r["samples"] for r in rows]))
+    values = int(np.median([r["values"] for r in rows]))
     g = int(max(r["group"] for r in rows))
     synced = g > 1
     n_local = float(np.median([r["n_eff"] for r in rows]))
@@ -105,8 +108,11 @@ def noise_cause(a: Arm, p: Arm | None, settings: Any, noniid: bool, g_arm: Arm |
     if gs > 1:
         measured["normalisation_batch_subgroups"] = b * gs
         measured["batch_mean_noise_subgroups_std"] = rounded(noise_local / math.sqrt(gs))
-    noise_text = (f"{fmt_num(noise_local)} std ({fmt_num(n_local)} effective samples from {b}, 90% interval "
-                  f"{fmt_num(n_lo)}–{fmt_num(n_hi)})")
+    # n_eff counts independent values (a sample's spatial positions count apart when they are uncorrelated):
+    # bounded by the values the batch mean averages (bn_checks.layer_effective_samples), not by the samples
+    per = f"{values} values of {b} samples" if values != b else f"{b} samples"
+    noise_text = (f"{fmt_num(noise_local)} std ({fmt_num(n_local)} effective independent values of the {per}, "
+                  f"90% interval {fmt_num(n_lo)}–{fmt_num(n_hi)})")
     measured["summary"] = (f"{b}/rank, BN over {norm_batch if synced else b}; noise {fmt_num(noise_local)}"
                            + (f" → {fmt_num(noise_sync)} std" if synced else " std"))
     fix = get_rule("DD204").fix
@@ -152,18 +158,27 @@ def noniid_cause(a: Arm) -> Cause | None:
         f = found[0]
         verdict = "likely" if f.confidence >= Confidence.LIKELY else "possible"
         return Cause(cause="non-iid-shards", rule="DD203", verdict=verdict, favours="syncbn",
-                     measured={"summary": f"p = {fmt_num(f.evidence.get('p_value') or 0)}",
+                     measured={"summary": (f"p = {fmt_p(f.evidence['p_value'])}" if f.evidence.get("p_value")
+                                           is not None else "non-i.i.d."),
                                **{k: f.evidence.get(k) for k in ("p_value", "statistic", "most_different")}},
                      message=f.message + " — SyncBN is right to normalise over the union of the shards; the "
                      "regression is elsewhere (or in the data itself)", fix=f.fix, severity=f.severity,
                      magnitude=f.magnitude, file=f.file, line=f.line, source=f)
     if test is None or test.p_value is None:
         return None
+    p_text = f"p = {fmt_p(test.p_value)}"
+    if test.non_iid:
+        # significant, yet DD203 stayed silent: the ranks' means differ by too little to matter (its
+        # MATERIAL_EFFECT), which is not the same as looking i.i.d.
+        message = (f"the ranks' BatchNorm inputs differ detectably ({p_text}, below the test's "
+                   f"{fmt_p(test.threshold)}) but by less than {MATERIAL_EFFECT:g} within-batch standard deviations "
+                   "in every channel: too little imbalance for SyncBN to correct")
+    else:
+        message = (f"the ranks' BatchNorm inputs are consistent with i.i.d. shards ({p_text}, not below the test's "
+                   f"{fmt_p(test.threshold)}): SyncBN has no data imbalance to correct")
     return Cause(cause="non-iid-shards", rule="DD203", verdict="ruled_out", favours="none",
-                 measured={"summary": f"p = {fmt_num(test.p_value)}", "p_value": rounded(test.p_value)},
-                 message=(f"the ranks' BatchNorm inputs are consistent with i.i.d. shards (p = "
-                          f"{fmt_num(test.p_value)}): SyncBN has no data imbalance to correct"),
-                 fix=get_rule("DD203").fix, severity=Severity.HIGH)
+                 measured={"summary": p_text, "p_value": rounded(test.p_value)},
+                 message=message, fix=get_rule("DD203").fix, severity=Severity.HIGH)
 
 
 def accumulation_cause(a: Arm) -> Cause | None:

@@ -106,7 +106,6 @@ def syncbn_layers(run_dir: Path) -> tuple[int, int]:
 
 def run_triage(cfg: TriageConfig) -> Report:
     from ddpdoctor.check import validate_script
-    from ddpdoctor.probe.launcher import run_probe
     from ddpdoctor.static import analyze_file
 
     check = cfg.check
@@ -120,10 +119,11 @@ def run_triage(cfg: TriageConfig) -> Report:
     else:
         base = check.keep_run
         claim = _prepare_triage_dir(base)
+    total = len(cfg.arms)
     try:
         written_dir = base / "arm-A"
-        run_probe(check, written_dir, static_findings=static,
-                  arm=_arm_settings("A", False, cfg.seed, cfg.group_size, as_written=True))
+        _run_arm(check, written_dir, static, _arm_settings("A", False, cfg.seed, cfg.group_size, as_written=True),
+                 f"arm A 1/{total}: the script as written")
         sync, plain = syncbn_layers(written_dir)
         mirror = sync == 0 and plain > 0
         written_name = "P" if mirror else "A"
@@ -136,8 +136,9 @@ def run_triage(cfg: TriageConfig) -> Report:
                 if name == written_name:
                     continue
                 d = base / f"arm-{name}"
-                run_probe(check, d, static_findings=static,
-                          arm=_arm_settings(name, mirror, cfg.seed, cfg.group_size, as_written=False))
+                what = _what(name, mirror, cfg.group_size, sync, plain)
+                _run_arm(check, d, static, _arm_settings(name, mirror, cfg.seed, cfg.group_size, as_written=False),
+                         f"arm {name} {len(dirs) + 1}/{total}: {what}")
                 dirs[name] = d
         layout = {"written": written_name, "mirror": mirror, "syncbn_layers": sync, "plain_layers": plain,
                   "group_size": cfg.group_size, "arm_dirs": {k: v.name for k, v in dirs.items()}}
@@ -152,6 +153,32 @@ def run_triage(cfg: TriageConfig) -> Report:
             guard.stop()
         if claim is not None:
             claim.release()
+
+
+def _run_arm(check: CheckConfig, run_dir: Path, static: list[Finding], arm: dict[str, Any], label: str) -> None:
+    """One arm's probe run, with check's progress display on stderr (unless quiet): a line naming the arm, then
+    the ranks' live table or plain lines (ddpdoctor.probe.progress), so a triage of minutes is never silent."""
+    from ddpdoctor.probe.launcher import run_probe
+
+    progress = None
+    if not check.quiet:
+        import sys
+
+        from ddpdoctor.probe.progress import ProgressDisplay
+
+        sys.stderr.write(f"ddpdoctor: triage {label}\n")
+        sys.stderr.flush()
+        progress = ProgressDisplay(run_dir, script=f"{check.script} (arm {arm.get('arm', '?')})", nproc=check.nproc,
+                                   epochs=check.epochs, steps=check.steps, timeout=check.timeout)
+    try:
+        run_probe(check, run_dir, static_findings=static, arm=arm, progress=progress)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close(interrupted=True)
+        raise
+    finally:
+        if progress is not None:
+            progress.discard()  # closed by run_probe unless it failed: then the error says it all
 
 
 def is_triage_dir(path: Path) -> bool:

@@ -31,7 +31,7 @@ from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.bn.stats import relative_error
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.formatting import fmt_sig
+from ddpdoctor.formatting import fmt_p, fmt_sig
 from ddpdoctor.rules.dd201_bn_stats_diverge import ALIGNED, CODE, MATERIAL
 
 
@@ -181,6 +181,19 @@ def _gap_before_last_update(layer: bc.LayerRun, ranks: list[int]) -> float | Non
 TABLE_ROWS = 16
 
 
+def _noniid_decision(test: Any) -> str:
+    """What decides DD203, so that a small p in the table is never read as a finding the report lacks: the test
+    combined over layers, and a difference large enough to matter."""
+    from ddpdoctor.rules.dd203_non_iid_shards import MATERIAL_EFFECT
+
+    if test.non_iid:
+        return (f" Combined over layers p = {fmt_p(test.p_value)}, below {fmt_p(test.threshold)}: DD203 reports it "
+                f"when some channel's means also differ by at least {MATERIAL_EFFECT:g} within-batch standard "
+                "deviations between ranks.")
+    return (f" Combined over layers p = {fmt_p(test.p_value)}, not below {fmt_p(test.threshold)}: no evidence of "
+            "non-i.i.d. shards (one small p among many layers is expected by chance).")
+
+
 def bn_table(ctx: RunContext) -> dict[str, Any] | None:
     """The BN table of the text report: per layer, what it normalised over, how far each rank's running
     statistics are from what SyncBN would have accumulated from the same batches (the compare-bn card's
@@ -212,7 +225,7 @@ def bn_table(ctx: RunContext) -> dict[str, Any] | None:
             fmt_sig(cmp["max_mean_std"]) if cmp else "n/a",
             fmt_sig(cmp["max_var"]) if cmp else "n/a",
             fmt_sig(spread["max"]) if spread else "n/a",
-            (f"{p:.1e}" if p < 1e-3 else f"{p:.2f}") if p is not None else "n/a",
+            fmt_p(p) if p is not None else "n/a",
         ])
         scores.append(max(cmp["max_mean_std"], cmp["max_var"]) if cmp else 0.0)
     caption = (
@@ -220,8 +233,10 @@ def bn_table(ctx: RunContext) -> dict[str, Any] | None:
         "accumulated from the same per-rank batches (the worst rank): running_mean in standard deviations (RMS "
         "over channels), running_var as a relative L2 error (both relative L2 errors are in the JSON evidence); "
         "spread: largest difference between ranks (means in std, variances relative); p: non-i.i.d. test of the "
-        "ranks' input means."
+        "ranks' input means, per layer."
     )
+    if test is not None and test.p_value is not None:
+        caption += _noniid_decision(test)
     if any(layer.kind == "emulated_sync" for layer in bn.layers):
         caption += " SyncBN*: SyncBatchNorm computed by ddpdoctor's CPU emulation (exact global statistics)."
     if len(rows) > TABLE_ROWS:

@@ -64,4 +64,5 @@ RULE = Rule(
             "same s on every rank) so every rank holds the same split and the DistributedSampler partitions it."
         ),
     },
+    fix_names={"dataset": "dataset_name"},
 )

@@ -40,6 +40,12 @@ def _dataset_is_sharded(ds: Obj) -> bool:
     return False
 
 
+def _bound_name(datasets) -> str | None:  # noqa: ANN001 - the loader's dataset objects
+    """The variable the loader's dataset is bound to, when it is one (the fix is then written with it)."""
+    names = {d.props.get("bound_name") for d in datasets}
+    return next(iter(names)) if len(names) == 1 and None not in names else None
+
+
 def check(script: ScriptModel) -> Iterator[Finding]:
     if not script.distributed:
         return
@@ -80,6 +86,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             f"with {how}, so every rank iterates the whole dataset and the ranks train on the same samples",
             confidence=cap_unreached(confidence, lev, it),
             evidence={"loader_line": loader.line, "loop_line": it.line, "shuffle": shuffles,
-                      "dataset": script.names(datasets) or None},
+                      "dataset": script.names(datasets) or None, "loader": name,
+                      "dataset_name": _bound_name(datasets)},
             severity=severity,
         )

@@ -57,5 +57,6 @@ RULE = Rule(
         """
     ),
     fix="Run the forward and backward of every micro-step except the last under ddp.no_sync().",
+    fix_names={"ddp": "wrapper"},
     run_only="all-reducing on every micro-step only costs time",
 )

@@ -50,14 +50,17 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     if not found:
         return
     _, bw, step, gate, how = found[0]
+    wrappers = {script.name(ev.data["wrapper"]) for ev in script.ddp_wraps}
+    wrapper = next(iter(wrappers)) if len(wrappers) == 1 else None
     yield script.finding(
         CODE,
         line=bw,
         message=f"gradient accumulation: backward at line {bw.line} runs every micro-step but the optimizer "
-        f"steps at {script.place(step, bw)} only after {how}, and without model.no_sync() DDP all-reduces "
-        "on every micro-step",
+        f"steps at {script.place(step, bw)} only after {how}, and without {wrapper or 'model'}.no_sync() DDP "
+        "all-reduces on every micro-step",
         confidence=cap_unreached(Confidence.LIKELY, bw, step),
-        evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None},
+        evidence={"backward_line": bw.line, "step_line": step.line, "gate": gate.info if gate else None,
+                  "wrapper": wrapper},
     )
 
 

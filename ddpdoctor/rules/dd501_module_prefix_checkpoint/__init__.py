@@ -50,5 +50,6 @@ RULE = Rule(
         "Save ddp.module.state_dict(); strip the prefix from existing checkpoints with "
         "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, \"module.\")."
     ),
+    fix_names={"ddp": "wrapper"},
     run_only="a prefixed checkpoint fails to load, loudly",
 )
