@@ -78,8 +78,9 @@ def _run_triage(folder: Path, name: str, options: tuple[str, ...]) -> tuple[int,
     """`ddpdoctor triage` as the user runs it, in its own process (two runs cannot share one: signal handlers,
     the working directory)."""
     keep, out = folder / "keep", folder / f"{name}.json"
+    cut = options.index("--") if "--" in options else len(options)  # the script's own arguments stay last
     argv = [sys.executable, "-m", "ddpdoctor", "triage", str(FIXTURES / f"{name}.py"), "--format", "json", "-o",
-            str(out), *options, "--keep-run", str(keep)]
+            str(out), *options[:cut], "--keep-run", str(keep), *options[cut:]]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.is_file(), done.stderr[-3000:]
     (folder / "stderr.txt").write_text(done.stderr, encoding="utf-8")  # the progress lines, for the test reading them
@@ -191,15 +192,19 @@ def test_progress_names_each_arm_and_follows_its_ranks(tmp_path_factory: pytest.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fused_act_torch"])
 def test_confirmed_verdicts_do_not_depend_on_the_seed(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, name: str
+    tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> None:
     # seed 0 is the verdict test's run: triage's --seed and the fixture's --seed both default to 0
+    # two other seeds, side by side in the module's pool, with fewer steps: a CONFIRMED verdict comes from the
+    # deterministic checks at identical weights (one step), not from the statistics the steps accumulate
+    others = [_submit(tmp_path_factory, name, ("--arms", "A,P", "--epochs", "2", "--steps", "5", "--seed", str(seed),
+                                               "--", "--seed", str(seed))) for seed in (1, 2)]
     _, report, _ = kept_triage(tmp_path_factory, name, "--arms", "A,P")
     seen = [sorted((c["rule"], c["cause"]) for c in report["triage"]["causes"] if c["verdict"] == "confirmed")]
-    for seed in range(1, 5):
-        _, report = triage(tmp_path, name, "--arms", "A,P", "--seed", str(seed), script_args=("--seed", str(seed)))
+    for future in others:
+        _, report, _ = future.result()
         seen.append(sorted((c["rule"], c["cause"]) for c in report["triage"]["causes"] if c["verdict"] == "confirmed"))
-    assert all(s == seen[0] for s in seen), seen
+    assert seen[0] and all(s == seen[0] for s in seen), seen
 
 
 @pytest.mark.slow
