@@ -14,13 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "demo" / "train.py"
 RUN = REPO / "fixtures" / "runs" / "bn_iid_default"
 
 
+_STREAMS = {"-", "/dev/stdout", "/dev/stderr"}
+
+
 def ddpdoctor(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None):
+    """`ddpdoctor ARGS`: in this process (conftest's run_cli) unless the case needs a process of its own: another
+    environment, or a report written to the process's own standard streams."""
+    if env is None and not _STREAMS & set(args):
+        return run_cli(*args, cwd=cwd)
     return subprocess.run([sys.executable, "-m", "ddpdoctor", *args], cwd=cwd or REPO, capture_output=True, text=True,
                           timeout=timeout, check=False, env=env)
 
