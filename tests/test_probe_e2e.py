@@ -201,6 +201,18 @@ def test_legacy_local_rank_default_minus_one_is_overridden_and_the_run_measured(
     assert "DD108" not in _by_rule(fallback)
 
 
+def test_the_probes_own_local_rank_read_never_clears_dd108(probe) -> None:
+    """ddpdoctor reads LOCAL_RANK inside its own parse_known_args wrapper (the legacy --local_rank override): that
+    read is not the script's, so a script that binds every rank to cuda:0 from --local_rank 0 keeps DD108; its twin
+    that reads LOCAL_RANK after parsing is cleared (issue 20)."""
+    report, _, _ = probe("legacy_local_rank_known_args")
+    f = _by_rule(report)["DD108"]
+    assert not f["evidence"]["reads_local_rank_env"] and f["line"] == 15
+    assert [c["rule"] for c in f["consequences"]] == ["DD105"]
+    good, _, _ = probe("legacy_local_rank_known_args_env")
+    assert "DD108" not in _by_rule(good) and "DD105" not in _by_rule(good)
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
