@@ -213,6 +213,15 @@ def test_the_probes_own_local_rank_read_never_clears_dd108(probe) -> None:
     assert "DD108" not in _by_rule(good) and "DD105" not in _by_rule(good)
 
 
+def test_an_installed_apex_without_parallel_crashes_the_run_as_it_does_for_the_user(probe) -> None:
+    """apex is importable (NVIDIA apex after apex.parallel was removed): no stand-in replaces it; the script's
+    AttributeError at the wrap is the finding (issue 20)."""
+    report, _, _ = probe("apex_without_parallel/train")
+    f = _by_rule(report)["DD902"]
+    assert "AttributeError" in f["message"] and "parallel" in f["message"] and f["line"] == 17
+    assert not any("stand-in" in n for n in report["notes"])
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
