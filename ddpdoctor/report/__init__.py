@@ -24,6 +24,7 @@ class Report:
     # `ddpdoctor triage`: the JSON `triage` object (SPEC "triage"), and what only the text report shows
     triage: dict[str, Any] | None = None
     triage_text: dict[str, Any] = field(default_factory=dict)
+    measured: bool = True  # False: a triage whose arms measured nothing (it claims nothing, and exits non-zero)
 
     def ranked(self) -> list[Finding]:
         return rank_findings(self.findings)
@@ -47,4 +48,6 @@ class Report:
         return out
 
     def exit_code(self, fail_on: Severity) -> int:
+        if not self.measured:
+            return 1
         return 1 if any(f.severity >= fail_on for f in self.findings) else 0

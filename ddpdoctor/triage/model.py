@@ -101,6 +101,7 @@ class TriageResult:
     emulated: bool
     mirror: bool
     notes: list[str] = field(default_factory=list)
+    measured: bool = True  # False: no arm took an optimizer step; the triage claims nothing and exits non-zero
 
     def to_json(self) -> dict[str, Any]:
         return {"arms": self.arms, "paired": self.paired, "headline": self.headline,

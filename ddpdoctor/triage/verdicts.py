@@ -213,12 +213,35 @@ def headline(causes: list[Cause], mirror: bool) -> str:
 # --------------------------------------------------------------------------------------------------- triage
 
 
+STOPPED = ("DD901", "DD902", "DD904")  # why a run stopped before it measured anything
+
+
+def nothing_measured(arms: list[Arm]) -> str | None:
+    """The headline of a triage whose arms all stopped before their first optimizer step, or None: every cause
+    triage decides compares what the arms did while training, so such a run claims nothing (SPEC: no verdict from
+    a measurement that did not happen)."""
+    if not arms or any(arm.steps > 0 for arm in arms):
+        return None
+    why = []
+    for arm in arms:
+        stop = next((f for f in arm.findings if f.rule in STOPPED), None)
+        why.append(f"arm {arm.name}: " + (f"{stop.rule} {stop.name}" if stop is not None else "no optimizer step"))
+    return ("Nothing measured: every arm stopped before its first optimizer step (" + "; ".join(why) + "), so "
+            "triage claims nothing about SyncBN or the conversion — fix that first and run triage again.")
+
+
 def triage(arms: list[Arm], settings: Any) -> TriageResult:
     by_name = {arm.name: arm for arm in arms}
     a, p = by_name.get("A"), by_name.get("P")
     written = next((arm for arm in arms if arm.as_written), arms[0])
     mirror = written.name == "P"
     paired, pair_info = pairing(arms)
+    arms_json = [{"name": arm.name, "what": arm.what, "steps": arm.steps} for arm in arms]
+    emulated = any(e.get("cuda_emulated") for arm in arms for _, e in arm.ctx.run.events("torch_ready"))
+    nothing = nothing_measured(arms)
+    if nothing is not None:
+        return TriageResult(arms=arms_json, paired=False, pairing={"reason": "no arm took an optimizer step"},
+                            headline=nothing, causes=[], emulated=emulated, mirror=mirror, measured=False)
     causes: list[Cause] = []
     notes: list[str] = []
     if a is not None:
@@ -250,8 +273,6 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
     if not paired:
         notes.append(f"arms not paired: {pair_info.get('reason')}; statistics comparing the arms are not used")
     ranked = rank_causes(causes)
-    arms_json = [{"name": arm.name, "what": arm.what, "steps": arm.steps} for arm in arms]
-    emulated = any(e.get("cuda_emulated") for arm in arms for _, e in arm.ctx.run.events("torch_ready"))
     return TriageResult(arms=arms_json, paired=paired, pairing=pair_info, headline=headline(ranked, mirror),
                         causes=ranked, emulated=emulated, mirror=mirror, notes=notes)
 
