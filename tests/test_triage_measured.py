@@ -34,3 +34,31 @@ def test_arms_that_all_failed_before_step_one_measured_nothing(tmp_path: Path) -
     assert tri["causes"] == [] and tri["paired"] is False
     assert report.exit_code(Severity.CRITICAL) == 1
     assert "Nothing measured" in render_text(report, color=False)
+
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+
+
+def test_running_statistics_still_warming_up_are_not_measurable() -> None:
+    """8 updates at momentum 0.1 (3/momentum = 30 needed): the lag and the eval shift measure the warm-up, not the
+    training; neither may be LIKELY/POSSIBLE/RULED OUT, and the row says why."""
+    from ddpdoctor.triage.run import report_triage
+
+    report = report_triage(RUNS / "triage_fused_act", CheckConfig(script=Path("train.py")))
+    rows = {c["rule"]: c for c in report.triage["causes"]}
+    for rule in ("DD213", "DD214"):
+        assert rows[rule]["verdict"] == "not_measurable", rows[rule]
+        assert rows[rule]["measured"]["summary"] == "not measurable: 8 of 30 warm-up updates"
+        assert "fewer than the 30 (3/momentum)" in rows[rule]["message"]
+    assert not [f for f in report.findings if f.rule in ("DD213", "DD214")]
+
+
+def test_relative_numbers_against_near_zero_references_are_unbounded() -> None:
+    from ddpdoctor.analyses.bn_checks import MAX_RELATIVE, _lag_not_measurable, _shift_not_measurable, lag_level
+
+    pop = {"mean_lag_std": 0.1, "var_lag_rel": 0.01, "population_se_std": 0.01, "eval_output_shift": 16624164509.3,
+           "running_stat_updates": 300, "warmup_updates_needed": 30}
+    assert "unbounded" in _shift_not_measurable(pop) and _lag_not_measurable(pop) is None
+    pop["var_lag_rel"] = MAX_RELATIVE * 2
+    pop["lag_not_measurable"] = _lag_not_measurable(pop)
+    assert "unbounded" in pop["lag_not_measurable"] and lag_level(pop) == "not_measurable"
