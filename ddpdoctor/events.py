@@ -690,11 +690,12 @@ EVENT_KINDS: dict[str, EventKind] = {
            bn_convert="plain BN converted to SyncBN when DDP wraps the model (mirror arms)",
            group_size="G arm: ranks per SyncBN subgroup", seed="seed + rank every generator started from (-1: none)"),
         _k("arm_switch", "the arm changed something the script did (first events per kind of change)",
-           what="'conversion undone' | 'built as BatchNorm' | 'subgroups' | 'converted to SyncBatchNorm'",
+           what="'conversion undone' | 'built as BatchNorm' | 'subgroups' | 'converted to SyncBatchNorm' | 'seed' "
+           "(a spawned child seeded seed + rank once the process group gave its rank)",
            arm="arm name", count="occurrences of this kind so far", site="user line",
            converter="converter or class involved", layers="layers concerned", layer="child name",
            kept="class of the layer kept", num_features="channels", groups="subgroups (global ranks)",
-           group_size="ranks per subgroup"),
+           group_size="ranks per subgroup", seed="the seed a spawned child was given"),
         _k("triage_pairing", "digests that tell whether two arms started from the same weights and saw the same "
            "batches", what="'initial_params' (before the first optimizer step) | 'batch' (inputs of a training "
            "forward through DDP)", digest="blake2b of the tensors' bytes", source="'ddp' | 'optimizer'",

@@ -448,6 +448,7 @@ class Probe:
         # > 0 while ddpdoctor runs its own forwards (in-process checks on copies of the user's layers): the
         # recorders of the user's run ignore them
         self.quiet = 0
+        self.user_seeded = False  # the script seeded a generator itself (recorders/rng.py; arms.seed_for_rank)
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(
