@@ -697,8 +697,9 @@ EVENT_KINDS: dict[str, EventKind] = {
            kept="class of the layer kept", num_features="channels", groups="subgroups (global ranks)",
            group_size="ranks per subgroup", seed="the seed a spawned child was given"),
         _k("triage_pairing", "digests that tell whether two arms started from the same weights and saw the same "
-           "batches", what="'initial_params' (before the first optimizer step) | 'batch' (inputs of a training "
-           "forward through DDP)", digest="blake2b of the tensors' bytes", source="'ddp' | 'optimizer'",
+           "batches", what="'initial_params' (at the first training forward through DDP, else before the first "
+           "optimizer step) | 'batch' (inputs of a training forward through DDP)",
+           digest="blake2b of the tensors' bytes", source="'first_forward' | 'ddp' | 'optimizer'",
            tensors="parameter tensors", n="training DDP forward number (1-based)", step="optimizer steps completed",
            shapes="shapes of the first input tensors"),
         _k("bn_samples", "per-sample channel moments of the gradient-enabled training forwards of one step (triage)",

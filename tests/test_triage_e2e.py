@@ -25,6 +25,7 @@ CASES = {
     "fused_act_keeps": (None, set(), []),
     "frozen_unfrozen": (("confirmed", "DD210", None), {"DD210"}, []),
     "wd_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
+    "optim_wrapper_decay": (("confirmed", "DD209", None), {"DD209"}, []),
     "momentum_schedule_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
     "precise_bn_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
     "cloning_after_optimizer": (("confirmed", "DD216", None), {"DD216"}, []),

@@ -1,7 +1,8 @@
 """Triage recorder (only in `ddpdoctor triage` arms): what the arms are compared on.
 
-- Pairing (`triage_pairing`): a digest of the parameters the first optimizer step starts from, and of the inputs
-  of the first training forwards through DDP. Equal digests on the same rank of two arms mean the arms started from
+- Pairing (`triage_pairing`): a digest of the parameters the model holds at its first training forward through DDP
+  (at the first optimizer step where no DDP forward came first), and of the inputs of the first training forwards
+  through DDP. Equal digests on the same rank of two arms mean the arms started from
   the same weights and saw the same batches (seeds, data order and augmentation included).
 - Per-sample channel moments (`bn_samples`): for every gradient-enabled training forward of every BatchNorm
   layer, the biased variance of the input over the batch and the variance across samples of the per-sample channel
@@ -139,6 +140,15 @@ def _initial_params(probe: Probe, optimizer: Any, torch: Any) -> None:
 
 def _ddp_forward(probe: Probe, state: _State, ddp: Any, args: Any, kwargs: Any, torch: Any) -> None:
     state.model = ddp.module
+    if not state.initial_done:
+        # the weights the model holds at its first training forward: what the arms start from. At the first
+        # optimizer step they may already carry what a wrapper did before torch's step (fastai's OptimWrapper
+        # decays weights itself, by layer class: a converted layer is decayed differently), which is a result of
+        # the arms' difference, not a sign that they were not paired
+        state.initial_done = True
+        named = sorted(ddp.module.named_parameters(), key=lambda kv: kv[0])
+        probe.emit("triage_pairing", what="initial_params", source="first_forward", tensors=len(named),
+                   digest=_digest_tensors([p for _, p in named]), step=probe.steps)
     tensors = _tensors_in((args, kwargs), [], torch)
     state.forwards += 1
     if state.forwards <= PAIRING_FORWARDS:
