@@ -66,6 +66,9 @@ class Cause:
     source: Finding | None = None  # the finding it was decided from, when there is one
     explained_by: Cause | None = field(default=None, repr=False)  # folded under this cause (ddpdoctor.causes)
     because: str | None = None
+    # explained by this cause, which ranks below it (a weaker verdict): named in the message, never folded under it
+    # — no RULED OUT row heads LIKELY ones
+    related: Cause | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause, "rule": self.rule, "verdict": self.verdict, "favours": self.favours,

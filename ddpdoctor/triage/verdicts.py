@@ -110,6 +110,12 @@ def fold(causes: list[Cause], script: str | None = None, ranks: Any = ()) -> Non
     parents = explained_by([f for _, f in pairs])
     for j, (i, because) in parents.items():
         c, root = pairs[j][0], pairs[i][0]
+        if tier(c) < tier(root):
+            # verdicts first: a LIKELY cause is never folded under (and ranked after) a RULED OUT or weaker one;
+            # the explanation still says what explains it
+            c.related, c.because = root, because
+            c.message += f" — explained by {root.cause} ({root.rule}): {because}"
+            continue
         c.explained_by, c.because = root, because
         c.message += f" — a consequence of {root.cause} ({root.rule}): {because}"
     for c in causes:
@@ -192,6 +198,8 @@ def headline(causes: list[Cause], mirror: bool) -> str:
     favouring = next((c for c in bn if c.favours == "syncbn" and c.verdict in ("likely", "possible", "ruled_out")),
                      None)
     if favouring is not None and (top is favouring or top is None or top.favours in ("syncbn", "none")):
+        if favouring.related is not None and favouring.related.favours == "syncbn":
+            favouring = favouring.related  # what explains it is the answer (small per-rank batches, say)
         reason = REASONS.get(favouring.rule or "", favouring.cause)
         if mirror:
             return (f"{prefix} in the conversion; SyncBN would likely help here: {reason} ({favouring.rule})"
