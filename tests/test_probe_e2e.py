@@ -222,6 +222,18 @@ def test_an_installed_apex_without_parallel_crashes_the_run_as_it_does_for_the_u
     assert not any("stand-in" in n for n in report["notes"])
 
 
+def test_torch_device_of_an_int_runs_under_emulation_and_an_emulation_gap_is_its_limit(probe) -> None:
+    """`torch.device(local_rank)` is fine on GPUs: emulated, not reported (it raised, and the user was told to fix
+    the script). A call the emulation does not reproduce is reported as the emulation's limit (issue 20)."""
+    report, _, _ = probe("device_from_int")
+    assert not {"DD902", "DD105", "DD904"} & set(_by_rule(report)), [f["rule"] for f in report["findings"]]
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8
+    gap, _, _ = probe("cuda_generator")
+    f = _by_rule(gap)["DD902"]
+    assert "a limit of ddpdoctor's CUDA emulation" in f["message"] and f["line"] == 17, f["message"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
