@@ -234,6 +234,18 @@ def test_torch_device_of_an_int_runs_under_emulation_and_an_emulation_gap_is_its
     assert "a limit of ddpdoctor's CUDA emulation" in f["message"] and f["line"] == 17, f["message"]
 
 
+def test_a_custom_batch_sampler_is_the_index_source(probe) -> None:
+    """`batch_sampler=` decides the indices; DataLoader's default sampler is unused. A sharding batch sampler
+    measures 0 % shared (no DD302, and the static suspicion, if any, is cleared); one that does not shard is DD302
+    with what it measured (issue 20)."""
+    good, _, _ = probe("data/batch_sampler_sharded")
+    assert "DD302" not in {f["rule"] for f in good["findings"]}, [f["message"] for f in good["findings"]]
+    bad, _, _ = probe("data/batch_sampler_unsharded")
+    f = _by_rule(bad)["DD302"]
+    assert f["evidence"]["overlap_fraction"] == 1.0
+    assert all("ShardedBatches" in v for v in f["evidence"]["index_source"].values()), f["evidence"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

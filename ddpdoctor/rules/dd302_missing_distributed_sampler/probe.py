@@ -82,6 +82,11 @@ def analyze(ctx: RunContext) -> list[Finding]:
                         padding_share["max"] = max(padding_share.get("max", 0.0), padded / count)
                     continue
             n = start.get("dataset_len")
+            if start.get("batch_sampler_cls") not in (None, "BatchSampler") and start.get("sampler_cls") in (
+                    "SequentialSampler", "RandomSampler"):
+                # a run recorded before the index source was the batch sampler: DataLoader's default sampler is
+                # unused there, the custom batch sampler decides — read what the loader drew
+                kind = "other"
             full_pass = kind == "sequential" or (
                 kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
             )
