@@ -531,6 +531,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "inner sampler for torch's BatchSampler); recorders/data.index_sampler",
             sampler_cls="class of that sampler",
             batch_sampler_cls="class of loader.batch_sampler or null",
+            sampler_len="len() of that sampler (one rank's epoch), or null",
+            sampler_yields="'indices' | 'batches' (a custom batch_sampler=: sampler_len counts batches)",
             grad_enabled="torch.is_grad_enabled() at iter()",
             sampler_kind="distributed | random | sequential | other",
             created_site="where the DataLoader was constructed",

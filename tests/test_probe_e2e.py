@@ -246,6 +246,16 @@ def test_a_custom_batch_sampler_is_the_index_source(probe) -> None:
     assert all("ShardedBatches" in v for v in f["evidence"]["index_source"].values()), f["evidence"]
 
 
+def test_repeated_augmentation_is_recognised_by_measurement(probe) -> None:
+    """Each sample on 2 ranks by design, each rank its own augmentation stream: no DD302. The same sampler with
+    the same stream on every rank repeats the work: DD302 (issue 20)."""
+    good, _, _ = probe("data/repeated_views")
+    assert "DD302" not in {f["rule"] for f in good["findings"]}, [f["message"] for f in good["findings"]]
+    bad, _, _ = probe("data/repeated_views_same_seed")
+    assert "DD302" in _by_rule(bad) and "DD304" in {f["rule"] for f in bad["findings"]} | {
+        c["rule"] for f in bad["findings"] for c in f.get("consequences", [])}
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

@@ -451,6 +451,8 @@ def _loader_iter(
         sampler_cls=type(sampler).__name__ if sampler is not None else None,
         sampler_kind=_kind(sampler) if sampler is not None else None,
         batch_sampler_cls=type(batch_sampler).__name__ if batch_sampler is not None else None,
+        sampler_len=_len(sampler) if sampler is not None else None,
+        sampler_yields="batches" if sampler is not None and sampler is batch_sampler else "indices",
         grad_enabled=grad,
         created_site=(state.loader_sites.get(id(loader)) or (None, None))[1],
     )
