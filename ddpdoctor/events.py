@@ -360,6 +360,15 @@ EVENT_KINDS: dict[str, EventKind] = {
             site="call site",
         ),
         _k(
+            "ddp_input_digest",
+            "the input of one of the first training forwards through a DDP, digested (a fixed batch fed every step "
+            "gives equal digests: DD203 then has no data to test)",
+            ddp="probe id of the DDP object",
+            n="training forward number through this DDP (1-based)",
+            step="optimizer steps completed",
+            digest="blake2b of the first input tensor's shape, dtype and evenly strided values",
+        ),
+        _k(
             "ddp_inputs",
             "the first training forward through a DDP: where its input and its parameters are",
             ddp="probe id of the DDP object",

@@ -157,8 +157,8 @@ def noniid_cause(a: Arm) -> Cause | None:
                      message=f.message + " — SyncBN is right to normalise over the union of the shards; the "
                      "regression is elsewhere (or in the data itself)", fix=f.fix, severity=f.severity,
                      magnitude=f.magnitude, file=f.file, line=f.line, source=f)
-    if test is None or test.p_value is None:
-        return None
+    if test is None or test.p_value is None or test.non_iid:
+        return None  # non_iid without a finding: DD203 found it immaterial or untestable (a fixed batch): no row
     return Cause(cause="non-iid-shards", rule="DD203", verdict="ruled_out", favours="none",
                  measured={"summary": f"p = {fmt_num(test.p_value)}", "p_value": rounded(test.p_value)},
                  message=(f"the ranks' BatchNorm inputs are consistent with i.i.d. shards (p = "
