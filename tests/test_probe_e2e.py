@@ -267,6 +267,16 @@ def test_a_fixed_synthetic_batch_has_no_data_to_call_non_iid(probe) -> None:
     assert "DD203" in _by_rule(shifted)
 
 
+def test_workers_that_set_cuda_visible_devices_to_their_own_gpu_are_bound(probe) -> None:
+    """The environment the script sets up counts: cuda:0 of a worker whose CUDA_VISIBLE_DEVICES is its own GPU is
+    that GPU. No DD105 (static or probe); the same script giving every worker GPU 0 is DD105 (issue 20)."""
+    own, _, _ = probe("visible_devices_own")
+    assert "DD105" not in {f["rule"] for f in own["findings"]}, [f["message"] for f in own["findings"]]
+    same, _, _ = probe("visible_devices_same")
+    f = _by_rule(same)["DD105"]
+    assert "cuda:0" in f["message"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

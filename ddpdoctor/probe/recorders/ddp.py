@@ -154,13 +154,28 @@ def placement(obj: Any) -> str | None:
     if not torch.is_tensor(target):
         return None
     if target.device.type != "cpu":
-        return str(target.device)
+        return node_device(target.device)
     try:
         from ddpdoctor.probe import emulation
     except Exception:  # noqa: BLE001 - no emulation: the CPU is where it is
         return "cpu"
     device = emulation.emulated_device(target) if emulation.emulation_active() else None
-    return str(device) if device is not None else "cpu"
+    return node_device(device) if device is not None else "cpu"
+
+
+def node_device(device: Any) -> str:
+    """A CUDA device as the node numbers its GPUs: cuda:i of a process whose CUDA_VISIBLE_DEVICES lists GPUs is the
+    i-th of them (a worker that sets CUDA_VISIBLE_DEVICES to its own GPU and uses cuda:0 is on that GPU, not on
+    the node's GPU 0). Other devices as torch names them."""
+    import os
+
+    text = str(device)
+    if getattr(device, "type", None) != "cuda" or device.index is None:
+        return text
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible or not 0 <= device.index < len(visible):
+        return text
+    return f"cuda:{visible[device.index]}"
 
 
 def _first_tensor(value: Any, depth: int = 0) -> Any:
