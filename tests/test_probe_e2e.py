@@ -277,6 +277,17 @@ def test_workers_that_set_cuda_visible_devices_to_their_own_gpu_are_bound(probe)
     assert "cuda:0" in f["message"]
 
 
+def test_a_load_that_loads_nothing_ranks_above_small_bn_batches(probe) -> None:
+    """Rank by measured consequence (issue 20): a strict=False load that loaded nothing trains the whole run from
+    random weights — first, above the high DD202 of the same run; loading every key, DD503 is gone."""
+    bad, _, _ = probe("ckpt/strict_false_loads_nothing")
+    rules = [f["rule"] for f in bad["findings"]]
+    assert rules[0] == "DD503" and "DD202" in rules, rules
+    assert bad["findings"][0]["severity"] == "critical"
+    good, _, _ = probe("ckpt/strict_false_loads_all")
+    assert "DD503" not in {f["rule"] for f in good["findings"]} and "DD202" in _by_rule(good)
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
