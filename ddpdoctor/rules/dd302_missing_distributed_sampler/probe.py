@@ -22,8 +22,8 @@ import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
-from ddpdoctor.findings import Finding, Measures
-from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, THRESHOLD
+from ddpdoctor.findings import Finding, Measures, Severity
+from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, HIGH_OVERLAP, THRESHOLD
 
 MEASURES = Measures(
     scope="site",
@@ -170,10 +170,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 "; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds "
                 f"every sample {nranks}×"
             )
+        # severity from the overlap measured: a minority of repeated samples (a partial sharding bug) costs less
+        # than ranks that repeat most of each other's work
+        severity = None
+        if overlap < HIGH_OVERLAP and not (identical is not None and identical >= 0.99):
+            severity = Severity.MEDIUM
+            lead += f" (medium: below {pct(HIGH_OVERLAP)} shared)"
         findings.append(
             ctx.finding(
                 CODE,
                 message=lead,
+                **({"severity": severity} if severity is not None else {}),
                 fix_variant="split" if split_differs else "probe",
                 site=site,
                 ranks=list(sets),
