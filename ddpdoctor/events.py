@@ -708,6 +708,9 @@ EVENT_KINDS: dict[str, EventKind] = {
            converter="converter or class involved", layers="layers concerned", layer="child name",
            kept="class of the layer kept", num_features="channels", groups="subgroups (global ranks)",
            group_size="ranks per subgroup", seed="the seed a spawned child was given"),
+        _k("bn_attr_set", "the script's own code changed a BatchNorm layer's momentum/eps, mode or requires_grad "
+           "directly (triage arms; first time per line)", attr="'momentum' | 'eps' | 'training' | 'requires_grad'",
+           cls="class of the layer", step="optimizer steps completed", site="the line that did it"),
         _k("triage_pairing", "digests that tell whether two arms started from the same weights and saw the same "
            "batches", what="'initial_params' (at the first training forward through DDP, else before the first "
            "optimizer step) | 'batch' (inputs of a training forward through DDP)",

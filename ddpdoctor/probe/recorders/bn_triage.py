@@ -73,6 +73,8 @@ def install(probe: Probe) -> None:
 
     probe.patcher.wrap(DDP, "forward", make_forward)
 
+    _install_setters(probe, _BatchNorm)
+
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -94,6 +96,60 @@ def install(probe: Probe) -> None:
         probe.safely("bn population", _population, probe, state, torch, _BatchNorm)
 
     probe.end_hooks.append(on_end)
+
+
+# ------------------------------------------------------------------------------------------------ setters
+
+SETTER_SITES = 32  # distinct (attribute, line) places recorded per process
+SET_ATTRS = ("momentum", "eps")
+
+
+def _install_setters(probe: Probe, _BatchNorm: type) -> None:
+    """Where the script's own code changes a BatchNorm layer's momentum/eps, mode (`m.eval()`) or requires_grad
+    (`m.requires_grad_(False)`) directly: code that picks the layers by exact class runs these lines for plain
+    BatchNorm and skips them for SyncBatchNorm, so comparing the arms' `bn_attr_set` sites names the line of the
+    class test (DD209 file:line). Only calls made from user code; ddpdoctor's own are not the script's."""
+    import sys
+
+    from ddpdoctor.probe.session import is_user_file
+
+    seen: set[tuple[str, str, int]] = set()
+
+    import torch.nn.modules.module as module_py
+
+    def note(module: Any, attr: str, frame: Any) -> None:
+        while frame is not None and frame.f_code.co_filename == module_py.__file__:
+            frame = frame.f_back  # `m.eval()` is Module.train(False): the line is the one that called eval
+        if frame is None or probe.ending or probe.quiet or not is_user_file(frame.f_code.co_filename):
+            return
+        key = (attr, frame.f_code.co_filename, frame.f_lineno)
+        if key in seen or len(seen) >= SETTER_SITES:
+            return
+        seen.add(key)
+        probe.emit("bn_attr_set", attr=attr, cls=type(module).__name__, step=probe.steps,
+                   site={"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
+
+    def make_setattr(orig):
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if name in SET_ATTRS:
+                probe.observe("bn attr set", note, self, name, sys._getframe(1))
+            orig(self, name, value)
+
+        return __setattr__
+
+    def make_method(attr: str):
+        def make(orig):
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                probe.observe("bn attr set", note, self, attr, sys._getframe(1))
+                return orig(self, *args, **kwargs)
+
+            return method
+
+        return make
+
+    probe.patcher.wrap(_BatchNorm, "__setattr__", make_setattr)
+    probe.patcher.wrap(_BatchNorm, "train", make_method("training"))
+    probe.patcher.wrap(_BatchNorm, "requires_grad_", make_method("requires_grad"))
 
 
 # ------------------------------------------------------------------------------------------------ pairing
