@@ -362,6 +362,15 @@ EVENT_KINDS: dict[str, EventKind] = {
             site="call site",
         ),
         _k(
+            "ddp_input_digest",
+            "the input of one of the first training forwards through a DDP, digested (a fixed batch fed every step "
+            "gives equal digests: DD203 then has no data to test)",
+            ddp="probe id of the DDP object",
+            n="training forward number through this DDP (1-based)",
+            step="optimizer steps completed",
+            digest="blake2b of the first input tensor's shape, dtype and evenly strided values",
+        ),
+        _k(
             "ddp_inputs",
             "the first training forward through a DDP: where its input and its parameters are",
             ddp="probe id of the DDP object",
@@ -507,8 +516,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             batch_size="batch_size",
             drop_last="drop_last",
             num_workers="num_workers",
-            sampler="probe id of its sampler",
-            sampler_cls="class of its sampler",
+            sampler="probe id of what decides its indices (recorders/data.index_sampler)",
+            sampler_cls="class of that sampler",
             sampler_kind="distributed | random | sequential | other",
             dataset_cls="dataset class",
             dataset_len="len(dataset) or null",
@@ -529,9 +538,12 @@ EVENT_KINDS: dict[str, EventKind] = {
             batch_size="loader.batch_size",
             drop_last="loader.drop_last",
             num_workers="loader.num_workers",
-            sampler="probe id of loader.sampler",
-            sampler_cls="class of loader.sampler",
+            sampler="probe id of what decides the indices: loader.sampler, or the batch_sampler= it was given (its "
+            "inner sampler for torch's BatchSampler); recorders/data.index_sampler",
+            sampler_cls="class of that sampler",
             batch_sampler_cls="class of loader.batch_sampler or null",
+            sampler_len="len() of that sampler (one rank's epoch), or null",
+            sampler_yields="'indices' | 'batches' (a custom batch_sampler=: sampler_len counts batches)",
             grad_enabled="torch.is_grad_enabled() at iter()",
             sampler_kind="distributed | random | sequential | other",
             created_site="where the DataLoader was constructed",
@@ -692,14 +704,19 @@ EVENT_KINDS: dict[str, EventKind] = {
            bn_convert="plain BN converted to SyncBN when DDP wraps the model (mirror arms)",
            group_size="G arm: ranks per SyncBN subgroup", seed="seed + rank every generator started from (-1: none)"),
         _k("arm_switch", "the arm changed something the script did (first events per kind of change)",
-           what="'conversion undone' | 'built as BatchNorm' | 'subgroups' | 'converted to SyncBatchNorm'",
+           what="'conversion undone' | 'built as BatchNorm' | 'subgroups' | 'converted to SyncBatchNorm' | 'seed' "
+           "(a spawned child seeded seed + rank once the process group gave its rank)",
            arm="arm name", count="occurrences of this kind so far", site="user line",
            converter="converter or class involved", layers="layers concerned", layer="child name",
            kept="class of the layer kept", num_features="channels", groups="subgroups (global ranks)",
-           group_size="ranks per subgroup"),
+           group_size="ranks per subgroup", seed="the seed a spawned child was given"),
+        _k("bn_attr_set", "the script's own code changed a BatchNorm layer's momentum/eps, mode or requires_grad "
+           "directly (triage arms; first time per line)", attr="'momentum' | 'eps' | 'training' | 'requires_grad'",
+           cls="class of the layer", step="optimizer steps completed", site="the line that did it"),
         _k("triage_pairing", "digests that tell whether two arms started from the same weights and saw the same "
-           "batches", what="'initial_params' (before the first optimizer step) | 'batch' (inputs of a training "
-           "forward through DDP)", digest="blake2b of the tensors' bytes", source="'ddp' | 'optimizer'",
+           "batches", what="'initial_params' (at the first training forward through DDP, else before the first "
+           "optimizer step) | 'batch' (inputs of a training forward through DDP)",
+           digest="blake2b of the tensors' bytes", source="'first_forward' | 'ddp' | 'optimizer'",
            tensors="parameter tensors", n="training DDP forward number (1-based)", step="optimizer steps completed",
            shapes="shapes of the first input tensors"),
         _k("bn_samples", "per-sample channel moments of the gradient-enabled training forwards of one step (triage)",

@@ -189,6 +189,15 @@ def test_every_rank_given_the_same_shard_overlaps(tmp_path: Path) -> None:
     assert f.evidence["overlap_fraction"] == 1.0 and "overlapping shards" in f.message
 
 
+def test_dd302_severity_follows_the_overlap_measured(tmp_path: Path) -> None:
+    """Severity from the overlap actually measured (issue 20): a third of each shard shared is medium, not high."""
+    run = Run(tmp_path)
+    run.process(10, 0, events=_distributed_epoch(run, 10, np.array([0, 1, 2]), count=3, replicas=2, n=6))
+    run.process(11, 1, events=_distributed_epoch(run, 11, np.array([2, 3, 4]), count=3, replicas=2, n=6))
+    f = _rules(tmp_path)["DD302"]
+    assert abs(f.evidence["overlap_fraction"] - 1 / 3) < 1e-9 and f.severity.label == "medium"
+
+
 def test_sharded_models_are_not_replicas(tmp_path: Path) -> None:
     """Without DDP (FSDP, ZeRO) ranks hold different parameter shards: no DD103."""
     run = Run(tmp_path)

@@ -170,6 +170,27 @@ def test_factories_and_tensor_methods_map_cuda_to_cpu(emulated, device):
     assert emulated_device(plain) is None
 
 
+def test_torch_device_of_an_int_is_the_accelerators_device(emulated):
+    """`torch.device(local_rank)` (detection code does it) is cuda:N on a GPU machine; a CPU build raises in C++.
+    Emulated, it is cuda:N, maps to the CPU like any CUDA device, and stays a real torch.device (isinstance, ==,
+    pickling under the name torch.device)."""
+    import io
+    import pickle
+
+    d = torch.device(1)
+    assert d == torch.device("cuda", 1) and isinstance(d, torch.device) and type(d) is emu._REAL_DEVICE
+    assert torch.device("cpu").type == "cpu" and torch.device(type="cuda", index=0).index == 0
+    assert torch.zeros(2, device=torch.device(1)).device.type == "cpu" and emulated_device(
+        torch.zeros(2, device=torch.device(1))) == torch.device("cuda", 1)
+    assert pickle.loads(pickle.dumps(d)) == d
+    buffer = io.BytesIO()
+    torch.save({"device": d}, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer)["device"] == d
+    with pytest.raises(RuntimeError):
+        torch.device(-1)
+
+
 def test_cuda_copies_like_a_host_to_device_copy_but_keeps_parameters(emulated):
     dataset = torch.arange(10.0)
     batch = dataset[2:6].cuda()

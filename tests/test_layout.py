@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_bn_table_p_values_keep_their_figures_and_the_decision_is_explained(caps
 
 
 class _Arm:
-    ctx = object()
+    ctx = SimpleNamespace(ranks={})  # a run with no recorded inputs: not one fixed batch
 
     @staticmethod
     def has(code):

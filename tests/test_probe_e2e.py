@@ -201,6 +201,93 @@ def test_legacy_local_rank_default_minus_one_is_overridden_and_the_run_measured(
     assert "DD108" not in _by_rule(fallback)
 
 
+def test_the_probes_own_local_rank_read_never_clears_dd108(probe) -> None:
+    """ddpdoctor reads LOCAL_RANK inside its own parse_known_args wrapper (the legacy --local_rank override): that
+    read is not the script's, so a script that binds every rank to cuda:0 from --local_rank 0 keeps DD108; its twin
+    that reads LOCAL_RANK after parsing is cleared (issue 20)."""
+    report, _, _ = probe("legacy_local_rank_known_args")
+    f = _by_rule(report)["DD108"]
+    assert not f["evidence"]["reads_local_rank_env"] and f["line"] == 15
+    assert [c["rule"] for c in f["consequences"]] == ["DD105"]
+    good, _, _ = probe("legacy_local_rank_known_args_env")
+    assert "DD108" not in _by_rule(good) and "DD105" not in _by_rule(good)
+
+
+def test_an_installed_apex_without_parallel_crashes_the_run_as_it_does_for_the_user(probe) -> None:
+    """apex is importable (NVIDIA apex after apex.parallel was removed): no stand-in replaces it; the script's
+    AttributeError at the wrap is the finding (issue 20)."""
+    report, _, _ = probe("apex_without_parallel/train")
+    f = _by_rule(report)["DD902"]
+    assert "AttributeError" in f["message"] and "parallel" in f["message"] and f["line"] == 17
+    assert not any("stand-in" in n for n in report["notes"])
+
+
+def test_torch_device_of_an_int_runs_under_emulation_and_an_emulation_gap_is_its_limit(probe) -> None:
+    """`torch.device(local_rank)` is fine on GPUs: emulated, not reported (it raised, and the user was told to fix
+    the script). A call the emulation does not reproduce is reported as the emulation's limit (issue 20)."""
+    report, _, _ = probe("device_from_int")
+    assert not {"DD902", "DD105", "DD904"} & set(_by_rule(report)), [f["rule"] for f in report["findings"]]
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8
+    gap, _, _ = probe("cuda_generator")
+    f = _by_rule(gap)["DD902"]
+    assert "a limit of ddpdoctor's CUDA emulation" in f["message"] and f["line"] == 17, f["message"]
+
+
+def test_a_custom_batch_sampler_is_the_index_source(probe) -> None:
+    """`batch_sampler=` decides the indices; DataLoader's default sampler is unused. A sharding batch sampler
+    measures 0 % shared (no DD302, and the static suspicion, if any, is cleared); one that does not shard is DD302
+    with what it measured (issue 20)."""
+    good, _, _ = probe("data/batch_sampler_sharded")
+    assert "DD302" not in {f["rule"] for f in good["findings"]}, [f["message"] for f in good["findings"]]
+    bad, _, _ = probe("data/batch_sampler_unsharded")
+    f = _by_rule(bad)["DD302"]
+    assert f["evidence"]["overlap_fraction"] == 1.0
+    assert all("ShardedBatches" in v for v in f["evidence"]["index_source"].values()), f["evidence"]
+
+
+def test_repeated_augmentation_is_recognised_by_measurement(probe) -> None:
+    """Each sample on 2 ranks by design, each rank its own augmentation stream: no DD302. The same sampler with
+    the same stream on every rank repeats the work: DD302 (issue 20)."""
+    good, _, _ = probe("data/repeated_views")
+    assert "DD302" not in {f["rule"] for f in good["findings"]}, [f["message"] for f in good["findings"]]
+    bad, _, _ = probe("data/repeated_views_same_seed")
+    assert "DD302" in _by_rule(bad) and "DD304" in {f["rule"] for f in bad["findings"]} | {
+        c["rule"] for f in bad["findings"] for c in f.get("consequences", [])}
+
+
+def test_a_fixed_synthetic_batch_has_no_data_to_call_non_iid(probe) -> None:
+    """One random batch per rank fed at every step (a benchmark, no dataset): the non-i.i.d. test has no sampling
+    noise to test against, so DD203 stays silent and a note says why; fresh batches whose distribution differs by
+    rank are DD203 (issue 20)."""
+    fixed, _, _ = probe("data/fixed_synthetic_batch")
+    assert "DD203" not in {f["rule"] for f in fixed["findings"]}, [f["message"] for f in fixed["findings"]]
+    assert any("DD203 (non-i.i.d. shards) not tested" in n for n in fixed["notes"])
+    shifted, _, _ = probe("data/shifted_synthetic_batches")
+    assert "DD203" in _by_rule(shifted)
+
+
+def test_workers_that_set_cuda_visible_devices_to_their_own_gpu_are_bound(probe) -> None:
+    """The environment the script sets up counts: cuda:0 of a worker whose CUDA_VISIBLE_DEVICES is its own GPU is
+    that GPU. No DD105 (static or probe); the same script giving every worker GPU 0 is DD105 (issue 20)."""
+    own, _, _ = probe("visible_devices_own")
+    assert "DD105" not in {f["rule"] for f in own["findings"]}, [f["message"] for f in own["findings"]]
+    same, _, _ = probe("visible_devices_same")
+    f = _by_rule(same)["DD105"]
+    assert "cuda:0" in f["message"]
+
+
+def test_a_load_that_loads_nothing_ranks_above_small_bn_batches(probe) -> None:
+    """Rank by measured consequence (issue 20): a strict=False load that loaded nothing trains the whole run from
+    random weights — first, above the high DD202 of the same run; loading every key, DD503 is gone."""
+    bad, _, _ = probe("ckpt/strict_false_loads_nothing")
+    rules = [f["rule"] for f in bad["findings"]]
+    assert rules[0] == "DD503" and "DD202" in rules, rules
+    assert bad["findings"][0]["severity"] == "critical"
+    good, _, _ = probe("ckpt/strict_false_loads_all")
+    assert "DD503" not in {f["rule"] for f in good["findings"]} and "DD202" in _by_rule(good)
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

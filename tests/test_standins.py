@@ -54,15 +54,40 @@ def test_finder_defers_to_an_installed_package(clean_imports, tmp_path, monkeypa
     assert hvd.REAL and Path(hvd.__file__).is_relative_to(tmp_path)
 
 
-def test_finder_stands_in_for_the_unrelated_pypi_apex(clean_imports, tmp_path, monkeypatch) -> None:
-    other = tmp_path / "apex"
-    other.mkdir()
-    (other / "__init__.py").write_text("WEB_TOOLKIT = True\n")
+def test_an_installed_apex_without_parallel_is_the_users_and_fails_as_it_does_for_them(
+    clean_imports, tmp_path, monkeypatch
+) -> None:
+    """NVIDIA apex after it removed apex.parallel (or the unrelated PyPI `apex`): the user's environment imports
+    `apex`, so the stand-in never papers over it; `apex.parallel` fails as on the user's machine (DD902 in a run)."""
+    installed = tmp_path / "apex"
+    (installed / "normalization").mkdir(parents=True)
+    (installed / "__init__.py").write_text("INSTALLED = True\n")
+    (installed / "normalization" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from apex import amp, parallel
+    import apex
 
-    assert hasattr(amp, "scale_loss") and hasattr(parallel, "DistributedDataParallel")
-    assert "is not NVIDIA apex" in why_standing_in("apex")
+    assert apex.INSTALLED and not hasattr(apex, "parallel")
+    with pytest.raises(ImportError):
+        from apex import parallel  # noqa: F401
+    assert StandinFinder().find_spec("apex") is None
+
+
+def test_a_librarys_optional_import_never_gets_the_standin(clean_imports, tmp_path, monkeypatch) -> None:
+    """`try: import apex` in an installed library (site-packages) sees what the user's environment gives it: no
+    apex. The script's own import of the same package, when it uses it, gets the stand-in."""
+    lib = tmp_path / "site-packages" / "optlib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(
+        "try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"
+    )
+    monkeypatch.syspath_prepend(str(lib.parent))
+    import optlib
+
+    assert optlib.HAS_APEX is False and "apex" not in sys.modules
+    monkeypatch.delitem(sys.modules, "optlib")
+    from apex import parallel  # the test file is user code
+
+    assert hasattr(parallel, "DistributedDataParallel")
 
 
 def test_finder_defers_to_nvidia_apex(clean_imports, tmp_path, monkeypatch) -> None:

@@ -25,6 +25,7 @@ CASES = {
     "fused_act_keeps": (None, set(), []),
     "frozen_unfrozen": (("confirmed", "DD210", None), {"DD210"}, []),
     "wd_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
+    "optim_wrapper_decay": (("confirmed", "DD209", None), {"DD209"}, []),
     "momentum_schedule_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
     "precise_bn_exact_class": (("confirmed", "DD209", None), {"DD209"}, []),
     "cloning_after_optimizer": (("confirmed", "DD216", None), {"DD216"}, []),
@@ -144,6 +145,10 @@ def test_triage_fixture_verdict(tmp_path_factory: pytest.TempPathFactory, name: 
         assert tri["headline"].startswith("No SyncBN-specific defect found"), tri["headline"]
         answer_ends = min(i for i in (tri["headline"].find(";"), tri["headline"].find(":")) if i > 0)
         assert tri["headline"].index(first["rule"]) > answer_ends, tri["headline"]
+    if name == "momentum_schedule_exact_class":  # a confirmed DD209 names the class test's file:line (issue 20)
+        assert "momentum_schedule_exact_class.py:14: its branch sets momentum at line 15" in first["message"], first
+        dd209 = next(f for f in report["findings"] if f["rule"] == "DD209")
+        assert dd209["line"] == 14 and dd209["file"].endswith("momentum_schedule_exact_class.py"), dd209
     if name == "port_checkpoint":  # a port problem that cannot change accuracy: a row, not the answer
         dd501 = next(c for c in tri["causes"] if c["rule"] == "DD501")
         assert dd501["verdict"] == "both_arms" and "does not change what either arm learns" in dd501["message"]

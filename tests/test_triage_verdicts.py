@@ -48,14 +48,24 @@ def test_triage_relations_are_declared_in_causes():
         assert {(root, "DD213"), (root, "DD214")} <= pairs
 
 
-def test_running_stats_worse_per_rank_are_a_consequence_of_small_batches():
+def test_running_stats_worse_per_rank_are_explained_by_small_batches_but_never_ranked_under_a_ruled_out_row():
+    """Verdicts first (issue 20): the LIKELY rows lead; each says that the small batches (RULED OUT in favour of
+    SyncBN) explain it, and the headline answers with that explanation."""
     causes = [cause("DD213", "likely", "syncbn"), cause("DD214", "likely", "syncbn"),
               cause("DD204", "ruled_out", "syncbn", per_rank_samples=4)]
     fold(causes)
     ranked = rank_causes(causes)
-    assert [c.rule for c in ranked] == ["DD204", "DD213", "DD214"]
-    assert ranked[1].explained_by is ranked[0] and "per-rank batches of 4" in ranked[1].because
-    assert "a consequence of c-DD204 (DD204)" in ranked[1].message
+    assert [c.rule for c in ranked] == ["DD213", "DD214", "DD204"]
+    assert ranked[0].explained_by is None and ranked[0].related is ranked[2]
+    assert "per-rank batches of 4" in ranked[0].because
+    assert "explained by c-DD204 (DD204)" in ranked[0].message
+    assert "(DD204)" in headline(ranked, mirror=False)
+
+
+def test_a_consequence_with_an_equal_verdict_is_still_folded():
+    causes = [cause("DD213", "likely", "syncbn"), cause("DD203", "likely", "syncbn", severity=Severity.HIGH)]
+    fold(causes)
+    assert causes[0].explained_by is causes[1]
 
 
 def test_running_stats_are_not_folded_without_the_evidence():

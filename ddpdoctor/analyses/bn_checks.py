@@ -37,6 +37,12 @@ UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, 
 ROUNDING_SLACK = 64.0
 # a channel is measured when the check can resolve a deviation of this size in its applied statistics
 RESOLUTION = 1e-3
+# running statistics have forgotten their initial values (e^-3 ≈ 5 % left) after this many time constants of the
+# exponential average: 3 / momentum updates. Before that, their lag measures the warm-up, not the training
+WARMUP_TIME_CONSTANTS = 3.0
+# a relative quantity (variance lag, eval-output shift) above this (1e3 %) is measured against a reference near
+# zero: unbounded, not a size
+MAX_RELATIVE = 10.0
 
 
 # --------------------------------------------------------------------------------------------------- conversions
@@ -470,12 +476,19 @@ def population(ctx: Any) -> dict[str, Any] | None:
     """Per layer over ranks: running vs population lag (mean in std, var relative), the population estimate's
     standard error, and the eval-output shift; None when not recorded."""
     lags_m, lags_v, ses, shifts = [], [], [], []
+    updates: list[int] = []
+    needed: list[int] = []
     for proc in ctx.ranks.values():
         ev = proc.last("bn_population")
         if not ev or not ev.get("ok"):
             continue
         if ev.get("eval_output_shift") is not None:
             shifts.append(float(ev["eval_output_shift"]))
+        for layer in ev.get("layers") or []:
+            tracked = layer.get("batches_tracked")
+            updates.append(int(tracked) if tracked is not None else int(ev.get("step") or 0))
+            m = layer.get("momentum")
+            needed.append(math.ceil(WARMUP_TIME_CONSTANTS / float(m)) if m else 1)
         try:
             vec = np.asarray(ctx.run.load_array(ev["stats"]), dtype=np.float64) if ev.get("stats") else None
         except (OSError, ValueError, KeyError):
@@ -499,15 +512,54 @@ def population(ctx: Any) -> dict[str, Any] | None:
                 ses.append(float(np.sqrt(np.mean((means.std(axis=0, ddof=1) / math.sqrt(h * world) / sd) ** 2))))
     if not lags_m:
         return None
-    return {"mean_lag_std": float(np.median(lags_m)), "var_lag_rel": float(np.median(lags_v)),
-            "population_se_std": float(np.median(ses)) if ses else None,
-            "eval_output_shift": float(np.median(shifts)) if shifts else None, "layers": len(lags_m)}
+    out = {"mean_lag_std": float(np.median(lags_m)), "var_lag_rel": float(np.median(lags_v)),
+           "population_se_std": float(np.median(ses)) if ses else None,
+           "eval_output_shift": float(np.median(shifts)) if shifts else None, "layers": len(lags_m),
+           "running_stat_updates": min(updates) if updates else None,
+           "warmup_updates_needed": max(needed) if needed else None}
+    out["lag_not_measurable"] = _lag_not_measurable(out)
+    out["shift_not_measurable"] = _shift_not_measurable(out)
+    return out
+
+
+def _warmup_reason(pop: dict[str, Any]) -> str | None:
+    n, need = pop.get("running_stat_updates"), pop.get("warmup_updates_needed")
+    if n is None or need is None or n >= need:
+        return None
+    return (f"the running statistics had {n} updates, fewer than the {need} (3/momentum) an exponential average "
+            "needs to forget its initial values: their lag measures the warm-up, not the training")
+
+
+def _lag_not_measurable(pop: dict[str, Any]) -> str | None:
+    """Why the running-statistics lag (DD213) of this run is not a measurement, or None: the `measurable?` test."""
+    warm = _warmup_reason(pop)
+    if warm:
+        return warm
+    if pop["var_lag_rel"] > MAX_RELATIVE:
+        return (f"the running variance differs from the population variance by more than {100 * MAX_RELATIVE:.0f}%: "
+                "measured against variances near zero, the relative lag is unbounded")
+    return None
+
+
+def _shift_not_measurable(pop: dict[str, Any]) -> str | None:
+    """Why the eval-output shift (DD214) of this run is not a measurement, or None."""
+    if pop.get("eval_output_shift") is None:
+        return None
+    warm = _warmup_reason(pop)
+    if warm:
+        return warm
+    if pop["eval_output_shift"] > MAX_RELATIVE:
+        return (f"the eval output moved by more than {100 * MAX_RELATIVE:.0f}% of itself: measured against an output "
+                "near zero, the relative shift is unbounded")
+    return None
 
 
 def lag_level(pop: dict[str, Any]) -> str:
     """likely / possible / ruled_out for one run's running-statistics lag (`population`): material against the
     population estimate's own standard error."""
     m, v, se = pop["mean_lag_std"], pop["var_lag_rel"], pop["population_se_std"] or 0.0
+    if pop.get("lag_not_measurable"):
+        return "not_measurable"
     if (m > LAG_LIKELY and m > 3 * se) or v > VAR_LAG_LIKELY:
         return "likely"
     if (m > LAG_POSSIBLE and m > 2 * se) or v > VAR_LAG_POSSIBLE:

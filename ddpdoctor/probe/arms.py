@@ -127,7 +127,12 @@ class _ArmState:
 # ------------------------------------------------------------------------------------------------ seeds
 
 
-def _rank_for_seed() -> int:
+def _rank_for_seed(probe: Probe) -> int | None:
+    """This process's rank as its launcher gave it (RANK, LOCAL_RANK), or None where the environment does not say:
+    the children of a self-spawning script (torch.multiprocessing.spawn) inherit their parent's environment, and
+    learn their rank only when the process group gives it (`seed_for_rank`)."""
+    if probe.role not in ("rank", "attached", "single"):
+        return None
     for key in ("RANK", "LOCAL_RANK"):
         value = os.environ.get(key, "")
         if value.isdigit():
@@ -135,13 +140,7 @@ def _rank_for_seed() -> int:
     return 0
 
 
-def seed_process(probe: Probe) -> None:
-    """Seed Python's and numpy's generators (seed + rank) before the script runs: an unseeded script then draws
-    the same numbers in every arm. The script's own seeding overrides it, as it would any seed."""
-    seed = probe.settings.seed
-    if seed < 0:
-        return
-    value = seed + _rank_for_seed()
+def _seed_all(probe: Probe, value: int) -> None:
     random.seed(value)
     from ddpdoctor.probe.importhook import when_imported
 
@@ -153,13 +152,38 @@ def seed_process(probe: Probe) -> None:
     when_imported("numpy", seed_numpy)
 
 
+def seed_process(probe: Probe) -> None:
+    """Seed Python's and numpy's generators (seed + rank) before the script runs: an unseeded script then draws
+    the same numbers in every arm. The script's own seeding overrides it, as it would any seed. A process whose rank
+    is not known yet is seeded as rank 0 and again by `seed_for_rank` once the process group gives its rank."""
+    seed = probe.settings.seed
+    if seed < 0:
+        return
+    _seed_all(probe, seed + (_rank_for_seed(probe) or 0))
+
+
 def seed_torch(probe: Probe) -> None:
     seed = probe.settings.seed
     if seed < 0:
         return
     import torch
 
-    torch.manual_seed(seed + _rank_for_seed())
+    torch.manual_seed(seed + (_rank_for_seed(probe) or 0))
+
+
+def seed_for_rank(probe: Probe, rank: int) -> None:
+    """The process group gave this process its rank: a process whose rank its environment did not say (a spawned
+    child) is seeded seed + rank now — unless the script seeded a generator itself since it started, which then
+    stands as written (identical streams the script chose are its own, DD304). Without this every spawned child
+    drew from seed + 0: identical random streams on every rank that triage itself had made (a false DD304)."""
+    seed = probe.settings.seed
+    if seed < 0 or _rank_for_seed(probe) is not None or probe.user_seeded:
+        return
+    import torch
+
+    _seed_all(probe, seed + rank)
+    torch.manual_seed(seed + rank)
+    probe.emit("arm_switch", what="seed", arm=probe.settings.arm, count=1, site=None, seed=seed + rank)
 
 
 # ------------------------------------------------------------------------------------------------ install

@@ -54,7 +54,10 @@ Decisions worth knowing:
   run with copies of the buffers that are then dropped. Python attributes a forward sets on the module persist
   from replica 0 (on GPUs, replicas are shallow copies and lose them); DataParallel's check that the module sits on
   device_ids[0] is not made, and the functional `torch.nn.parallel.data_parallel` is not emulated.
-- Not emulated: `torch.device(int)` (raises on a CPU build before any hook can see it), `torch.Generator("cuda")`,
+- `torch.device(int)` (`torch.device(local_rank)`) raises on a CPU build in C++, before any hook can see it: the
+  emulation wraps the constructor (`torch.device` answers calls and isinstance as the real class; an int is
+  cuda:N, as on a GPU machine; devices pickle under the name `torch.device`).
+- Not emulated: `torch.Generator("cuda")`,
   `torch.cuda.FloatTensor(...)` constructors, CUDA graphs, NVML queries (`utilization`, `temperature`),
   profiling CUDA activities, device meshes and DDP's private mixed precision. `torch.compile` works but
   compiles for the CPU (inductor needs a C++ compiler and seconds to tens of seconds per graph).
@@ -1240,6 +1243,48 @@ def _install_module_placement(state: _Emulation, patches: Patcher) -> None:
     patches.setattr(torch.nn.Module, "to", module_to)
 
 
+_REAL_DEVICE = torch.device
+
+
+class _DeviceMeta(type):
+    """`torch.device` as the emulation answers it: `torch.device(int)` is the accelerator's device of that index
+    (cuda:N on a GPU machine) — a CPU build raises "Cannot access accelerator device when none is available" in C++
+    before any hook can see it, so the constructor is wrapped. Everything else is the real class: calls return real
+    `torch.device` objects, `isinstance(x, torch.device)` holds for them."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if (len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0], bool)
+                and args[0] >= 0):
+            return _REAL_DEVICE("cuda", args[0])
+        return _REAL_DEVICE(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _REAL_DEVICE)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return isinstance(sub, type) and issubclass(sub, _REAL_DEVICE)
+
+
+def _install_device_constructor(state: _Emulation, patches: Patcher) -> None:
+    import copyreg
+
+    device = _DeviceMeta("device", (), {"__module__": "torch", "__qualname__": "device",
+                                        "__doc__": _REAL_DEVICE.__doc__})
+    patches.setattr(torch, "device", device)
+    # pickle looks a class up by name and insists on the very object: devices pickle as calls of the name that
+    # now holds the wrapper (a file written here loads anywhere as torch.device(...))
+    previous = copyreg.dispatch_table.get(_REAL_DEVICE)
+    copyreg.dispatch_table[_REAL_DEVICE] = lambda d: (device, (d.type, d.index) if d.index is not None else (d.type,))
+
+    def restore() -> None:
+        if previous is None:
+            copyreg.dispatch_table.pop(_REAL_DEVICE, None)
+        else:
+            copyreg.dispatch_table[_REAL_DEVICE] = previous
+
+    patches.add_undo(restore)
+
+
 def _install_threads(state: _Emulation, patches: Patcher) -> None:
     orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
@@ -1346,4 +1391,5 @@ def _install_all(state: _Emulation, patches: Patcher) -> None:
     _install_serialization(state, patches)
     _install_tensor_methods(state, patches)
     _install_module_placement(state, patches)
+    _install_device_constructor(state, patches)
     _install_threads(state, patches)

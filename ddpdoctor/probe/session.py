@@ -438,7 +438,7 @@ class Probe:
         self.epoch = 0
         self.ddp_forward_depth = 0
         self.quiet_steps = 0  # > 0 while a library takes optimizer steps of its own (not the script's training)
-        self.recording = 0  # > 0 while recorder code runs (probe.safely): what it does is not the script's
+        self._own = threading.local()  # per thread: depth of ddpdoctor's own work (recorder code, own forwards)
         self.counters = {"ddp_forwards": 0, "bypass_forwards": 0, "train_batches": 0}
         self.backward_calls = 0  # backward passes of the whole process (optim_health counts them)
         self.training_site_epochs: dict[tuple[str, int], int] = {}
@@ -448,6 +448,7 @@ class Probe:
         # > 0 while ddpdoctor runs its own forwards (in-process checks on copies of the user's layers): the
         # recorders of the user's run ignore them
         self.quiet = 0
+        self.user_seeded = False  # the script seeded a generator itself (recorders/rng.py; arms.seed_for_rank)
         self._errors: dict[str, int] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(
@@ -480,16 +481,40 @@ class Probe:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
             self.emit("internal_error", where=where, error=f"{type(exc).__name__}: {exc}", traceback=tb)
 
+    # -- ddpdoctor's own work is never the script's
+    @property
+    def recording(self) -> int:
+        """> 0 while ddpdoctor's own code runs in this thread (recorder code under `safely`, the probe's own
+        forwards under `own_work`): whatever it reads, writes or calls then is ddpdoctor's, not the script's."""
+        return getattr(self._own, "depth", 0)
+
+    def _enter_own(self) -> None:
+        self._own.depth = getattr(self._own, "depth", 0) + 1
+
+    def _leave_own(self) -> None:
+        self._own.depth = getattr(self._own, "depth", 1) - 1
+
+    def observe(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an interceptor's recorder code for a call the *script* made: skipped (None) when the call came from
+        ddpdoctor's own work in this thread — the legacy --local_rank override reading LOCAL_RANK inside the
+        argparse wrapper, a recorder calling os.environ or torch on the user's behalf, the probe's own checks — so
+        that nothing ddpdoctor does is ever attributed to a line of the user's code. Interceptors that record what
+        the script did call this instead of `safely`."""
+        if self.recording:
+            return None
+        return self.safely(where, fn, *args, **kwargs)
+
     def safely(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run recorder code; its failure becomes an internal_error event instead of the user's problem."""
-        self.recording += 1
+        """Run recorder code; its failure becomes an internal_error event instead of the user's problem. While it
+        runs, the probe's interceptors see ddpdoctor's own work (`observe`)."""
+        self._enter_own()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             self.internal_error(where, exc)
             return None
         finally:
-            self.recording -= 1
+            self._leave_own()
 
     def site(self) -> dict[str, Any] | None:
         """Where in user code the current call came from (the probe's own frames are never user code)."""

@@ -24,6 +24,7 @@ class Report:
     # `ddpdoctor triage`: the JSON `triage` object (SPEC "triage"), and what only the text report shows
     triage: dict[str, Any] | None = None
     triage_text: dict[str, Any] = field(default_factory=dict)
+    measured: bool = True  # False: a triage whose arms measured nothing (it claims nothing, and exits non-zero)
 
     def ranked(self) -> list[Finding]:
         return rank_findings(self.findings)
@@ -60,4 +61,6 @@ class Report:
         """1 when a finding is at or above `fail_on` (None: never, as `--exit-zero`), else 0."""
         if fail_on is None:
             return 0
+        if not self.measured:
+            return 1  # a triage that measured nothing never passes a gate
         return 1 if any(f.severity >= fail_on for f in self.findings) else 0

@@ -160,6 +160,9 @@ def _triage(console: Lines, report: Report) -> None:
     console.print(Padding(facts, (0, 0, 0, 2)))
     causes = tri.get("causes") or []
     if not causes:
+        if report.notes:
+            console.print()
+            _notes(console, report)
         return
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     table.add_column("#", justify="right", no_wrap=True)
@@ -188,6 +191,9 @@ def _triage(console: Lines, report: Report) -> None:
         fix.append("fix: ", style="bold green")
         fix.append(str(c.get("fix")))
         console.print(Padding(fix, (0, 0, 0, INDENT)))
+    if report.notes:  # the verdicts first: notes (emulation, redirected writes...) after them
+        console.print()
+        _notes(console, report)
 
 
 def render_rules_text(*, color: bool, width: int | None = None) -> str:
@@ -229,6 +235,11 @@ def _header(console: Lines, report: Report) -> None:
     title.append(" ".join([report.script, *(shlex.quote(a) for a in report.args)]))
     console.print(title)
     console.print(Text(environment_line(report.environment), style="dim"))
+    if report.triage is None:  # a triage prints its verdicts first, its notes after them (_triage)
+        _notes(console, report)
+
+
+def _notes(console: Lines, report: Report) -> None:
     for note in report.notes:
         console.print(Padding(Text(f"note: {note}"), (0, 0, 0, 2)))
 

@@ -221,6 +221,8 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
     for kind, items in groups.items():
         first = items[0]
         what = f"{attribute(first['key'])} {value(first['a'])} with SyncBN vs {value(first['p'])} without"
+        where = class_test_site(a.ctx, p.ctx, SETTER_ATTR.get(first["key"], first["key"])) if kind in (
+            "hyper", "frozen_by_code") else None
         if kind == "optimizer":
             cause, rule = "bn-type-check-misses-syncbn", "DD209"
             text = (f"the optimizer treats {layers_text(items)} differently once they are SyncBatchNorm ({what}, "
@@ -240,9 +242,15 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
                     f"step {first['step']}): code that freezes norm layers by exact class skips SyncBatchNorm")
         measured = {"summary": what, "layers": [{k: i[k] for k in ("layer", "step", "key", "a", "p")}
                                                  for i in items][:16], "compared": "arm A vs arm P at each step"}
+        test = (where or {}).get("test") or {}
+        if where is not None:
+            measured["class_test"] = where
+            text += (f" — the class test at {a.ctx.at(where['test'])}: its branch sets {where['attr']} at line "
+                     f"{where['set']['line']} for plain BatchNorm (arm P) and never for SyncBatchNorm (arm A)")
         out.append(Cause(cause=cause, rule=rule, verdict="confirmed", favours="fix_conversion", measured=measured,
                          message=text, fix=get_rule(rule).fix, severity=get_rule(rule).severity,
-                         magnitude=float(len(items))))
+                         magnitude=float(len(items)), file=a.ctx.where(test)[0] if test else None,
+                         line=test.get("line")))
     if recal:
         first = recal[0]
         text = (f"{len(recal)} BN layer{'s' if len(recal) != 1 else ''} ran {first['a']} train-mode forwards without "
@@ -257,3 +265,47 @@ def attribute_causes(a: Arm, p: Arm, already: list[Cause]) -> list[Cause]:
                          magnitude=float(len(recal))))
     return out
 
+
+# the `bn_attr_set` attribute that changes each compared attribute
+SETTER_ATTR = {"momentum": "momentum", "eps": "eps", "training": "training", "weight_requires_grad": "requires_grad",
+               "bias_requires_grad": "requires_grad"}
+
+
+def class_test_site(a: RunContext, p: RunContext, attr: str) -> dict[str, Any] | None:
+    """Where the script's exact-class test is: a line of its own code that set `attr` on BatchNorm layers in arm P
+    (plain BN) and never in arm A (SyncBN) runs only for the plain class; the `if` whose branch holds that line is
+    the test (read from the source, when it is there). {"attr", "set": site, "test": site} or None."""
+    def sites(ctx: RunContext) -> dict[tuple[str, int], dict[str, Any]]:
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for proc in ctx.ranks.values():
+            for e in proc.of("bn_attr_set"):
+                site = e.get("site") or {}
+                if e.get("attr") == attr and site.get("file"):
+                    out.setdefault((site["file"], int(site.get("line") or 0)), site)
+        return out
+
+    in_a, in_p = sites(a), sites(p)
+    only_p = [site for key, site in sorted(in_p.items()) if key not in in_a]
+    if not only_p:
+        return None
+    setter = only_p[0]
+    test = _enclosing_if(setter["file"], int(setter.get("line") or 0)) or setter
+    return {"attr": attr, "set": setter, "test": test}
+
+
+def _enclosing_if(path: str, line: int) -> dict[str, Any] | None:
+    """The innermost `if` (or conditional expression's statement) whose body holds `line`, as a site."""
+    import ast
+    from pathlib import Path
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.body:
+            start, end = node.body[0].lineno, max(getattr(n, "end_lineno", n.lineno) or n.lineno for n in node.body)
+            if start <= line <= end and (best is None or node.lineno > best.lineno):
+                best = node
+    return None if best is None else {"file": path, "line": best.lineno, "function": None}

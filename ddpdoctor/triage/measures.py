@@ -26,6 +26,7 @@ from ddpdoctor.formatting import fmt_p
 from ddpdoctor.rules import get_rule
 from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
 from ddpdoctor.rules.dd203_non_iid_shards import MATERIAL_EFFECT
+from ddpdoctor.rules.dd203_non_iid_shards.probe import fixed_batch
 from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
 from ddpdoctor.rules.dd214_bn_train_test_inconsistency import (
     SHIFT_LIKELY,
@@ -164,8 +165,8 @@ def noniid_cause(a: Arm) -> Cause | None:
                      message=f.message + " — SyncBN is right to normalise over the union of the shards; the "
                      "regression is elsewhere (or in the data itself)", fix=f.fix, severity=f.severity,
                      magnitude=f.magnitude, file=f.file, line=f.line, source=f)
-    if test is None or test.p_value is None:
-        return None
+    if test is None or test.p_value is None or (test.non_iid and fixed_batch(a.ctx)):
+        return None  # one fixed batch per rank: no sampling noise to test the ranks against, no row
     p_text = f"p = {fmt_p(test.p_value)}"
     if test.non_iid:
         # significant, yet DD203 stayed silent: the ranks' means differ by too little to matter (its
@@ -210,11 +211,27 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
         return []
     out = []
 
+    def label(k: str) -> str:
+        return "L" if renamed and k == "P" else k
+
+    # the `measurable?` test of each quantity, per arm (ddpdoctor.analyses.bn_checks.population): an arm whose
+    # running statistics are still warming up, or whose relative numbers are unbounded, gives no size, and arms are
+    # only compared where each gives one
+    lag_why = {k: x["lag_not_measurable"] for k, x in pops.items() if x.get("lag_not_measurable")}
+    shift_why = {k: x["shift_not_measurable"] for k, x in pops.items() if x.get("shift_not_measurable")}
+    if lag_why:
+        out.append(_not_measurable("stale-running-stats", "DD213", lag_why, pops, label, Severity.INFO))
+    if shift_why:
+        out.append(_not_measurable("bn-train-test-inconsistency", "DD214", shift_why, pops, label, Severity.LOW))
+    if lag_why and shift_why:
+        return out
+
     def decide(values: dict[str, float], material: dict[str, str]) -> tuple[str, str]:
         """(verdict, favours) from per-arm sizes and per-arm verdicts."""
-        worst = max(material.values(), key=lambda x: {"ruled_out": 0, "possible": 1, "likely": 2}[x])
-        if worst == "ruled_out":
-            return "ruled_out", "none"
+        worst = max(material.values(),
+                    key=lambda x: {"not_measurable": -1, "ruled_out": 0, "possible": 1, "likely": 2}[x])
+        if worst in ("ruled_out", "not_measurable"):
+            return worst, "none"
         if paired and "A" in values and "P" in values:
             xa, xp = values["A"], values["P"]
             if xa > CLEAR_DIFFERENCE * xp and material.get("A") != "ruled_out":
@@ -230,25 +247,23 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
     worst = max(pops.items(), key=lambda kv: size[kv[0]])
     m, v, se = worst[1]["mean_lag_std"], worst[1]["var_lag_rel"], worst[1]["population_se_std"] or 0.0
 
-    def label(k: str) -> str:
-        return "L" if renamed and k == "P" else k
-
     text = "; ".join(f"arm {label(k)}: mean {fmt_num(x['mean_lag_std'])} std, var {fmt_num(100 * x['var_lag_rel'])}%"
                      for k, x in sorted(pops.items()))
     tail = {"ruled_out": ": no material lag",
             "both_arms": ": both arms lag alike, so it cannot explain a gap between them (early training moves the "
             "weights faster than the running averages follow)",
             }.get(verdict, f": arm {label(worst[0])}'s running statistics lag the current weights")
-    out.append(Cause(cause="stale-running-stats", rule="DD213", verdict=verdict, favours=favours,
-                     measured={"summary": f"lag {fmt_num(m)} std, var {fmt_num(100 * v)}% (arm {label(worst[0])})",
-                               "per_arm": {label(k): bc.rounded(x) for k, x in pops.items()},
-                               "population_se_std": rounded(se)},
-                     message=(f"running statistics against PreciseBN population statistics recomputed at the final "
-                              f"weights on held training batches (median over layers; {text}; population estimate "
-                              f"±{fmt_num(se)} std){tail}"),
-                     fix=get_rule("DD213").fix, severity=Severity.INFO, magnitude=m))
+    if not lag_why:
+        out.append(Cause(cause="stale-running-stats", rule="DD213", verdict=verdict, favours=favours,
+                         measured={"summary": f"lag {fmt_num(m)} std, var {fmt_num(100 * v)}% (arm {label(worst[0])})",
+                                   "per_arm": {label(k): bc.rounded(x) for k, x in pops.items()},
+                                   "population_se_std": rounded(se)},
+                         message=(f"running statistics against PreciseBN population statistics recomputed at the "
+                                  f"final weights on held training batches (median over layers; {text}; population "
+                                  f"estimate ±{fmt_num(se)} std){tail}"),
+                         fix=get_rule("DD213").fix, severity=Severity.INFO, magnitude=m))
     shifts = {k: x["eval_output_shift"] for k, x in pops.items() if x.get("eval_output_shift") is not None}
-    if shifts:
+    if shifts and not shift_why:
         levels = {k: "likely" if s > SHIFT_LIKELY else "possible" if s > SHIFT_POSSIBLE else "ruled_out"
                   for k, s in shifts.items()}
         verdict, favours = decide(shifts, levels)
@@ -265,3 +280,17 @@ def running_stats_causes(arms: list[Arm], paired: bool) -> list[Cause]:
                          fix=get_rule("DD214").fix, severity=Severity.LOW, magnitude=s))
     return out
 
+
+def _not_measurable(cause: str, rule: str, why: dict[str, str], pops: dict[str, Any], label: Any,
+                    severity: Severity) -> Cause:
+    """A NOT MEASURABLE row: the quantity's own `measurable?` test failed in these arms (the reason, per arm)."""
+    reasons = "; ".join(f"arm {label(k)}: {r}" for k, r in sorted(why.items()))
+    k = next(iter(why))
+    n, need = pops[k].get("running_stat_updates"), pops[k].get("warmup_updates_needed")
+    short = (f"not measurable: {n} of {need} warm-up updates" if n is not None and need is not None and n < need
+             else f"not measurable: unbounded (over {100 * bn_checks.MAX_RELATIVE:.0f}%)")
+    return Cause(cause=cause, rule=rule, verdict="not_measurable", favours="none",
+                 measured={"summary": short, "reason": {label(a): r for a, r in why.items()}},
+                 message=f"not measured on this run — {reasons}; run more steps (triage --steps/--epochs) to "
+                 "measure it",
+                 fix=get_rule(rule).fix, severity=severity)

@@ -66,6 +66,9 @@ class Cause:
     source: Finding | None = None  # the finding it was decided from, when there is one
     explained_by: Cause | None = field(default=None, repr=False)  # folded under this cause (ddpdoctor.causes)
     because: str | None = None
+    # explained by this cause, which ranks below it (a weaker verdict): named in the message, never folded under it
+    # — no RULED OUT row heads LIKELY ones
+    related: Cause | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause, "rule": self.rule, "verdict": self.verdict, "favours": self.favours,
@@ -101,6 +104,7 @@ class TriageResult:
     emulated: bool
     mirror: bool
     notes: list[str] = field(default_factory=list)
+    measured: bool = True  # False: no arm took an optimizer step; the triage claims nothing and exits non-zero
 
     def to_json(self) -> dict[str, Any]:
         return {"arms": self.arms, "paired": self.paired, "headline": self.headline,

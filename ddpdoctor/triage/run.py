@@ -237,16 +237,23 @@ def assemble(base: Path, layout: dict[str, Any], check: CheckConfig, static: lis
     triage_json = _triage_json(result, written, arms, mirror)
     report = Report(script=wa.script, args=tuple(wa.args), environment=dict(wa.environment),
                     findings=tuple(kept), notes=tuple(notes), tables=wa.tables, base_dir=wa.base_dir,
-                    triage=triage_json, triage_text=_text_extras(result, arms))
+                    triage=triage_json, triage_text=_text_extras(result, arms),
+                    measured=result.measured if result is not None else not _stopped(written))
     return report, {"triage": triage_json, "pairing": result.pairing if result is not None else None}
+
+
+def _stopped(written: Any) -> bool:
+    """The as-written arm failed (or stopped) without a step: nothing was measured."""
+    return written.steps == 0 and any(f.rule in ("DD901", "DD902", "DD904") for f in written.findings)
 
 
 def _triage_json(result: Any, written: Any, arms: list[Any], mirror: bool) -> dict[str, Any]:
     if result is None:
         failed = [f for f in written.findings if f.rule in ("DD901", "DD902")]
         if failed:
-            headline = (f"The run as written failed before any BatchNorm layer was recorded ({failed[0].rule} "
-                        f"{failed[0].name}), so no arm could be compared: fix that first.")
+            headline = (f"Nothing measured: the run as written failed before any BatchNorm layer was recorded "
+                        f"({failed[0].rule} {failed[0].name}), so no arm could be compared and triage claims "
+                        "nothing — fix that first.")
         else:
             headline = ("The script uses no BatchNorm layer: there is nothing for SyncBN to change, so triage does "
                         "not apply.")

@@ -110,6 +110,12 @@ def fold(causes: list[Cause], script: str | None = None, ranks: Any = ()) -> Non
     parents = explained_by([f for _, f in pairs])
     for j, (i, because) in parents.items():
         c, root = pairs[j][0], pairs[i][0]
+        if tier(c) < tier(root):
+            # verdicts first: a LIKELY cause is never folded under (and ranked after) a RULED OUT or weaker one;
+            # the explanation still says what explains it
+            c.related, c.because = root, because
+            c.message += f" — explained by {root.cause} ({root.rule}): {because}"
+            continue
         c.explained_by, c.because = root, because
         c.message += f" — a consequence of {root.cause} ({root.rule}): {because}"
     for c in causes:
@@ -192,6 +198,8 @@ def headline(causes: list[Cause], mirror: bool) -> str:
     favouring = next((c for c in bn if c.favours == "syncbn" and c.verdict in ("likely", "possible", "ruled_out")),
                      None)
     if favouring is not None and (top is favouring or top is None or top.favours in ("syncbn", "none")):
+        if favouring.related is not None and favouring.related.favours == "syncbn":
+            favouring = favouring.related  # what explains it is the answer (small per-rank batches, say)
         reason = REASONS.get(favouring.rule or "", favouring.cause)
         if mirror:
             return (f"{prefix} in the conversion; SyncBN would likely help here: {reason} ({favouring.rule})"
@@ -213,12 +221,35 @@ def headline(causes: list[Cause], mirror: bool) -> str:
 # --------------------------------------------------------------------------------------------------- triage
 
 
+STOPPED = ("DD901", "DD902", "DD904")  # why a run stopped before it measured anything
+
+
+def nothing_measured(arms: list[Arm]) -> str | None:
+    """The headline of a triage whose arms all stopped before their first optimizer step, or None: every cause
+    triage decides compares what the arms did while training, so such a run claims nothing (SPEC: no verdict from
+    a measurement that did not happen)."""
+    if not arms or any(arm.steps > 0 for arm in arms):
+        return None
+    why = []
+    for arm in arms:
+        stop = next((f for f in arm.findings if f.rule in STOPPED), None)
+        why.append(f"arm {arm.name}: " + (f"{stop.rule} {stop.name}" if stop is not None else "no optimizer step"))
+    return ("Nothing measured: every arm stopped before its first optimizer step (" + "; ".join(why) + "), so "
+            "triage claims nothing about SyncBN or the conversion — fix that first and run triage again.")
+
+
 def triage(arms: list[Arm], settings: Any) -> TriageResult:
     by_name = {arm.name: arm for arm in arms}
     a, p = by_name.get("A"), by_name.get("P")
     written = next((arm for arm in arms if arm.as_written), arms[0])
     mirror = written.name == "P"
     paired, pair_info = pairing(arms)
+    arms_json = [{"name": arm.name, "what": arm.what, "steps": arm.steps} for arm in arms]
+    emulated = any(e.get("cuda_emulated") for arm in arms for _, e in arm.ctx.run.events("torch_ready"))
+    nothing = nothing_measured(arms)
+    if nothing is not None:
+        return TriageResult(arms=arms_json, paired=False, pairing={"reason": "no arm took an optimizer step"},
+                            headline=nothing, causes=[], emulated=emulated, mirror=mirror, measured=False)
     causes: list[Cause] = []
     notes: list[str] = []
     if a is not None:
@@ -250,8 +281,6 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
     if not paired:
         notes.append(f"arms not paired: {pair_info.get('reason')}; statistics comparing the arms are not used")
     ranked = rank_causes(causes)
-    arms_json = [{"name": arm.name, "what": arm.what, "steps": arm.steps} for arm in arms]
-    emulated = any(e.get("cuda_emulated") for arm in arms for _, e in arm.ctx.run.events("torch_ready"))
     return TriageResult(arms=arms_json, paired=paired, pairing=pair_info, headline=headline(ranked, mirror),
                         causes=ranked, emulated=emulated, mirror=mirror, notes=notes)
 

@@ -1,7 +1,8 @@
 """Triage recorder (only in `ddpdoctor triage` arms): what the arms are compared on.
 
-- Pairing (`triage_pairing`): a digest of the parameters the first optimizer step starts from, and of the inputs
-  of the first training forwards through DDP. Equal digests on the same rank of two arms mean the arms started from
+- Pairing (`triage_pairing`): a digest of the parameters the model holds at its first training forward through DDP
+  (at the first optimizer step where no DDP forward came first), and of the inputs of the first training forwards
+  through DDP. Equal digests on the same rank of two arms mean the arms started from
   the same weights and saw the same batches (seeds, data order and augmentation included).
 - Per-sample channel moments (`bn_samples`): for every gradient-enabled training forward of every BatchNorm
   layer, the biased variance of the input over the batch and the variance across samples of the per-sample channel
@@ -72,6 +73,8 @@ def install(probe: Probe) -> None:
 
     probe.patcher.wrap(DDP, "forward", make_forward)
 
+    _install_setters(probe, _BatchNorm)
+
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -93,6 +96,60 @@ def install(probe: Probe) -> None:
         probe.safely("bn population", _population, probe, state, torch, _BatchNorm)
 
     probe.end_hooks.append(on_end)
+
+
+# ------------------------------------------------------------------------------------------------ setters
+
+SETTER_SITES = 32  # distinct (attribute, line) places recorded per process
+SET_ATTRS = ("momentum", "eps")
+
+
+def _install_setters(probe: Probe, _BatchNorm: type) -> None:
+    """Where the script's own code changes a BatchNorm layer's momentum/eps, mode (`m.eval()`) or requires_grad
+    (`m.requires_grad_(False)`) directly: code that picks the layers by exact class runs these lines for plain
+    BatchNorm and skips them for SyncBatchNorm, so comparing the arms' `bn_attr_set` sites names the line of the
+    class test (DD209 file:line). Only calls made from user code; ddpdoctor's own are not the script's."""
+    import sys
+
+    from ddpdoctor.probe.session import is_user_file
+
+    seen: set[tuple[str, str, int]] = set()
+
+    import torch.nn.modules.module as module_py
+
+    def note(module: Any, attr: str, frame: Any) -> None:
+        while frame is not None and frame.f_code.co_filename == module_py.__file__:
+            frame = frame.f_back  # `m.eval()` is Module.train(False): the line is the one that called eval
+        if frame is None or probe.ending or probe.quiet or not is_user_file(frame.f_code.co_filename):
+            return
+        key = (attr, frame.f_code.co_filename, frame.f_lineno)
+        if key in seen or len(seen) >= SETTER_SITES:
+            return
+        seen.add(key)
+        probe.emit("bn_attr_set", attr=attr, cls=type(module).__name__, step=probe.steps,
+                   site={"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
+
+    def make_setattr(orig):
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if name in SET_ATTRS:
+                probe.observe("bn attr set", note, self, name, sys._getframe(1))
+            orig(self, name, value)
+
+        return __setattr__
+
+    def make_method(attr: str):
+        def make(orig):
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                probe.observe("bn attr set", note, self, attr, sys._getframe(1))
+                return orig(self, *args, **kwargs)
+
+            return method
+
+        return make
+
+    probe.patcher.wrap(_BatchNorm, "__setattr__", make_setattr)
+    probe.patcher.wrap(_BatchNorm, "train", make_method("training"))
+    probe.patcher.wrap(_BatchNorm, "requires_grad_", make_method("requires_grad"))
 
 
 # ------------------------------------------------------------------------------------------------ pairing
@@ -139,6 +196,15 @@ def _initial_params(probe: Probe, optimizer: Any, torch: Any) -> None:
 
 def _ddp_forward(probe: Probe, state: _State, ddp: Any, args: Any, kwargs: Any, torch: Any) -> None:
     state.model = ddp.module
+    if not state.initial_done:
+        # the weights the model holds at its first training forward: what the arms start from. At the first
+        # optimizer step they may already carry what a wrapper did before torch's step (fastai's OptimWrapper
+        # decays weights itself, by layer class: a converted layer is decayed differently), which is a result of
+        # the arms' difference, not a sign that they were not paired
+        state.initial_done = True
+        named = sorted(ddp.module.named_parameters(), key=lambda kv: kv[0])
+        probe.emit("triage_pairing", what="initial_params", source="first_forward", tensors=len(named),
+                   digest=_digest_tensors([p for _, p in named]), step=probe.steps)
     tensors = _tensors_in((args, kwargs), [], torch)
     state.forwards += 1
     if state.forwards <= PAIRING_FORWARDS:

@@ -149,7 +149,7 @@ def install(probe: Probe) -> None:
     def make_load(orig):
         def load_state_dict(self, state_dict: Any, strict: bool = True, *args: Any, **kwargs: Any) -> Any:
             # an override calling super().load_state_dict: the outer call counts
-            if depth["n"] or probe.ending or probe.quiet:
+            if depth["n"] or probe.ending or probe.quiet or probe.recording:
                 return orig(self, state_dict, strict, *args, **kwargs)
             site = probe.site()
             depth["n"] += 1

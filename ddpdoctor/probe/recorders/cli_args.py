@@ -106,7 +106,7 @@ def _install_env_reads(probe: Probe) -> None:
     def make_getitem(orig):
         def __getitem__(self: Any, key: Any) -> Any:
             if key in ENV_VARS:
-                probe.safely("env_read", note, key, "getitem")
+                probe.observe("env_read", note, key, "getitem")
             return orig(self, key)
 
         return __getitem__
@@ -114,7 +114,7 @@ def _install_env_reads(probe: Probe) -> None:
     def make_contains(orig):
         def __contains__(self: Any, key: Any) -> bool:
             if key in ENV_VARS:
-                probe.safely("env_read", note, key, "contains")
+                probe.observe("env_read", note, key, "contains")
             return orig(self, key)
 
         return __contains__

@@ -45,6 +45,22 @@ def _kind(sampler: Any) -> str:
     return "other"
 
 
+def index_sampler(loader: Any) -> Any:
+    """What decides the indices a DataLoader draws: its sampler — unless it was given a `batch_sampler=`, whose
+    batches are the indices (DataLoader's `sampler` is then an unused default SequentialSampler). torch's own
+    BatchSampler is its inner sampler's order in chunks (that sampler decides); any other batch sampler (a custom
+    distributed or grouped one) decides itself."""
+    from torch.utils.data import BatchSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(loader, "sampler", None)
+    if batch_sampler is None:
+        return sampler
+    if type(batch_sampler) is BatchSampler:
+        return getattr(batch_sampler, "sampler", None) or sampler
+    return batch_sampler
+
+
 def _len(obj: Any) -> int | None:
     try:
         return int(len(obj))
@@ -368,7 +384,7 @@ def _loader_created(probe: Probe, state: _State, loader: Any) -> None:
     lid = probe.registry.id_of(loader)
     site = probe.site()
     state.loader_sites[id(loader)] = (weakref.ref(loader), site)
-    sampler = getattr(loader, "sampler", None)
+    sampler = index_sampler(loader)
     smap = subset_map(loader.dataset)
     subset = None
     if smap.depth:
@@ -417,7 +433,7 @@ def _loader_iter(
         probe.open_training_iterations += 1
     state.iterations[id(it)] = cur
     state.by_loader[lid] = cur
-    sampler = getattr(loader, "sampler", None)
+    sampler = index_sampler(loader)
     batch_sampler = getattr(loader, "batch_sampler", None)
     probe.emit(
         "loader_iter",
@@ -435,6 +451,8 @@ def _loader_iter(
         sampler_cls=type(sampler).__name__ if sampler is not None else None,
         sampler_kind=_kind(sampler) if sampler is not None else None,
         batch_sampler_cls=type(batch_sampler).__name__ if batch_sampler is not None else None,
+        sampler_len=_len(sampler) if sampler is not None else None,
+        sampler_yields="batches" if sampler is not None and sampler is batch_sampler else "indices",
         grad_enabled=grad,
         created_site=(state.loader_sites.get(id(loader)) or (None, None))[1],
     )

@@ -49,12 +49,17 @@ def install(probe: Probe) -> None:
         return __init__
 
     inputs_seen: set[int] = set()
+    digests: dict[int, int] = {}
 
     def make_forward(orig):
         def forward(self, *inputs: Any, **kwargs: Any) -> Any:
             if id(self) not in inputs_seen and self.training and not probe.ending:
                 inputs_seen.add(id(self))
                 probe.safely("ddp_inputs", _inputs, probe, self, inputs, kwargs)
+            if (self.training and torch.is_grad_enabled() and not probe.ending and not probe.quiet
+                    and digests.get(id(self), 0) < INPUT_DIGESTS):
+                digests[id(self)] = digests.get(id(self), 0) + 1
+                probe.safely("ddp_input_digest", _input_digest, probe, self, inputs, kwargs, digests[id(self)])
             probe.ddp_forward_depth += 1
             try:
                 out = orig(self, *inputs, **kwargs)
@@ -149,13 +154,28 @@ def placement(obj: Any) -> str | None:
     if not torch.is_tensor(target):
         return None
     if target.device.type != "cpu":
-        return str(target.device)
+        return node_device(target.device)
     try:
         from ddpdoctor.probe import emulation
     except Exception:  # noqa: BLE001 - no emulation: the CPU is where it is
         return "cpu"
     device = emulation.emulated_device(target) if emulation.emulation_active() else None
-    return str(device) if device is not None else "cpu"
+    return node_device(device) if device is not None else "cpu"
+
+
+def node_device(device: Any) -> str:
+    """A CUDA device as the node numbers its GPUs: cuda:i of a process whose CUDA_VISIBLE_DEVICES lists GPUs is the
+    i-th of them (a worker that sets CUDA_VISIBLE_DEVICES to its own GPU and uses cuda:0 is on that GPU, not on
+    the node's GPU 0). Other devices as torch names them."""
+    import os
+
+    text = str(device)
+    if getattr(device, "type", None) != "cuda" or device.index is None:
+        return text
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible or not 0 <= device.index < len(visible):
+        return text
+    return f"cuda:{visible[device.index]}"
 
 
 def _first_tensor(value: Any, depth: int = 0) -> Any:
@@ -170,6 +190,26 @@ def _first_tensor(value: Any, depth: int = 0) -> Any:
             if t is not None:
                 return t
     return None
+
+
+INPUT_DIGESTS = 4  # training forwards per DDP whose input is digested (a fixed batch reused every step: DD203)
+DIGEST_VALUES = 4096  # values of the input sampled (evenly strided) into the digest
+
+
+def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int) -> None:
+    """A digest of the first input tensor of the n-th training forward: equal digests at every step mean the model
+    is fed one fixed batch (a synthetic benchmark), not batches drawn from data."""
+    import hashlib
+
+    tensor = _first_tensor(list(inputs) + list(kwargs.values()))
+    if tensor is None:
+        return
+    flat = tensor.detach().reshape(-1)
+    flat = flat[:: max(1, flat.numel() // DIGEST_VALUES)].cpu().contiguous()
+    h = hashlib.blake2b(digest_size=12)
+    h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
+    h.update(flat.float().numpy().tobytes() if flat.numel() else b"")
+    probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest())
 
 
 def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:

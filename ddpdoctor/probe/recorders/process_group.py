@@ -202,6 +202,9 @@ def _after_init(probe: Probe, state: _State, info: dict[str, Any], seconds: floa
 
     probe.rank = dist.get_rank()
     probe.world_size = dist.get_world_size()
+    from ddpdoctor.probe.arms import seed_for_rank
+
+    seed_for_rank(probe, probe.rank)  # a spawned child learns its rank here (triage seeds seed + rank)
     try:
         state.store = dist.distributed_c10d._get_default_store()
     except Exception:

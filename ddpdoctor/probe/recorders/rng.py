@@ -140,6 +140,8 @@ def _install_seed_calls(probe: Probe) -> None:
     def make_seed(which: str):
         def make(orig):
             def seed(*args: Any, **kwargs: Any) -> Any:
+                if not probe.ending and is_user_file(sys._getframe(1).f_code.co_filename):
+                    probe.user_seeded = True  # the script seeds itself: triage's per-rank seed stands aside (arms)
                 if counts["n"] < SEED_CALLS_RECORDED and not probe.ending:
                     caller = sys._getframe(1)
                     if is_user_file(caller.f_code.co_filename):  # DataLoader workers seed from torch's own code

@@ -9,9 +9,15 @@ CPU, NCCL with the CUDA tensors of a GPU run), with the semantics of the origina
 (what is averaged, what is broadcast, what is copied, which misuse raises). Each stand-in says so in the run (a
 `standin` event; the report adds a note), and the README lists where they differ from the originals.
 
-The real package always wins: asked for `horovod` or `apex`, the finder first asks every other finder, and stands in
-only when none finds the package, or (apex) when the one found is not NVIDIA apex (an installed `apex` without
-`apex.parallel` / `apex.amp` is the unrelated PyPI package).
+A stand-in only replaces what the user's environment cannot import at all, and only for the user's own code:
+
+- The real package always wins: asked for `horovod` or `apex`, the finder first asks every other finder and stands in
+  only when none finds the package. An installed package that lacks what the script uses (NVIDIA apex after it
+  removed `apex.parallel`, the unrelated PyPI `apex`) is the user's: the script's import or attribute access fails
+  as it does on the user's machine, and the run reports that crash (DD902), not a run of ddpdoctor's stand-in.
+- The import must come from the script or its project modules: a library's optional `try: import apex` (in
+  site-packages) gets the ModuleNotFoundError the user's environment gives it, so a run never differs from the
+  user's for a package the script itself does not use.
 
 Layout: `horovod/` and `apex/` here mirror the originals' module paths (`horovod.torch.mpi_ops`,
 `apex.parallel.LARC`, ...), so `from horovod.torch.mpi_ops import Sum` works. They are loaded under the
@@ -54,10 +60,21 @@ def _real_spec(name: str) -> Any:
     return None
 
 
-def _is_nvidia_apex(spec: Any) -> bool:
-    for location in spec.submodule_search_locations or ():
-        if os.path.isdir(os.path.join(location, "parallel")) or os.path.isdir(os.path.join(location, "amp")):
-            return True
+_IMPORT_MACHINERY = ("<frozen importlib", os.path.dirname(importlib.util.__file__) + os.sep)
+
+
+def _imported_by_user_code() -> bool:
+    """Does the import being resolved come from the script or its project modules? The first frame outside the
+    import machinery (importlib, `importlib.import_module`) and ddpdoctor decides: a library's frame (site-packages,
+    the standard library) is not the user's."""
+    from ddpdoctor.probe.session import is_probe_file, is_user_file
+
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_IMPORT_MACHINERY) or is_probe_file(name)):
+            return is_user_file(name)
+        f = f.f_back
     return False
 
 
@@ -71,15 +88,9 @@ class StandinFinder:
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in STANDINS:
             return None
-        real = _real_spec(fullname)
-        if real is not None:
-            if fullname != "apex" or _is_nvidia_apex(real):
-                return None
-            _WHY[fullname] = (
-                f"the installed `apex` ({real.origin}) is not NVIDIA apex: it has no apex.parallel / apex.amp"
-            )
-        else:
-            _WHY.setdefault(fullname, "not installed")
+        if _real_spec(fullname) is not None or not _imported_by_user_code():
+            return None
+        _WHY.setdefault(fullname, "not installed")
         package_dir = os.path.join(HERE, fullname)
         return importlib.util.spec_from_file_location(
             fullname, os.path.join(package_dir, "__init__.py"), submodule_search_locations=[package_dir]

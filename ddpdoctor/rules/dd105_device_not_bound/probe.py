@@ -3,9 +3,11 @@
 What it does: the DDP recorder notes, at construction and at the first training forward, which device the
 wrapped module's parameters and the forward's input are on — the real device on a GPU machine, the emulated
 one under CPU emulation (`.cuda()` without an index means the device current at that moment, cuda:0 until
-`set_device` changes it). Ranks on the same host that share a CUDA device are reported with each rank's devices,
-its current device and the `device_ids` DDP got. Ranks that each hold a device of their own clear the static
-suspicion ("nothing binds each process to its own GPU"): the binding happened, wherever it is written.
+`set_device` changes it), as the node numbers its GPUs: cuda:i of a process whose CUDA_VISIBLE_DEVICES lists GPUs
+is the i-th of them (a worker that sets it to its own GPU and uses cuda:0 is on that GPU). Ranks on the same host
+that share a CUDA device are reported with each rank's devices, its current device and the `device_ids` DDP got.
+Ranks that each hold a device of their own clear the static suspicion ("nothing binds each process to its own
+GPU"): the binding happened, wherever it is written.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ What it flags: a DDP wrap in a script that trains on CUDA (nccl backend, `.cuda(
 statement binds the device to the process: no `torch.cuda.set_device(<per-process value>)`, no
 `device_ids=[<per-process value>]`, no move of the model to a per-process device (`.to(local_rank)`,
 `.cuda(args.gpu)`, `torch.device("cuda", local_rank)`), no `CUDA_VISIBLE_DEVICES` set per process. A literal
-`device_ids=[0]` or `set_device(0)` is flagged even when something else looks per-process.
+`device_ids=[0]` or `set_device(0)` is flagged even when something else looks per-process — unless each process
+sets CUDA_VISIBLE_DEVICES to a value of its own first (then its device 0 is its own GPU).
 
 What stays silent: any per-process binding (values from LOCAL_RANK, the spawn index, `args.gpu`, or anything the
 walk cannot prove constant); a constant a call gets on one path when another path reaches the same call with a
@@ -100,8 +101,13 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         dev = ev.data["params"].get("device_id")
         if dev and not is_constant(dev):
             bound.append(ev.line)
-    if any(ev.data.get("var") == "CUDA_VISIBLE_DEVICES" for ev in script.of("env_write")):
+    visible = [ev for ev in script.of("env_write") if ev.data.get("var") == "CUDA_VISIBLE_DEVICES"]
+    if visible:
         bound.append(0)
+    if any(ev.data.get("value") and not is_constant(ev.data["value"]) for ev in visible):
+        # each process sets CUDA_VISIBLE_DEVICES to its own GPU (a worker's rank, say): its cuda:0 — a literal
+        # device 0 included — is that GPU, so no literal names one device for every process
+        literal_zero = []
 
     wrap = wraps[0]
     if literal_zero:

@@ -44,6 +44,16 @@ def analyze(ctx: RunContext) -> list[Finding]:
     test = bc.noniid_for(ctx)
     if test is None or not test.non_iid:
         return []
+    fixed = fixed_batch(ctx)
+    if fixed:
+        # no dataset: each rank fed one fixed batch at every step, so there is no step-to-step sampling noise to
+        # test the ranks against, and no shards to be non-i.i.d. (a synthetic benchmark)
+        ctx.notes.append(
+            "DD203 (non-i.i.d. shards) not tested: every rank fed its model the same input batch at each of its "
+            f"first {fixed} training steps (a fixed synthetic batch, no dataset), so the ranks' BatchNorm inputs "
+            "differ by those batches alone, not by how data is sharded"
+        )
+        return []
     effects = _effects(bn, test.threshold)
     best = max(effects, key=lambda e: e["spread_std"]) if effects else None
     if best is None or best["spread_std"] < MATERIAL_EFFECT:
@@ -133,3 +143,15 @@ def _replicas_diverged(ctx: RunContext) -> bool:
             if e.get("digest") is not None:
                 by_step.setdefault(int(e.get("step", 0)), set()).add(str(e["digest"]))
     return any(len(d) > 1 for d in by_step.values())
+
+
+def fixed_batch(ctx: RunContext) -> int:
+    """Training forwards compared per rank when every rank fed the same input at each of them (one fixed batch:
+    equal `ddp_input_digest` digests), else 0."""
+    seen = []
+    for p in ctx.ranks.values():
+        digests = [e.get("digest") for e in p.of("ddp_input_digest")]
+        if len(digests) < 2 or len(set(digests)) != 1:
+            return 0
+        seen.append(len(digests))
+    return min(seen) if len(seen) >= 2 else 0

@@ -23,7 +23,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if pop is None:
         return []
     level = lag_level(pop)
-    if level == "ruled_out":
+    if level in ("ruled_out", "not_measurable"):  # not_measurable: still warming up, or unbounded (the reason)
         return []
     message = (f"the running statistics lag population statistics recomputed at the final weights (PreciseBN on "
                f"held training batches): mean off by {fmt_num(pop['mean_lag_std'])} std, variance by "

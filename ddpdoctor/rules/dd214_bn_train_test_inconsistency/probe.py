@@ -20,8 +20,8 @@ from ddpdoctor.rules.dd214_bn_train_test_inconsistency import CODE, SHIFT_LIKELY
 def analyze(ctx: RunContext) -> list[Finding]:
     pop = population(ctx)
     shift = None if pop is None else pop.get("eval_output_shift")
-    if shift is None or shift <= SHIFT_POSSIBLE:
-        return []
+    if shift is None or shift <= SHIFT_POSSIBLE or pop.get("shift_not_measurable"):
+        return []  # shift_not_measurable: running statistics still warming up, or a shift against an output near 0
     message = (f"evaluating with the running statistics instead of population statistics recomputed at the final "
                f"weights changes the model's eval output by {fmt_num(100 * shift)}% (relative L2, on a held "
                "training batch)")

@@ -13,6 +13,7 @@ CODE = "DD302"
 
 # The probe half's thresholds.
 THRESHOLD = 0.25  # fraction of a rank's samples also seen by another rank that is a finding
+HIGH_OVERLAP = 0.5  # from this shared fraction (or identical batches) the finding is high; below it, medium
 
 RULE = Rule(
     package=__name__,
@@ -26,8 +27,13 @@ RULE = Rule(
         DistributedSampler (or another sampler given the rank and world size) and without manual sharding of
         the dataset by rank.
 
-        The probe records the dataset indices each rank loads per epoch and fires when ranks overlap, with
-        the overlap fraction (1.0: every rank reads the whole dataset) in evidence.
+        The probe records the dataset indices each rank loads per epoch — from what decides them: the sampler,
+        or the `batch_sampler=` the loader was given — and fires when ranks overlap, with the overlap fraction
+        (1.0: every rank reads the whole dataset) in evidence; high from half the samples shared or identical
+        batches, medium below that. Repeated augmentation is recognised by
+        measurement, not by name: the ranks' samplers share one pass over the dataset, each drawn sample recurs
+        on several ranks, and the dataset augments it with a random stream that differs from rank to rank (each
+        copy a different view): no finding.
         """
     ),
     why=prose(

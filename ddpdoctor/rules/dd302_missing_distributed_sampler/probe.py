@@ -22,8 +22,8 @@ import numpy as np
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
-from ddpdoctor.findings import Finding, Measures
-from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, THRESHOLD
+from ddpdoctor.findings import Finding, Measures, Severity
+from ddpdoctor.rules.dd302_missing_distributed_sampler import CODE, HIGH_OVERLAP, THRESHOLD
 
 MEASURES = Measures(
     scope="site",
@@ -82,6 +82,11 @@ def analyze(ctx: RunContext) -> list[Finding]:
                         padding_share["max"] = max(padding_share.get("max", 0.0), padded / count)
                     continue
             n = start.get("dataset_len")
+            if start.get("batch_sampler_cls") not in (None, "BatchSampler") and start.get("sampler_cls") in (
+                    "SequentialSampler", "RandomSampler"):
+                # a run recorded before the index source was the batch sampler: DataLoader's default sampler is
+                # unused there, the custom batch sampler decides — read what the loader drew
+                kind = "other"
             full_pass = kind == "sequential" or (
                 kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
             )
@@ -123,6 +128,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
                               "index_source": {str(r): v for r, v in how.items()}},
                 )
             continue
+        repeated = _repeated_augmentation(ctx, per_rank, sets, how)
+        if repeated is not None:
+            ctx.clear(CODE, site=site, reason=repeated["reason"], evidence=repeated)
+            continue
         drawn = {r: order(ctx, end.get("indices")) for r, (_, end) in per_rank.items()}
         drawn = {r: a for r, a in drawn.items() if a is not None and len(a)}
         identical = None
@@ -161,10 +170,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 "; the batches drawn were identical on every rank (same shuffle seed), so each global batch holds "
                 f"every sample {nranks}×"
             )
+        # severity from the overlap measured: a minority of repeated samples (a partial sharding bug) costs less
+        # than ranks that repeat most of each other's work
+        severity = None
+        if overlap < HIGH_OVERLAP and not (identical is not None and identical >= 0.99):
+            severity = Severity.MEDIUM
+            lead += f" (medium: below {pct(HIGH_OVERLAP)} shared)"
         findings.append(
             ctx.finding(
                 CODE,
                 message=lead,
+                **({"severity": severity} if severity is not None else {}),
                 fix_variant="split" if split_differs else "probe",
                 site=site,
                 ranks=list(sets),
@@ -181,3 +197,53 @@ def analyze(ctx: RunContext) -> list[Finding]:
             )
         )
     return findings
+
+
+def _repeated_augmentation(ctx: RunContext, per_rank: dict[int, tuple[dict[str, Any], dict[str, Any]]],
+                           sets: dict[int, np.ndarray], how: dict[int, str]) -> dict[str, Any] | None:
+    """Repeated augmentation (RASampler-style: each sample shown to k ranks in an epoch, each rank augmenting it
+    differently) recognised by what the run measured, never by the sampler's name: the overlap is read from the
+    indices the loader drew (a sampler of the script's own); each rank's epoch is its share of one pass over the
+    dataset (len of the sampler × ranks ≈ the dataset: it shards by design); the dataset draws random numbers (it
+    augments); and the ranks' random streams at that loop differ (DD304's measurement). Any of these missing, the
+    overlap is repeated work (DD302 stands). Returns the measurement, or None."""
+    from ddpdoctor.rules.dd304_identical_rng_streams.probe import dataset_draws, identical_pipelines, loop_key
+
+    starts = [start for start, _ in per_rank.values()]
+    if any(start.get("sampler_kind") == "distributed" for start in starts):
+        return None
+    if not all("indices drawn by the loader" in h for h in how.values()):
+        return None
+    world = len(per_rank)
+    n = starts[0].get("dataset_len")
+    lens = [start.get("sampler_len") for start in starts]
+    if not isinstance(n, int) or n <= 0 or any(not isinstance(x, int) for x in lens):
+        return None
+    if any(start.get("sampler_yields") == "batches" for start in starts):
+        lens = [x * int(start.get("batch_size") or 1) if start.get("batch_size") else x
+                for x, start in zip(lens, starts)]
+    if sum(lens) > 1.1 * n:
+        return None  # every rank's epoch is (nearly) the whole dataset: not a share of one pass
+    loop = loop_key(starts[0].get("site"))
+    draws = dataset_draws(ctx).get(loop)
+    if draws is None or not (draws["draws_from"] or draws["seed_dependent"]):
+        return None  # no augmentation: the repeats are identical copies
+    if any(loop_key(pl.get("site")) == loop for pl in identical_pipelines(ctx)):
+        return None  # the same random stream on every rank: the same augmentation repeated
+    drawn = np.concatenate([a for a in sets.values()])
+    _, counts = np.unique(drawn, return_counts=True)
+    k = int(np.median(counts)) if len(counts) else 0
+    if k < 2:
+        return None
+    return {
+        "repeats": k,
+        "sampler_len": {str(r): x for r, x in zip(per_rank, lens)},
+        "dataset_len": n,
+        "augments_with": sorted(draws["draws_from"]) or ["(seed-dependent items)"],
+        "reason": (
+            f"repeated augmentation by design, measured: the ranks' samplers share one pass over the {n}-sample "
+            f"dataset ({' + '.join(str(x) for x in lens)} per epoch) and show each drawn sample about {k}× across "
+            f"the {world} ranks, and {draws['dataset_cls']} augments it with a random stream that differs from rank "
+            "to rank (so each copy is a different view, not repeated work)"
+        ),
+    }

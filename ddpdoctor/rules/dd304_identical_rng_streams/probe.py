@@ -226,3 +226,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
             magnitude=float((1 if dropout else 0) + len(pipeline)),
         )
     ]
+
+
+# what DD302 reads to recognise repeated augmentation (each rank augments its copy of a sample differently)
+loop_key = _key
+dataset_draws = _dataset_draws
+identical_pipelines = _pipeline

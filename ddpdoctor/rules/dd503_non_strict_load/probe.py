@@ -3,8 +3,9 @@
 What it does: reads every `Module.load_state_dict` call of the run with strict=False and the missing and
 unexpected keys it returned, and fires per call site when some of the module's parameters or buffers were not
 loaded (missing keys), with how many. When stripping or adding the "module." prefix would have matched the keys,
-it says so (a checkpoint saved from or loaded into the DDP wrapper, DD501). Nothing loaded at all is high: the
-model runs from its random initialisation.
+it says so (a checkpoint saved from or loaded into the DDP wrapper, DD501). Severity follows the measured
+consequence: nothing loaded at all is critical — the whole run trains from the random initialisation instead of
+the checkpoint, a larger consequence than any noise in its statistics (it ranks above a high DD202 on the same run).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
             ctx.finding(
                 CODE,
                 message=message,
-                severity=Severity.HIGH if nothing else None,
+                severity=Severity.CRITICAL if nothing else None,
                 site=e.get("site"),
                 ranks=sorted({r for r, _ in loads}),
                 evidence={

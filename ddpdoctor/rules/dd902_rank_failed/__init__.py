@@ -63,6 +63,10 @@ RULE = Rule(
             "Run the probe with as many ranks as GPUs the script expects (--nproc N, N at least {needed}): on CPU the "
             "probe emulates one CUDA device per rank (a DataParallel script's one process sees them all)."
         ),
+        "emulation_limit": (
+            "Run the probe where the script's GPUs are (--device cuda, or `python -m ddpdoctor.probe` under your "
+            "launcher): the CPU emulation does not reproduce this CUDA call, so the run stopped there."
+        ),
         "launcher": (
             "Find what killed the launcher (dmesg for the OOM killer; a script that signals its parent process); "
             "with fewer ranks (--nproc) the probe needs less memory."

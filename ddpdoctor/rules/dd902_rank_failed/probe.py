@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
-from ddpdoctor.errors import EMULATED_ORDINAL_RE
+from ddpdoctor.errors import EMULATED_ORDINAL_RE, EMULATION_LIMIT_RE
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd902_rank_failed import CODE
 
@@ -106,6 +106,16 @@ def analyze(ctx: RunContext) -> list[Finding]:
         )
         variant, fix_args, severity = "emulated_devices", {"needed": needed}, Severity.HIGH
         evidence["emulated_devices"] = int(beyond.group(2))
+    limit = EMULATION_LIMIT_RE.search(first.message) if beyond is None else None
+    if limit is not None and any(e.get("cuda_emulated") for _, e in ctx.run.events("torch_ready")):
+        # not the script's error either: a CUDA call the CPU emulation does not reproduce
+        message += (
+            f" — a limit of ddpdoctor's CUDA emulation on this CPU machine, not a bug of the script: the call "
+            f"raised \"{limit.group(0)}\" because no GPU is here, and on the GPUs the script is written for it "
+            "runs; nothing after this line was measured"
+        )
+        variant, severity = "emulation_limit", Severity.HIGH
+        evidence["emulation_limit"] = limit.group(0)
     return [
         ctx.finding(
             CODE,
