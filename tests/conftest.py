@@ -39,3 +39,11 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def cli():
     """`cli("check", "x.py", "--static")` → CompletedProcess (returncode, stdout, stderr), run in-process."""
     return run_cli
+
+
+@pytest.fixture(autouse=True)
+def _report_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text reports are as wide as `COLUMNS` says (in a pipe too): every test reads them at the 100 columns a pipe
+    gets without it, whatever the shell that runs the suite exports (a terminal's COLUMNS=80 broke the golden text
+    reports). The processes a test starts inherit it; a test about widths sets its own."""
+    monkeypatch.setenv("COLUMNS", "100")
