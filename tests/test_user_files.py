@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -128,18 +129,26 @@ def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
 def test_every_python_writer_leaves_the_users_files_and_works_as_without_the_probe(tmp_path: Path) -> None:
     """A chdir into a folder the script made (it exists only in the run's copy), then relative paths, os.open
     with O_TRUNC and no O_CREAT (also through a dir_fd), io.FileIO and _io.open, TorchScript's C++ writer, and a
-    symlink out of the project: each once changed a user's file or failed where the script alone succeeds."""
+    symlink out of the project, symlinks the script makes out of it (absolute or relative), appends through a hard
+    link, fchmod, an sqlite database outside the project: each once changed a user's file or failed where the script
+    alone succeeds."""
     folder, outside = tmp_path / "project", tmp_path / "outside"
     (folder / "olddir").mkdir(parents=True)
     outside.mkdir()
     shutil.copy(FIXTURES / "every_writer.py", folder / "train.py")
     for name in ("data.txt", "keep.bin", "log.txt", "dirfd.txt", "old.txt", "target.txt", "gone.txt", "src.txt",
                  "fileio.txt", "underscore.txt", "trunc.txt", "ftrunc.txt", "mode.txt", "jit.pt", "pathlib.txt",
-                 "arr.npy", "olddir/inner.txt"):
+                 "arr.npy", "olddir/inner.txt", "mode2.txt"):
         (folder / name).write_text(f"the user's {name}\n")
     (folder / "mm.bin").write_bytes(bytes(16))
     (outside / "outside.txt").write_text("outside\n")
     (outside / "outfile").write_text("outfile\n")
+    import torch
+
+    torch.save({"epoch": 1}, outside / "ckpt.pt")
+    with sqlite3.connect(outside / "runs.db") as con:
+        con.execute("create table t (x)")
+    con.close()
     (folder / "outlink").symlink_to(outside)
     (folder / "outfile").symlink_to(outside / "outfile")
     before = tree(folder), tree(outside)
@@ -150,11 +159,14 @@ def test_every_python_writer_leaves_the_users_files_and_works_as_without_the_pro
     assert not any(n.startswith("WARNING") for n in report["notes"]), report["notes"]
     assert steps(report) == [8, 8]
     copy = run / "writes" / str(folder).lstrip("/")
-    assert (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDED"
+    assert (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDEDH"  # H: through the hard link
     assert (copy / "keep.bin").read_bytes() == b"X" and (copy / "dirfd.txt").read_bytes() == b"X"
     assert (copy / "made" / "deeper" / "rel.txt").read_text() == "new"
     assert (copy / "mm.bin").read_bytes()[0] == 99 and (copy / "fileio.txt").read_bytes() == b"Z"
     assert (copy / "outlink" / "outside.txt").read_text() == "CLOBBER"
+    assert (copy / "hard.txt").read_text() == (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDEDH"
+    assert (copy / "mode2.txt").stat().st_mode & 0o777 == 0
+    assert torch.load(run / "writes" / str(outside).lstrip("/") / "ckpt.pt") == {"epoch": 9}
     assert torch_jit_loads(copy / "jit.pt")
 
 

@@ -99,3 +99,13 @@ def test_ddpdoctors_own_output_files_are_not_the_scripts_writes(tmp_path: Path) 
     with open(tmp_path / "log.txt", "w") as err, open(tmp_path / "report.txt", "w") as out:
         subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=out, stderr=err, check=True)
     assert (tmp_path / "report.txt").read_text().strip() == "{'modified': 0, 'deleted': 0, 'created': 1}"
+
+
+def test_a_change_of_permissions_alone_is_a_change(tmp_path: Path) -> None:
+    """`chmod 000 ckpt/last.pt` (a program the script ran) changes no byte and no time: still reported."""
+    make_project(tmp_path)
+    before = fingerprint([str(tmp_path)], skip=[])
+    os.chmod(tmp_path / "ckpt" / "last.pt", 0o000)
+    os.chmod(tmp_path / "pkg", 0o700)
+    tree = changes(before, skip=[])
+    assert sorted(os.path.relpath(p, tmp_path) for p in tree["modified"]) == ["ckpt/last.pt", "pkg"]

@@ -4,7 +4,8 @@ which ones changed anyway.
 ddpdoctor.probe.fsview redirects what the script writes through Python's file functions. Native code with its own
 file calls (HDF5, a C++ logger) and programs the script runs that are not Python write where they like. This
 module cannot stop them; it makes sure such a write is never silent: the folders the script most likely touches
-— its working directory and the script's own folder — are fingerprinted (path → size, modification time, inode)
+— its working directory and the script's own folder — are fingerprinted (path → type and permission bits, size,
+modification time, inode)
 before the launch and compared after it. Bounded: at most MAX_ENTRIES entries, MAX_DEPTH levels and MAX_SECONDS
 per fingerprint, shallow levels first (a checkpoint beside the script is seen before the depths of a dataset); the run
 directory and the run's temporary folder are skipped, and so are trees that tools, not the user, keep: virtual
@@ -108,10 +109,11 @@ def fingerprint(roots: list[str], skip: list[str], own: frozenset[tuple[int, int
 
 
 def _entry(st: os.stat_result) -> tuple[int, int, int, int]:
-    kind = stat.S_IFMT(st.st_mode)
-    if kind == stat.S_IFDIR:
-        return (kind, 0, 0, st.st_ino)  # a folder's size and time change with its entries: those are compared
-    return (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+    """(type and permission bits, size, modification time, inode): a `chmod 000` changes no byte and no time but
+    is a change to the user's file all the same."""
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_mode, 0, 0, st.st_ino)  # a folder's size and time change with its entries: those are compared
+    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
         except OSError:
             deleted.append(path)
             continue
-        if now != old and old[0] != stat.S_IFDIR:
+        if now != old:  # a folder: its permissions (or it was replaced)
             modified.append(path)
     after = fingerprint(before.roots, skip, own=before.own_files)
     complete = before.complete and after.complete
