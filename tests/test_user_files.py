@@ -195,3 +195,42 @@ def test_log_files_kept_open_for_the_whole_run_are_not_waited_for_and_reach_the_
         assert [line.split()[1] for line in lines] == [str(i) for i in range(1, 7)], lines
         assert "step 6" in (kept / f"train{rank}.log").read_text()
     assert sorted(p.name for p in folder.iterdir()) == ["train.py"]
+
+
+HOSTILE = "raise SystemExit('a module of the project was imported by ddpdoctor: {name}')\n"
+TRAIN = """import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+model = DDP(nn.Linear(8, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+sampler = DistributedSampler(data)
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for x, y in DataLoader(data, batch_size=4, sampler=sampler):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_modules_of_the_users_working_directory_are_never_imported_by_ddpdoctor(tmp_path: Path) -> None:
+    """`types.py`, `tokenize.py`, `random.py` in the folder ddpdoctor runs from (`python -m ddpdoctor`, whose
+    processes — the CLI, the supervisor, torchrun's agent, the ranks' bootstrap — all start there): torchrun runs
+    the script in sub/ from there, so must ddpdoctor. Beside the script, a `types.py` is what torchrun tolerates
+    (the interpreter has the standard one before the script's folder is on sys.path): the probe too."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(TRAIN)
+    for name in ("types", "tokenize", "random"):
+        (tmp_path / f"{name}.py").write_text(HOSTILE.format(name=name))
+    (tmp_path / "sub" / "types.py").write_text(HOSTILE.format(name="types beside the script"))
+    helped = subprocess.run([sys.executable, "-m", "ddpdoctor", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert helped.returncode == 0, helped.stderr
+    code, report = check(tmp_path, "sub/train.py")
+    assert steps(report) == [8, 8], report
+    assert not any(f["rule"] in ("DD902", "DD904") for f in report["findings"])

@@ -56,7 +56,9 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         # what torch.distributed.launch did for scripts that read their device from --local_rank
         injected = [f"{settings.local_rank_arg}={os.environ.get('LOCAL_RANK', '0')}"]
     sys.argv = [script, *injected, *args]
-    sys.path[0] = os.path.dirname(script_abs)
+    # as `python script.py` gives it: the script's folder first (`-m` put the working directory there, and
+    # ddpdoctor's package took it out before importing anything: ddpdoctor/__init__.py)
+    sys.path.insert(0, os.path.dirname(script_abs))
     probe.emit("script_start", script=script_abs, args=sys.argv[1:], injected=injected)
     probe.arm_stall_watchdog()
     try:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from ddpdoctor import WITHOUT_CWD
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import (
@@ -128,7 +129,7 @@ def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> RunMeta:
 def _require_cuda(timeout: float = 120.0) -> None:
     try:
         probe = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            [sys.executable, "-c", WITHOUT_CWD + "import torch; print(torch.cuda.device_count())"],
             capture_output=True, text=True, timeout=timeout,
         )
     except subprocess.TimeoutExpired:
