@@ -5,8 +5,8 @@ probe's launcher machinery (DDPDOCTOR_PARENT_PID is its parent's pid) asks to di
 whose launcher is SIGKILLed during start-up does not run on (ddpdoctor.probe.procs.die_with_parent). Then chains
 to any other sitecustomize on sys.path, so a project's or a distribution's own sitecustomize still runs. Then
 instruments children started by multiprocessing's spawn/forkserver machinery (torch patches are installed
-lazily, when the child imports torch), and redirects the file writes of any other Python process the script
-starts (ddpdoctor.probe.fsview)."""
+lazily, when the child imports torch) — the fork server instrumented, so that the processes it forks are too
+— and redirects the file writes of any other Python process the script starts (ddpdoctor.probe.fsview)."""
 
 import os
 import sys
@@ -76,6 +76,15 @@ def _keep_the_working_directory_out_of_ddpdoctor() -> None:
         sys.meta_path.insert(0, _BeforeTheMainModule())
 
 
+def _is_forkserver() -> bool:
+    """This process is multiprocessing's fork server: `python -c 'from multiprocessing.forkserver import main;
+    main(...)'` (multiprocessing.forkserver.ensure_running)."""
+    argv = list(getattr(sys, "orig_argv", None) or ())
+    if "-c" not in argv[:-1]:
+        return False
+    return argv[argv.index("-c") + 1].startswith("from multiprocessing.forkserver import main")
+
+
 def _activate() -> None:
     if not os.environ.get("DDPDOCTOR_RUN_DIR"):
         return
@@ -88,6 +97,13 @@ def _activate() -> None:
         from ddpdoctor.probe.instrument import instrument_process
 
         instrument_process(settings, "spawned")
+        return
+    if _is_forkserver():
+        # multiprocessing's forkserver: it forks every process of the "forkserver" start method (ranks included)
+        # from itself, so it is instrumented like a rank, and its children inherit that (role "forked")
+        from ddpdoctor.probe.instrument import instrument_process
+
+        instrument_process(settings, "forkserver")
         return
     parent = os.environ.get("DDPDOCTOR_PARENT_PID", "")
     if settings.mode == "attach" or (parent.isdigit() and int(parent) == os.getppid()):
