@@ -231,9 +231,10 @@ _SOCKET_PATH_MAX = 107
 _MP_SOCKET_TAIL = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
 
 
-def _scratch_dir() -> str:
+def scratch_dir() -> str:
     """The run's TMPDIR: a short-named folder in the user's temporary directory, or in /tmp when that would make
-    multiprocessing's socket paths too long (the folder is removed with the run either way)."""
+    multiprocessing's socket paths too long (the folder is removed with the run either way). compare-bn's ranks
+    get one too."""
     prefix = "ddpd-"
     base = tempfile.gettempdir()
     if len(os.path.join(base, prefix + "x" * 8)) + _MP_SOCKET_TAIL > _SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
@@ -253,7 +254,7 @@ def _launch_once(
         settings = replace(settings, rendezvous_port=free_port(avoid=port))
     # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
     timeout_at = time.time() + max(0.0, deadline - time.monotonic())
-    scratch = _scratch_dir()
+    scratch = scratch_dir()
     settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port, scratch)
