@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,40 @@ def test_modules_of_the_users_working_directory_are_never_imported_by_ddpdoctor(
     code, report = check(tmp_path, "sub/train.py")
     assert steps(report) == [8, 8], report
     assert not any(f["rule"] in ("DD902", "DD904") for f in report["findings"])
+
+
+def test_two_checks_in_one_folder_do_not_blame_each_others_scripts(tmp_path: Path) -> None:
+    """`ddpdoctor check a.py -o a.json > a.txt` and the same for b.py, in one folder, at the same time: each one's
+    report, stdout, stderr and --keep-run folder appear or grow while the other one's probe runs, and are not the
+    other script's writes. A waits (its script, before training) until B has ended: B's files appear in A's probe."""
+    folder, control = tmp_path / "project", tmp_path / "control"
+    folder.mkdir()
+    control.mkdir()
+    release = control / "release"
+    waiting = (f"import os, time\nopen('waiting', 'w').close()\n"
+               f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
+    (folder / "a.py").write_text(waiting + TRAIN)
+    (folder / "b.py").write_text(TRAIN)
+
+    def start(name: str, timeout: str) -> subprocess.Popen:
+        with open(folder / f"{name}.txt", "wb") as out, open(folder / f"{name}.err", "wb") as err:
+            return subprocess.Popen(
+                [sys.executable, "-m", "ddpdoctor", "check", f"{name}.py", "--format", "json", "-o", f"{name}.json",
+                 "--keep-run", f"run_{name}", "--timeout", timeout], cwd=folder, stdout=out, stderr=err)
+
+    first = start("a", "400")
+    try:
+        marker = folder / "run_a" / "writes" / str(folder / "waiting").lstrip("/")
+        deadline = time.monotonic() + 300
+        while not marker.exists():  # A's probe is under way: its script waits
+            assert first.poll() is None and time.monotonic() < deadline, (folder / "a.err").read_text()
+            time.sleep(0.1)
+        second = start("b", "300")
+        assert second.wait(timeout=400) == 0 or (folder / "b.json").exists(), (folder / "b.err").read_text()
+    finally:
+        release.touch()
+        first.wait(timeout=400)
+    for name in ("a", "b"):
+        report = json.loads((folder / f"{name}.json").read_text())
+        assert steps(report) == [8, 8]
+        assert not any(n.startswith("WARNING") for n in report["notes"]), (name, report["notes"])
