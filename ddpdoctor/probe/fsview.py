@@ -133,13 +133,18 @@ class View:
             # the script created, which exists only in RUN/writes. RUN/writes/<P> is P in the run's view, so that
             # "../data.txt" from there still reads the user's data.txt and a write to it is redirected as usual
             p = os.sep + p[len(self._writes_below):]
-        if self._links_made():
+        if self._passed(p, reading, metadata):
+            return None
+        if self._links_made():  # after the checks above: the thousands of library reads pay nothing for it
             p = self._through_links(p, follow)
-        if p in self.passthrough or p.startswith(self._passthrough_below):
-            return None
-        if reading and (p.startswith(self._library_below) or (metadata and p in self._library_above)):
-            return None
+            if self._passed(p, reading, metadata):
+                return None
         return p
+
+    def _passed(self, p: str, reading: bool, metadata: bool) -> bool:
+        if p in self.passthrough or p.startswith(self._passthrough_below):
+            return True
+        return reading and (p.startswith(self._library_below) or (metadata and p in self._library_above))
 
     def _links_made(self) -> bool:
         """A process of the run made a symlink (RUN/links.made exists; remembered once it does)."""
