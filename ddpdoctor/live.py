@@ -115,6 +115,7 @@ class Neighbours:
         except OSError:
             return
         me = os.getpid()
+        stale = False
         for name in names:
             stem = name[: -len(".json")] if name.endswith(".json") else ""
             if not stem.isdigit() or int(stem) == me:
@@ -123,6 +124,7 @@ class Neighbours:
             if not _alive(int(stem)):
                 try:
                     os.unlink(path)  # left by a run killed with SIGKILL
+                    stale = True
                 except OSError:
                     pass
                 continue
@@ -133,6 +135,11 @@ class Neighbours:
                 continue
             self.files.update((int(d), int(i)) for d, i in data.get("files") or ())
             self.paths.update(str(p) for p in data.get("paths") or ())
+        if stale and folder != _STATE["folder"]:
+            try:
+                os.rmdir(folder)  # that was the last entry
+            except OSError:
+                pass
 
     def wrote(self, path: str, st: os.stat_result | None) -> bool:
         """`path` (with its stat, None when it is gone) is another ddpdoctor's output: its stdout or stderr file,

@@ -109,3 +109,40 @@ def test_a_change_of_permissions_alone_is_a_change(tmp_path: Path) -> None:
     os.chmod(tmp_path / "pkg", 0o700)
     tree = changes(before, skip=[])
     assert sorted(os.path.relpath(p, tmp_path) for p in tree["modified"]) == ["ckpt/last.pt", "pkg"]
+
+
+def test_other_ddpdoctor_runs_outputs_are_theirs_and_a_killed_runs_entry_goes(tmp_path: Path, monkeypatch) -> None:
+    """ddpdoctor.live: another run's --output report (and the temporary file beside it), its stdout file and its
+    --keep-run folder are not changes the script made; the entry of a run killed with SIGKILL is removed."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from ddpdoctor.live import Neighbours
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    live = tmp_path / "tmp" / f"ddpdoctor-live-{os.getuid()}"
+    live.mkdir(parents=True)
+    project = tmp_path / "project"
+    make_project(project)
+    (project / "their.txt").write_text("their stdout\n")
+    st = os.stat(project / "their.txt")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (live / f"{dead}.json").write_text(json.dumps({"pid": int(dead), "files": [], "paths": []}))
+    (live / f"{os.getppid()}.json").write_text(json.dumps(
+        {"pid": os.getppid(), "files": [[st.st_dev, st.st_ino]], "paths": [str(project / "report.json")]}))
+    before = fingerprint([str(project)], skip=[])
+    others = Neighbours()
+    others.look()
+    (project / "their.txt").write_text("their stdout\nand more\n")
+    (project / "report.json").write_text("{}")
+    (project / ".report.json.abc123.tmp").write_text("{")
+    (project / "run_b").mkdir()
+    (project / "run_b" / ".ddpdoctor-run").write_text("{}")
+    (project / "run_b" / "meta.json").write_text("{}")
+    (project / "mine.txt").write_text("the script's\n")
+    tree = changes(before, skip=[], others=others)
+    assert [os.path.relpath(p, project) for p in tree["created"]] == ["mine.txt"] and tree["modified"] == []
+    assert not (live / f"{dead}.json").exists()
