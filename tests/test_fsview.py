@@ -281,3 +281,26 @@ def test_chmod_through_a_descriptor_and_sqlite_databases_go_to_the_runs_copy(fol
     assert out["rows"] == [1, 2] and out["ro"] == [1, 2] and out["new"] is True
     assert tree(outside) == before, "the user's database changed"
     assert ["modify", str(db), True] in out["events"] and ["create", "new.db", False] in out["events"]
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a second file system: /dev/shm")
+def test_a_hard_link_works_when_the_run_directory_is_on_another_file_system(tmp_path: Path) -> None:
+    """The user's file on one file system, the run directory on another: a hard link of the user's file (which the
+    script alone makes without a problem) raised EXDEV under the probe."""
+    import tempfile
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "train.log").write_text("earlier run\n")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        if os.stat(shm).st_dev == os.stat(user).st_dev:
+            pytest.skip("/dev/shm is on the same file system")
+        before = tree(user)
+        out = scenario(user, Path(shm), """
+            os.link("train.log", "hard.log")
+            with open("hard.log", "a") as f:
+                f.write("more\\n")
+            OUT["both"] = [open("train.log").read(), open("hard.log").read()]
+        """)
+        assert out["both"] == ["earlier run\nmore\n"] * 2
+        assert tree(user) == before
