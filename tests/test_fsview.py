@@ -214,6 +214,7 @@ def test_links_the_script_makes_never_lead_a_write_to_the_users_files(folder) ->
         OUT["read"] = [open(n, "rb").read().decode() for n in ("abs/ckpt.pt", "rel/ckpt.pt", "latest.pt")]
         OUT["readlink"] = [os.readlink("rel"), os.path.realpath("rel") == os.path.abspath("../outside"),
                            os.path.islink("rel"), os.path.isdir("rel"), sorted(os.listdir("rel"))]
+        OUT["listed"] = sorted(glob.glob("*/")) + sorted(e.name for e in os.scandir(".") if e.is_file())
         with open("abs/ckpt.pt", "wb") as f:
             f.write(b"saved through abs")
         OUT["through_rel"] = open("rel/ckpt.pt", "rb").read().decode()
@@ -231,6 +232,7 @@ def test_links_the_script_makes_never_lead_a_write_to_the_users_files(folder) ->
     """)
     assert out["read"] == ["the user's other checkpoint", "the user's other checkpoint", "the user's checkpoint"]
     assert out["readlink"] == ["../outside", True, True, True, ["ckpt.pt"]]
+    assert out["listed"] == ["abs/", "ckpt/", "data/", "rel/", "latest.pt", "train.log"]
     assert out["through_rel"] == "saved through abs"
     assert out["latest"] == "the user's checkpoint appended"
     assert out["hard"] == ["earlier run\nthrough the hard link\n", True]

@@ -654,6 +654,29 @@ class _Entry:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._entry, name)
 
+    # a symlink the run made lives in RUN/writes: what it points to is answered in the run's view (os.stat through
+    # the view), not by the operating system from RUN/writes, where a relative target points elsewhere
+    def stat(self, *, follow_symlinks: bool = True) -> Any:
+        if follow_symlinks and self._entry.is_symlink():
+            return os.stat(self.path)
+        return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._entry.is_symlink():
+            return self._followed(stat_mod.S_ISDIR)
+        return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._entry.is_symlink():
+            return self._followed(stat_mod.S_ISREG)
+        return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+    def _followed(self, kind: Callable[[int], bool]) -> bool:
+        try:
+            return kind(os.stat(self.path).st_mode)
+        except OSError:
+            return False
+
     def __fspath__(self) -> str:
         return self.path
 
