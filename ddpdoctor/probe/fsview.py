@@ -176,8 +176,11 @@ class View:
                     return p  # nothing of the run's below here: no link the run made either
                 if stat_mod.S_ISLNK(st.st_mode):
                     target = os.fsdecode(_o("readlink")(s))
-                    rest = parts[i:]
-                    p = os.path.normpath(os.path.join(os.path.dirname(head), target, *rest))
+                    folder = os.path.dirname(head)
+                    if not os.path.isabs(target):
+                        with _Inside():  # ".." from a folder reached through the user's own symlink: the kernel's
+                            folder = os.path.realpath(folder)  # answer, from the folder it really is
+                    p = os.path.normpath(os.path.join(folder, target, *parts[i:]))
                     break
                 if not stat_mod.S_ISDIR(st.st_mode):
                     return p
