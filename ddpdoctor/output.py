@@ -36,9 +36,6 @@ def check_output(output: Path, *, protected: Iterable[tuple[Path, str]] = (), ru
     target = _resolved(output)
     if target.is_dir():
         raise UsageError(f"--output {output}: is a directory")
-    from ddpdoctor.live import announce
-
-    announce(target)  # another run's probe beside this one must not blame its script for our report
     if not target.parent.is_dir():
         raise UsageError(f"--output {output}: no such directory {target.parent}")
     for path, what in protected:

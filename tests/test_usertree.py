@@ -111,32 +111,37 @@ def test_a_change_of_permissions_alone_is_a_change(tmp_path: Path) -> None:
     assert sorted(os.path.relpath(p, tmp_path) for p in tree["modified"]) == ["ckpt/last.pt", "pkg"]
 
 
-def test_other_ddpdoctor_runs_outputs_are_theirs_and_a_killed_runs_entry_goes(tmp_path: Path, monkeypatch) -> None:
-    """ddpdoctor.live: another run's --output report (and the temporary file beside it), its stdout file and its
-    --keep-run folder are not changes the script made; the entry of a run killed with SIGKILL is removed."""
-    import json
+
+def test_other_ddpdoctor_runs_outputs_are_theirs(tmp_path: Path) -> None:
+    """ddpdoctor.live: another ddpdoctor running now (found in /proc by its command line) — its --output report
+    (and the temporary file beside it), its stdout file — and another run's --keep-run folder are not changes the
+    script made."""
     import subprocess
     import sys
-    import tempfile
 
     from ddpdoctor.live import Neighbours
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    live = tmp_path / "tmp" / f"ddpdoctor-live-{os.getuid()}"
-    live.mkdir(parents=True)
     project = tmp_path / "project"
     make_project(project)
-    (project / "their.txt").write_text("their stdout\n")
-    st = os.stat(project / "their.txt")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    (live / f"{dead}.json").write_text(json.dumps({"pid": int(dead), "files": [], "paths": []}))
-    (live / f"{os.getppid()}.json").write_text(json.dumps(
-        {"pid": os.getppid(), "files": [[st.st_dev, st.st_ino]], "paths": [str(project / "report.json")]}))
     before = fingerprint([str(project)], skip=[])
-    others = Neighbours()
-    others.look()
-    (project / "their.txt").write_text("their stdout\nand more\n")
+    # a stand-in with ddpdoctor's command line that waits: `python -m ddpdoctor` is not run, only named
+    fake = tmp_path / "fake"
+    (fake / "ddpdoctor").mkdir(parents=True)
+    (fake / "ddpdoctor" / "__init__.py").write_text("")
+    (fake / "ddpdoctor" / "__main__.py").write_text("import sys\nprint('ready', file=sys.stderr, flush=True)\n"
+                                                    "sys.stdin.read()\n")
+    with open(project / "their.txt", "wb") as out:
+        other = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "x.py", "-o", "report.json"],
+                                 cwd=project, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE,
+                                 env={**os.environ, "PYTHONPATH": str(fake)})
+    try:
+        assert other.stderr.readline().strip() == b"ready"  # running, under its own command line
+        others = Neighbours()
+        others.look()
+    finally:
+        other.communicate(b"", timeout=60)
+    with open(project / "their.txt", "a") as out:
+        out.write("more\n")
     (project / "report.json").write_text("{}")
     (project / ".report.json.abc123.tmp").write_text("{")
     (project / "run_b").mkdir()
@@ -144,5 +149,4 @@ def test_other_ddpdoctor_runs_outputs_are_theirs_and_a_killed_runs_entry_goes(tm
     (project / "run_b" / "meta.json").write_text("{}")
     (project / "mine.txt").write_text("the script's\n")
     tree = changes(before, skip=[], others=others)
-    assert [os.path.relpath(p, project) for p in tree["created"]] == ["mine.txt"] and tree["modified"] == []
-    assert not (live / f"{dead}.json").exists()
+    assert [os.path.relpath(p, project) for p in tree["created"]] == ["mine.txt"], tree

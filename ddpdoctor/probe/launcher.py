@@ -57,7 +57,7 @@ from ddpdoctor.events import (
     default_host,
 )
 from ddpdoctor.findings import Finding
-from ddpdoctor.live import Neighbours, announce
+from ddpdoctor.live import Neighbours
 from ddpdoctor.probe.agent import AGENT_FILE
 from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
 from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
@@ -474,7 +474,6 @@ def _run_probe(
     # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
     roots = [meta.cwd, os.path.dirname(script_as_run)]
     # the output files of other ddpdoctor runs beside this one are theirs, not the script's (ddpdoctor.live)
-    announce()  # and ours, theirs
     neighbours = Neighbours()
     neighbours.look()
     before = fingerprint(roots, skip=[str(run_dir)])
