@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddpdoctor import __version__
+from ddpdoctor import WITHOUT_CWD, __version__
 
 ENV_PREFIXES = ("MASTER_", "NCCL_", "TORCH_NCCL_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "TORCH_DISTRIBUTED_DEBUG")
@@ -156,7 +156,7 @@ def query_torch(python: str | None = None, timeout: float = TORCH_TIMEOUT_S) -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
     try:
         done = subprocess.run(
-            [python or sys.executable, "-c", _TORCH_QUERY],
+            [python or sys.executable, "-c", WITHOUT_CWD + _TORCH_QUERY],
             check=False, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:

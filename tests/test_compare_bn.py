@@ -341,3 +341,35 @@ def test_text_report_fits_the_terminal_and_never_cuts_a_number(demo_sorted, monk
     for layer in demo_sorted.layers:
         assert table.count(layer.layer) >= 1
         assert f"{layer.norm_batch['local']}/{layer.norm_batch['sync']}" in table
+
+
+POOL_FACTORY = """
+import importlib.util
+import multiprocessing
+
+spec = importlib.util.spec_from_file_location("toy_for_the_pool", {toy!r})
+toy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(toy)
+data = toy.data
+
+
+def model():
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:  # its sockets live in a pymp-* folder
+        assert pool.map(abs, [-1, 2]) == [1, 2]
+    return toy.model()
+"""
+
+
+@pytest.mark.slow
+def test_no_temporary_file_is_left_behind_by_a_factorys_forkserver_pool(tmp_path, monkeypatch):
+    """A model factory that uses a forkserver pool makes multiprocessing create pymp-* folders in TMPDIR, which a
+    rank ending with os._exit never removes: they went to the user's TMPDIR and stayed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    factory = tmp_path / "factory.py"
+    factory.write_text(POOL_FACTORY.format(toy=str(TOY)))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # this process's cached choice: TMPDIR again
+    r = run_compare(CompareConfig(model=f"{factory}:model", data=f"{factory}:data", batch_size=8, steps=2))
+    assert r.layers
+    assert sorted(os.listdir(tmp)) == []

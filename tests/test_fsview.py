@@ -196,3 +196,113 @@ def test_writes_in_flight_are_seen(folder) -> None:
         OUT["closed"] = fsview.in_flight()
     """)
     assert out["open"] == ["big.bin"] and out["closed"] == []
+
+
+def test_links_the_script_makes_never_lead_a_write_to_the_users_files(folder) -> None:
+    """A symlink the script makes to a folder outside the project (absolute or relative), to a file of the
+    project, a hard link to the user's file: each works as without the probe (reads see the user's files, writes
+    are seen through every name), and no write through them reaches a file the user had, here or outside."""
+    user, run = folder
+    outside = user.parent / "outside"
+    outside.mkdir()
+    (outside / "ckpt.pt").write_bytes(b"the user's other checkpoint")
+    before = tree(outside)
+    out = scenario(user, run, """
+        os.symlink(os.path.abspath("../outside"), "abs")
+        os.symlink("../outside", "rel")
+        os.symlink("ckpt/last.pt", "latest.pt")
+        OUT["read"] = [open(n, "rb").read().decode() for n in ("abs/ckpt.pt", "rel/ckpt.pt", "latest.pt")]
+        OUT["readlink"] = [os.readlink("rel"), os.path.realpath("rel") == os.path.abspath("../outside"),
+                           os.path.islink("rel"), os.path.isdir("rel"), sorted(os.listdir("rel"))]
+        OUT["listed"] = sorted(glob.glob("*/")) + sorted(e.name for e in os.scandir(".") if e.is_file())
+        with open("abs/ckpt.pt", "wb") as f:
+            f.write(b"saved through abs")
+        OUT["through_rel"] = open("rel/ckpt.pt", "rb").read().decode()
+        with open("rel/new.pt", "wb") as f:
+            f.write(b"new")
+        with open("latest.pt", "ab") as f:
+            f.write(b" appended")
+        OUT["latest"] = open("ckpt/last.pt", "rb").read().decode()
+        os.link("train.log", "hard.log")
+        with open("hard.log", "a") as f:
+            f.write("through the hard link\\n")
+        OUT["hard"] = [open("train.log").read(), os.stat("train.log").st_ino == os.stat("hard.log").st_ino]
+        os.remove("rel")
+        OUT["after_remove"] = [os.path.lexists("rel"), os.path.exists("../outside/new.pt")]
+    """)
+    assert out["read"] == ["the user's other checkpoint", "the user's other checkpoint", "the user's checkpoint"]
+    assert out["readlink"] == ["../outside", True, True, True, ["ckpt.pt"]]
+    assert out["listed"] == ["abs/", "ckpt/", "data/", "rel/", "latest.pt", "train.log"]
+    assert out["through_rel"] == "saved through abs"
+    assert out["latest"] == "the user's checkpoint appended"
+    assert out["hard"] == ["earlier run\nthrough the hard link\n", True]
+    assert out["after_remove"] == [False, True]
+    assert tree(outside) == before, "a file outside the project changed"
+    stored = run / "writes" / str(outside).lstrip("/")
+    assert (stored / "ckpt.pt").read_bytes() == b"saved through abs" and (stored / "new.pt").read_bytes() == b"new"
+
+
+def test_chmod_through_a_descriptor_and_sqlite_databases_go_to_the_runs_copy(folder) -> None:
+    """os.fchmod / os.chmod(fd) on a descriptor opened for reading the user's file, and an sqlite database (opened
+    in C, past Python's open) anywhere, new or the user's: the run's copies change, the user's files do not."""
+    user, run = folder
+    outside = user.parent / "elsewhere"
+    outside.mkdir()
+    import sqlite3
+
+    db = outside / "runs.db"
+    with sqlite3.connect(db) as con:
+        con.execute("create table t (x)")
+        con.execute("insert into t values (1)")
+    con.close()
+    before = tree(outside)
+    out = scenario(user, run, f"""
+        import sqlite3
+        fd = os.open("train.log", os.O_RDONLY)
+        os.fchmod(fd, 0o000)
+        os.close(fd)
+        with open("ckpt/last.pt", "rb") as f:
+            os.chmod(f.fileno(), 0o400)
+        OUT["modes"] = [oct(os.stat("train.log").st_mode & 0o777), oct(os.stat("ckpt/last.pt").st_mode & 0o777)]
+        con = sqlite3.connect({str(db)!r})
+        con.execute("insert into t values (2)")
+        con.commit()
+        OUT["rows"] = [r[0] for r in con.execute("select x from t")]
+        con.close()
+        from sqlite3 import dbapi2
+        con = dbapi2.connect("new.db")
+        con.execute("create table u (y)")
+        con.commit()
+        con.close()
+        OUT["new"] = os.path.exists("new.db")
+        ro = sqlite3.connect("file:" + {str(db)!r} + "?mode=ro", uri=True)
+        OUT["ro"] = [r[0] for r in ro.execute("select x from t")]
+        ro.close()
+    """)
+    assert out["modes"] == ["0o0", "0o400"]
+    assert out["rows"] == [1, 2] and out["ro"] == [1, 2] and out["new"] is True
+    assert tree(outside) == before, "the user's database changed"
+    assert ["modify", str(db), True] in out["events"] and ["create", "new.db", False] in out["events"]
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a second file system: /dev/shm")
+def test_a_hard_link_works_when_the_run_directory_is_on_another_file_system(tmp_path: Path) -> None:
+    """The user's file on one file system, the run directory on another: a hard link of the user's file (which the
+    script alone makes without a problem) raised EXDEV under the probe."""
+    import tempfile
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "train.log").write_text("earlier run\n")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        if os.stat(shm).st_dev == os.stat(user).st_dev:
+            pytest.skip("/dev/shm is on the same file system")
+        before = tree(user)
+        out = scenario(user, Path(shm), """
+            os.link("train.log", "hard.log")
+            with open("hard.log", "a") as f:
+                f.write("more\\n")
+            OUT["both"] = [open("train.log").read(), open("hard.log").read()]
+        """)
+        assert out["both"] == ["earlier run\nmore\n"] * 2
+        assert tree(user) == before

@@ -175,6 +175,49 @@ def test_self_spawning_script_is_started_once_and_its_children_instrumented(prob
     assert roles == ["main", "spawned", "spawned"]
 
 
+FORKSERVER_STARTS = {
+    "torch.multiprocessing.start_processes": (
+        "    mp.spawn(train, args=(world_size,), nprocs=world_size, join=True)",
+        "    mp.start_processes(train, args=(world_size,), nprocs=world_size, start_method='forkserver')",
+    ),
+    "multiprocessing.get_context": (
+        "    mp.spawn(train, args=(world_size,), nprocs=world_size, join=True)",
+        "    import multiprocessing\n"
+        "    ctx = multiprocessing.get_context('forkserver')\n"
+        "    ranks = [ctx.Process(target=train, args=(r, world_size)) for r in range(world_size)]\n"
+        "    [p.start() for p in ranks]\n"
+        "    [p.join() for p in ranks]",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FORKSERVER_STARTS))
+def test_ranks_a_script_starts_through_the_forkserver_are_instrumented(how: str, monkeypatch, tmp_path) -> None:
+    """multiprocessing's fork server is started by `python -c 'from multiprocessing.forkserver import main...'`
+    and forks the ranks from itself: they are observed like spawned ones (they were not: DD904, DD903)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "common.py").write_text((REPO / "fixtures" / "probe" / "common.py").read_text())
+    old, new = FORKSERVER_STARTS[how]
+    source = (REPO / "fixtures" / "probe" / "self_spawn.py").read_text()
+    assert old in source
+    (project / "train.py").write_text(source.replace(old, new))
+    monkeypatch.chdir(project)
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    try:
+        report = run_check(CheckConfig(script=Path("train.py"), nproc=2, timeout=90.0,
+                                       keep_run=tmp_path / "run")).to_json()
+        assert _marked_processes(mark) == [], "processes of the run are still alive"
+    finally:
+        _kill_marked(mark)
+    rules = _by_rule(report)
+    assert "DD904" not in rules and "DD903" not in rules, sorted(rules)
+    assert rules["DD301"]["ranks"] == [0, 1]
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][3] == 8 and rows[1][3] == 8
+
+
 def test_legacy_local_rank_script_runs_as_under_torchrun(probe) -> None:
     report, _, _ = probe("legacy_local_rank")
     f = _by_rule(report)["DD108"]

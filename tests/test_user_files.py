@@ -7,8 +7,10 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,18 +130,26 @@ def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
 def test_every_python_writer_leaves_the_users_files_and_works_as_without_the_probe(tmp_path: Path) -> None:
     """A chdir into a folder the script made (it exists only in the run's copy), then relative paths, os.open
     with O_TRUNC and no O_CREAT (also through a dir_fd), io.FileIO and _io.open, TorchScript's C++ writer, and a
-    symlink out of the project: each once changed a user's file or failed where the script alone succeeds."""
+    symlink out of the project, symlinks the script makes out of it (absolute or relative), appends through a hard
+    link, fchmod, an sqlite database outside the project: each once changed a user's file or failed where the script
+    alone succeeds."""
     folder, outside = tmp_path / "project", tmp_path / "outside"
     (folder / "olddir").mkdir(parents=True)
     outside.mkdir()
     shutil.copy(FIXTURES / "every_writer.py", folder / "train.py")
     for name in ("data.txt", "keep.bin", "log.txt", "dirfd.txt", "old.txt", "target.txt", "gone.txt", "src.txt",
                  "fileio.txt", "underscore.txt", "trunc.txt", "ftrunc.txt", "mode.txt", "jit.pt", "pathlib.txt",
-                 "arr.npy", "olddir/inner.txt"):
+                 "arr.npy", "olddir/inner.txt", "mode2.txt"):
         (folder / name).write_text(f"the user's {name}\n")
     (folder / "mm.bin").write_bytes(bytes(16))
     (outside / "outside.txt").write_text("outside\n")
     (outside / "outfile").write_text("outfile\n")
+    import torch
+
+    torch.save({"epoch": 1}, outside / "ckpt.pt")
+    with sqlite3.connect(outside / "runs.db") as con:
+        con.execute("create table t (x)")
+    con.close()
     (folder / "outlink").symlink_to(outside)
     (folder / "outfile").symlink_to(outside / "outfile")
     before = tree(folder), tree(outside)
@@ -150,11 +160,14 @@ def test_every_python_writer_leaves_the_users_files_and_works_as_without_the_pro
     assert not any(n.startswith("WARNING") for n in report["notes"]), report["notes"]
     assert steps(report) == [8, 8]
     copy = run / "writes" / str(folder).lstrip("/")
-    assert (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDED"
+    assert (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDEDH"  # H: through the hard link
     assert (copy / "keep.bin").read_bytes() == b"X" and (copy / "dirfd.txt").read_bytes() == b"X"
     assert (copy / "made" / "deeper" / "rel.txt").read_text() == "new"
     assert (copy / "mm.bin").read_bytes()[0] == 99 and (copy / "fileio.txt").read_bytes() == b"Z"
     assert (copy / "outlink" / "outside.txt").read_text() == "CLOBBER"
+    assert (copy / "hard.txt").read_text() == (copy / "data.txt").read_text() == "the user's data.txt\nAPPENDEDH"
+    assert (copy / "mode2.txt").stat().st_mode & 0o777 == 0
+    assert torch.load(run / "writes" / str(outside).lstrip("/") / "ckpt.pt") == {"epoch": 9}
     assert torch_jit_loads(copy / "jit.pt")
 
 
@@ -183,3 +196,79 @@ def test_log_files_kept_open_for_the_whole_run_are_not_waited_for_and_reach_the_
         assert [line.split()[1] for line in lines] == [str(i) for i in range(1, 7)], lines
         assert "step 6" in (kept / f"train{rank}.log").read_text()
     assert sorted(p.name for p in folder.iterdir()) == ["train.py"]
+
+
+HOSTILE = "raise SystemExit('a module of the project was imported by ddpdoctor: {name}')\n"
+TRAIN = """import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+model = DDP(nn.Linear(8, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+sampler = DistributedSampler(data)
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for x, y in DataLoader(data, batch_size=4, sampler=sampler):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_modules_of_the_users_working_directory_are_never_imported_by_ddpdoctor(tmp_path: Path) -> None:
+    """`types.py`, `tokenize.py`, `random.py` in the folder ddpdoctor runs from (`python -m ddpdoctor`, whose
+    processes — the CLI, the supervisor, torchrun's agent, the ranks' bootstrap — all start there): torchrun runs
+    the script in sub/ from there, so must ddpdoctor. Beside the script, a `types.py` is what torchrun tolerates
+    (the interpreter has the standard one before the script's folder is on sys.path): the probe too."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(TRAIN)
+    for name in ("types", "tokenize", "random"):
+        (tmp_path / f"{name}.py").write_text(HOSTILE.format(name=name))
+    (tmp_path / "sub" / "types.py").write_text(HOSTILE.format(name="types beside the script"))
+    helped = subprocess.run([sys.executable, "-m", "ddpdoctor", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert helped.returncode == 0, helped.stderr
+    code, report = check(tmp_path, "sub/train.py")
+    assert steps(report) == [8, 8], report
+    assert not any(f["rule"] in ("DD902", "DD904") for f in report["findings"])
+
+
+def test_two_checks_in_one_folder_do_not_blame_each_others_scripts(tmp_path: Path) -> None:
+    """`ddpdoctor check a.py -o a.json > a.txt` and the same for b.py, in one folder, at the same time: each one's
+    report, stdout, stderr and --keep-run folder appear or grow while the other one's probe runs, and are not the
+    other script's writes. A waits (its script, before training) until B has ended: B's files appear in A's probe."""
+    folder, control = tmp_path / "project", tmp_path / "control"
+    folder.mkdir()
+    control.mkdir()
+    release = control / "release"
+    waiting = (f"import os, time\nopen('waiting', 'w').close()\n"
+               f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
+    (folder / "a.py").write_text(waiting + TRAIN)
+    (folder / "b.py").write_text(TRAIN)
+
+    def start(name: str, timeout: str) -> subprocess.Popen:
+        with open(folder / f"{name}.txt", "wb") as out, open(folder / f"{name}.err", "wb") as err:
+            return subprocess.Popen(
+                [sys.executable, "-m", "ddpdoctor", "check", f"{name}.py", "--format", "json", "-o", f"{name}.json",
+                 "--keep-run", f"run_{name}", "--timeout", timeout], cwd=folder, stdout=out, stderr=err)
+
+    first = start("a", "400")
+    try:
+        marker = folder / "run_a" / "writes" / str(folder / "waiting").lstrip("/")
+        deadline = time.monotonic() + 300
+        while not marker.exists():  # A's probe is under way: its script waits
+            assert first.poll() is None and time.monotonic() < deadline, (folder / "a.err").read_text()
+            time.sleep(0.1)
+        second = start("b", "300")
+        assert second.wait(timeout=400) == 0 or (folder / "b.json").exists(), (folder / "b.err").read_text()
+    finally:
+        release.touch()
+        first.wait(timeout=400)
+    for name in ("a", "b"):
+        report = json.loads((folder / f"{name}.json").read_text())
+        assert steps(report) == [8, 8]
+        assert not any(n.startswith("WARNING") for n in report["notes"]), (name, report["notes"])

@@ -110,3 +110,54 @@ def test_a_bytecode_cache_that_appears_is_not_a_change_to_the_users_files(tmp_pa
     (tmp_path / "ckpt" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"")
     tree = changes(before, skip=[])
     assert tree["complete"] and tree["counts"] == {"modified": 0, "deleted": 0, "created": 0}, tree
+
+
+def test_a_change_of_permissions_alone_is_a_change(tmp_path: Path) -> None:
+    """`chmod 000 ckpt/last.pt` (a program the script ran) changes no byte and no time: still reported."""
+    make_project(tmp_path)
+    before = fingerprint([str(tmp_path)], skip=[])
+    os.chmod(tmp_path / "ckpt" / "last.pt", 0o000)
+    os.chmod(tmp_path / "pkg", 0o700)
+    tree = changes(before, skip=[])
+    assert sorted(os.path.relpath(p, tmp_path) for p in tree["modified"]) == ["ckpt/last.pt", "pkg"]
+
+
+
+def test_other_ddpdoctor_runs_outputs_are_theirs(tmp_path: Path) -> None:
+    """ddpdoctor.live: another ddpdoctor running now (found in /proc by its command line) — its --output report
+    (and the temporary file beside it), its stdout file — and another run's --keep-run folder are not changes the
+    script made."""
+    import subprocess
+    import sys
+
+    from ddpdoctor.live import Neighbours
+
+    project = tmp_path / "project"
+    make_project(project)
+    before = fingerprint([str(project)], skip=[])
+    # a stand-in with ddpdoctor's command line that waits: `python -m ddpdoctor` is not run, only named
+    fake = tmp_path / "fake"
+    (fake / "ddpdoctor").mkdir(parents=True)
+    (fake / "ddpdoctor" / "__init__.py").write_text("")
+    (fake / "ddpdoctor" / "__main__.py").write_text("import sys\nprint('ready', file=sys.stderr, flush=True)\n"
+                                                    "sys.stdin.read()\n")
+    with open(project / "their.txt", "wb") as out:
+        other = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "x.py", "-o", "report.json"],
+                                 cwd=project, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE,
+                                 env={**os.environ, "PYTHONPATH": str(fake)})
+    try:
+        assert other.stderr.readline().strip() == b"ready"  # running, under its own command line
+        others = Neighbours()
+        others.look()
+    finally:
+        other.communicate(b"", timeout=60)
+    with open(project / "their.txt", "a") as out:
+        out.write("more\n")
+    (project / "report.json").write_text("{}")
+    (project / ".report.json.abc123.tmp").write_text("{")
+    (project / "run_b").mkdir()
+    (project / "run_b" / ".ddpdoctor-run").write_text("{}")
+    (project / "run_b" / "meta.json").write_text("{}")
+    (project / "mine.txt").write_text("the script's\n")
+    tree = changes(before, skip=[], others=others)
+    assert [os.path.relpath(p, project) for p in tree["created"]] == ["mine.txt"], tree

@@ -143,7 +143,14 @@ class _Ranks:
         self.returncodes: list[int | None] = []
 
     def start(self, job_path: Path, nproc: int, threads: int, deadline: float) -> None:
+        from ddpdoctor.probe.launcher import scratch_dir
+
         env = dict(os.environ)
+        # the ranks' temporary files (multiprocessing's pymp-* folders of a model factory's forkserver pool, which
+        # a rank ending with os._exit never removes) go to a folder of ours, removed with the ranks
+        scratch = scratch_dir()
+        for key in ("TMPDIR", "TEMP", "TMP"):
+            env[key] = scratch
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env["PYTHONUNBUFFERED"] = "1"
         lo = _loopback_interface()
@@ -157,7 +164,7 @@ class _Ranks:
         ]
         self.supervisor = Supervisor(
             commands, env=env, cwd=os.getcwd(), tag=uuid.uuid4().hex,
-            deadline=time.time() + max(0.0, deadline - time.monotonic()), scratch=[str(self.work)],
+            deadline=time.time() + max(0.0, deadline - time.monotonic()), scratch=[str(self.work), scratch],
         ).start()
         self.returncodes = [None] * nproc
 

@@ -56,7 +56,14 @@ def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
         # what torch.distributed.launch did for scripts that read their device from --local_rank
         injected = [f"{settings.local_rank_arg}={os.environ.get('LOCAL_RANK', '0')}"]
     sys.argv = [script, *injected, *args]
-    sys.path[0] = os.path.dirname(script_abs)
+    # as `python script.py` gives it: the script's folder first, in place of the working directory `-m` put there
+    # (which ddpdoctor's package or the probe's sitecustomize took out before importing anything of ours)
+    try:
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            del sys.path[0]
+    except OSError:
+        pass
+    sys.path.insert(0, os.path.dirname(script_abs))
     probe.emit("script_start", script=script_abs, args=sys.argv[1:], injected=injected)
     probe.arm_stall_watchdog()
     try:

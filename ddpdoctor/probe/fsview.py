@@ -27,18 +27,27 @@ probe of it starts from the user's files again, not from the first probe's.
 Not redirected: paths inside the run directory, the run's own temporary directory (TMPDIR, removed with the run:
 multiprocessing's sockets live there and must be real paths), /dev, /proc and /sys, and file descriptors.
 
+Links the script makes: a symlink is kept as made (RUN/writes/<its path> → its target, verbatim) and resolved in
+the run's view (View.virtual): a path through it is the path it points to, a relative target taken from the link's
+folder in the user's tree — as the operating system resolves it for the script alone — so a write through a link
+to a folder outside the project is redirected like a write there, never followed out of RUN/writes onto the
+user's file. A hard link to a user's file links to the run's copy of it (made first): the user's inode is never
+shared, and RUN/writes is one file system.
+
 What it covers: builtins.open / io.open, os.open, os.stat/lstat/access/listdir/scandir, os.mkdir (so
 os.makedirs), os.remove/unlink/rmdir/rename/replace (so shutil.move, shutil.rmtree, Path's methods), os.chmod,
-os.utime, os.truncate, os.link/symlink, the xattr calls shutil.copy2 makes, and shutil's copies through them;
-torch.save/torch.load paths (their C++ side opens files itself) through `map_write`/`map_read`, used by the
-checkpoint recorder. What escapes it: writes by native code with its own file calls (HDF5, a C++ logger), and
-by programs the script runs that are not Python — the launcher fingerprints the user's tree before and after
-the run and reports any file changed anyway (ddpdoctor.probe.usertree).
+os.fchmod/fchown and chmod/utime of a descriptor (the user's file it is open on), os.utime, os.truncate,
+os.link/symlink, the xattr calls shutil.copy2 makes, and shutil's copies through them; sqlite3.connect (its C
+side opens the database itself); torch.save/torch.load paths (their C++ side opens files itself) through
+`map_write`/`map_read`, used by the checkpoint recorder. What escapes it: writes by native code with its own
+file calls (HDF5, a C++ logger), and by programs the script runs that are not Python — the launcher fingerprints
+the user's tree before and after the run (permission bits included) and reports any file changed anyway
+(ddpdoctor.probe.usertree).
 
 Each redirected operation is recorded once per path and process (`file_write` event: the path as the script
 gave it, where it went, whether the user had a file there).
 
-Size: one module (~750 lines) because the view is one state (the run's folders, the library folders passed
+Size: one module (~1000 lines) because the view is one state (the run's folders, the library folders passed
 through, what was recorded) and every patched call goes through the same three questions — is this path the
 run's to redirect, where does a read of it go, where does a write go — that a split would scatter.
 """
@@ -61,6 +70,7 @@ WRITES_DIR = "writes"
 DELETED_DIR = "deleted"
 WHITEOUT = ".wh."
 OPAQUE = ".wh..opq"
+LINKS_MARKER = "links.made"  # a process of the run made a symlink: paths are resolved through the run's links
 _PASS_PREFIXES = ("/dev", "/proc", "/sys")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -79,6 +89,7 @@ class View:
         self.run_dir = os.path.abspath(run_dir)
         self.writes = os.path.join(self.run_dir, WRITES_DIR)
         self.deleted = os.path.join(self.run_dir, DELETED_DIR)
+        self.links_marker = os.path.join(self.run_dir, LINKS_MARKER)
         self._writes_below = self.writes + os.sep
         roots = [p for p in (self.run_dir, scratch and os.path.abspath(scratch)) if p] + list(_PASS_PREFIXES)
         self.passthrough = tuple(roots)
@@ -97,9 +108,11 @@ class View:
 
     # -- paths
     def virtual(self, path: Any, dir_fd: int | None = None, *, reading: bool = False,
-                metadata: bool = False) -> str | None:
+                metadata: bool = False, follow: bool = True) -> str | None:
         """The absolute path the run's view applies to, or None for what is passed through unchanged. `reading`:
-        library files are read as they are; `metadata` (stat, lstat): so are the folders above them."""
+        library files are read as they are; `metadata` (stat, lstat): so are the folders above them. Symlinks
+        the run made are resolved here, in the run's view (`follow`: the last component too, as open and stat
+        do; not as lstat, readlink, unlink, rename do)."""
         if isinstance(path, str):
             raw = path
         elif isinstance(path, int) or path is None:
@@ -120,10 +133,59 @@ class View:
             # the script created, which exists only in RUN/writes. RUN/writes/<P> is P in the run's view, so that
             # "../data.txt" from there still reads the user's data.txt and a write to it is redirected as usual
             p = os.sep + p[len(self._writes_below):]
+        if self._passed(p, reading, metadata):
+            return None
+        if self._links_made():  # after the checks above: the thousands of library reads pay nothing for it
+            p = self._through_links(p, follow)
+            if self._passed(p, reading, metadata):
+                return None
+        return p
+
+    def _passed(self, p: str, reading: bool, metadata: bool) -> bool:
         if p in self.passthrough or p.startswith(self._passthrough_below):
-            return None
-        if reading and (p.startswith(self._library_below) or (metadata and p in self._library_above)):
-            return None
+            return True
+        return reading and (p.startswith(self._library_below) or (metadata and p in self._library_above))
+
+    def _links_made(self) -> bool:
+        """A process of the run made a symlink (RUN/links.made exists; remembered once it does)."""
+        return self._tree(self.links_marker)
+
+    def note_link(self) -> None:
+        if not self._tree(self.links_marker):
+            _touch(self.links_marker)
+            self._has[self.links_marker] = True
+
+    def _through_links(self, p: str, follow: bool) -> str:
+        """P with every symlink the run made on its way replaced by what it points to, resolved in the run's
+        view: a link is kept as the script made it (RUN/writes/<its path> → its target, as written), and a
+        relative target is taken relative to the link's own folder in the user's tree, never RUN/writes. A write
+        through a link the run made to /elsewhere is then a write to /elsewhere, redirected like any other, not
+        a write the operating system follows out of RUN/writes onto the user's file. The user's own symlinks
+        are left to the operating system (a read through them reads what they point to; a write lands in
+        RUN/writes under the path the script gave)."""
+        for _hop in range(40):  # the kernel's limit on links in one lookup (ELOOP): a loop stays unresolved
+            parts = p.lstrip(os.sep).split(os.sep)
+            for i in range(1, len(parts) + 1):
+                if i == len(parts) and not follow:
+                    return p
+                head = os.sep + os.sep.join(parts[:i])
+                s = self.stored(head)
+                try:
+                    st = _o("lstat")(s)
+                except OSError:
+                    return p  # nothing of the run's below here: no link the run made either
+                if stat_mod.S_ISLNK(st.st_mode):
+                    target = os.fsdecode(_o("readlink")(s))
+                    folder = os.path.dirname(head)
+                    if not os.path.isabs(target):
+                        with _Inside():  # ".." from a folder reached through the user's own symlink: the kernel's
+                            folder = os.path.realpath(folder)  # answer, from the folder it really is
+                    p = os.path.normpath(os.path.join(folder, target, *parts[i:]))
+                    break
+                if not stat_mod.S_ISDIR(st.st_mode):
+                    return p
+            else:
+                return p
         return p
 
     def _tree(self, root: str) -> bool:
@@ -185,11 +247,12 @@ class View:
     def exists(self, p: str) -> bool:
         return self._lexists(self.stored(p)) or self.user_visible(p)
 
-    def is_dir(self, p: str) -> bool:
+    def is_dir(self, p: str, *, follow: bool = True) -> bool:
+        """P is a folder in the run's view (`follow`: or a symlink to one)."""
         s = self.stored(p)
         if self._lexists(s):
-            return os.path.isdir(s)
-        return self.user_visible(p) and stat_mod.S_ISDIR(_o("stat")(p).st_mode)
+            return os.path.isdir(s) if follow else stat_mod.S_ISDIR(_o("lstat")(s).st_mode)
+        return self.user_visible(p) and stat_mod.S_ISDIR(_o("stat" if follow else "lstat")(p).st_mode)
 
     # -- writes
     def _parent_exists(self, p: str) -> bool:
@@ -211,6 +274,17 @@ class View:
                     _copy_file(p, s)
         self._undelete(p)
         self._note(op, p, asked, existed)
+        return s
+
+    def own_copy(self, p: str) -> str:
+        """RUN/writes/<P>, made a copy of the user's P first when the run has none (not recorded as a write: the
+        script did not change P; a hard link to it must not share the user's inode)."""
+        s = self.stored(p)
+        if not self._lexists(s) and self.user_visible(p):
+            self._mirror_dirs(os.path.dirname(p))
+            if os.path.isdir(p):
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), p)
+            _copy_file(p, s)
         return s
 
     def _mirror_dirs(self, d: str) -> None:
@@ -402,7 +476,7 @@ def _is_write_mode(mode: str) -> bool:
 
 def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
     v = _active()
-    p = v.virtual(file, reading=not _is_write_mode(mode)) if v is not None else None
+    p = v.virtual(file, reading=not _is_write_mode(mode), follow="x" not in mode) if v is not None else None
     if p is None:
         return _ORIG_OPEN(file, mode, *args, **kwargs)
     with _Inside():
@@ -436,7 +510,7 @@ class _FileIO(_ORIG_FILEIO, metaclass=_FileIOType):
 
     def __init__(self, file: Any, mode: str = "r", closefd: bool = True, opener: Any = None) -> None:
         v = _active()
-        p = v.virtual(file, reading=not _is_write_mode(mode)) if v is not None else None
+        p = v.virtual(file, reading=not _is_write_mode(mode), follow="x" not in mode) if v is not None else None
         if p is not None:
             with _Inside():
                 if not _is_write_mode(mode):
@@ -459,7 +533,9 @@ _FileIO.__module__ = "io"
 
 def _os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
     v = _active()
-    p = v.virtual(path, dir_fd, reading=not flags & _WRITE_FLAGS) if v is not None else None
+    exclusive = flags & os.O_CREAT and flags & os.O_EXCL
+    follow = not (exclusive or flags & getattr(os, "O_NOFOLLOW", 0))
+    p = v.virtual(path, dir_fd, reading=not flags & _WRITE_FLAGS, follow=follow) if v is not None else None
     if p is None:
         return _ORIG["open"](path, flags, mode, dir_fd=dir_fd)
     with _Inside():
@@ -483,10 +559,12 @@ def _reader(name: str) -> Callable[..., Any]:
     orig = _ORIG[name]
 
     metadata = name in ("stat", "lstat", "access", "readlink")
+    never_follows = name in ("lstat", "readlink")
 
     def call(path: Any = ".", *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
         v = _active()
-        p = v.virtual(path, dir_fd, reading=True, metadata=metadata) if v is not None else None
+        follow = not never_follows and kwargs.get("follow_symlinks", True)
+        p = v.virtual(path, dir_fd, reading=True, metadata=metadata, follow=follow) if v is not None else None
         if p is None:
             return orig(path, *args, dir_fd=dir_fd, **kwargs) if dir_fd is not None else orig(path, *args, **kwargs)
         with _Inside():
@@ -500,10 +578,15 @@ def _reader(name: str) -> Callable[..., Any]:
 def _modifier(name: str, op: str) -> Callable[..., Any]:
     """chmod, utime, truncate, setxattr...: a change to the user's file is a change to the run's copy."""
     orig = _ORIG[name]
+    never_follows = name == "lchown"
 
     def call(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
         v = _active()
-        p = v.virtual(path, dir_fd) if v is not None else None
+        if v is not None and isinstance(path, int):  # os.chmod(fd, ...), os.utime(fd, ...): the file it is open on
+            target = _fd_write_path(v, path, op)
+            return orig(path if target is None else target, *args, **kwargs)
+        follow = not never_follows and kwargs.get("follow_symlinks", True)
+        p = v.virtual(path, dir_fd, follow=follow) if v is not None else None
         if p is None:
             return orig(path, *args, dir_fd=dir_fd, **kwargs) if dir_fd is not None else orig(path, *args, **kwargs)
         with _Inside():
@@ -512,6 +595,40 @@ def _modifier(name: str, op: str) -> Callable[..., Any]:
             else:
                 target = v.write_path(p, keep=True, op=op, asked=path, create=False)
         return orig(target, *args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def _fd_write_path(v: View, fd: int, op: str) -> str | None:
+    """A change made through a file descriptor (fchmod, fchown, futimes) to the file it is open on: the run's copy
+    of that file when it is the user's (a descriptor opened for reading still points at the user's file), else
+    None (the run's own file, or one passed through: the call goes to the descriptor)."""
+    try:
+        real = _o("readlink")(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    if not os.path.isabs(real):  # a pipe, a socket, an anonymous file
+        return None
+    p = v.virtual(real, follow=False)
+    if p is None:
+        return None
+    with _Inside():
+        if not v.exists(p):
+            return None  # deleted meanwhile: the descriptor's own file, which is not the user's to change
+        return v.write_path(p, keep=True, op=op, asked=p, create=False)
+
+
+def _fd_modifier(name: str, op: str) -> Callable[..., Any]:
+    """os.fchmod / os.fchown: a change to the user's file through a descriptor is a change to the run's copy."""
+    orig = _ORIG[name]
+
+    def call(fd: int, *args: Any, **kwargs: Any) -> Any:
+        v = _active()
+        target = _fd_write_path(v, fd, op) if v is not None and isinstance(fd, int) else None
+        if target is None:
+            return orig(fd, *args, **kwargs)
+        return _ORIG[name[1:]](target, *args, **kwargs)
 
     call.__name__ = name
     return call
@@ -539,6 +656,29 @@ class _Entry:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._entry, name)
+
+    # a symlink the run made lives in RUN/writes: what it points to is answered in the run's view (os.stat through
+    # the view), not by the operating system from RUN/writes, where a relative target points elsewhere
+    def stat(self, *, follow_symlinks: bool = True) -> Any:
+        if follow_symlinks and self._entry.is_symlink():
+            return os.stat(self.path)
+        return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._entry.is_symlink():
+            return self._followed(stat_mod.S_ISDIR)
+        return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._entry.is_symlink():
+            return self._followed(stat_mod.S_ISREG)
+        return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+    def _followed(self, kind: Callable[[int], bool]) -> bool:
+        try:
+            return kind(os.stat(self.path).st_mode)
+        except OSError:
+            return False
 
     def __fspath__(self) -> str:
         return self.path
@@ -594,7 +734,7 @@ def _scandir(path: Any = ".") -> Any:
 
 def _mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
     v = _active()
-    p = v.virtual(path, dir_fd) if v is not None else None
+    p = v.virtual(path, dir_fd, follow=False) if v is not None else None
     if p is None:
         return _ORIG["mkdir"](path, mode, dir_fd=dir_fd)
     with _Inside():
@@ -607,7 +747,7 @@ def _mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
 def _remove(name: str) -> Callable[..., Any]:
     def call(path: Any, *, dir_fd: int | None = None) -> None:
         v = _active()
-        p = v.virtual(path, dir_fd) if v is not None else None
+        p = v.virtual(path, dir_fd, follow=False) if v is not None else None
         if p is None:
             return _ORIG[name](path, dir_fd=dir_fd)
         with _Inside():
@@ -619,7 +759,7 @@ def _remove(name: str) -> Callable[..., Any]:
 
 def _rmdir(path: Any, *, dir_fd: int | None = None) -> None:
     v = _active()
-    p = v.virtual(path, dir_fd) if v is not None else None
+    p = v.virtual(path, dir_fd, follow=False) if v is not None else None
     if p is None:
         return _ORIG["rmdir"](path, dir_fd=dir_fd)
     with _Inside():
@@ -630,7 +770,7 @@ def _delete(v: View, p: str, asked: Any, *, directory: bool) -> None:
     given = os.fsdecode(os.fspath(asked))
     if not v.exists(p):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), given)
-    is_dir = v.is_dir(p)
+    is_dir = v.is_dir(p, follow=False)
     if directory and not is_dir:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), given)
     if not directory and is_dir:
@@ -649,8 +789,8 @@ def _delete(v: View, p: str, asked: Any, *, directory: bool) -> None:
 def _rename(name: str) -> Callable[..., Any]:
     def call(src: Any, dst: Any, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
         v = _active()
-        ps = v.virtual(src, src_dir_fd) if v is not None else None
-        pd = v.virtual(dst, dst_dir_fd) if v is not None else None
+        ps = v.virtual(src, src_dir_fd, follow=False) if v is not None else None
+        pd = v.virtual(dst, dst_dir_fd, follow=False) if v is not None else None
         if v is None or (ps is None and pd is None):
             return _ORIG[name](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
         with _Inside():
@@ -697,23 +837,43 @@ def _copy_tree(v: View, src: str, dst: str) -> None:
 
 
 def _link(name: str) -> Callable[..., Any]:
-    """os.link / os.symlink: the new name is a write; the thing linked to is read as it is."""
+    """os.link / os.symlink: the new name is a write.
+
+    A symlink is made as the script wrote it (RUN/writes/<new name> → the target, verbatim, so os.readlink gives
+    it back) and is resolved in the run's view by View.virtual: a write through it is redirected like a write to
+    what it points to. A hard link shares the file: the user's file is first copied into RUN/writes (the run's
+    copy, on the run directory's file system) and the new name links to that copy, so a write through either name
+    changes the run's copy, both names see it, and the user's file (its inode) is never shared."""
 
     def call(src: Any, dst: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> None:
         v = _active()
-        pd = v.virtual(dst, dir_fd) if v is not None else None
+        pd = v.virtual(dst, dir_fd, follow=False) if v is not None else None
         if pd is None:
             return _ORIG[name](src, dst, *args, dir_fd=dir_fd, **kwargs) if dir_fd is not None else _ORIG[name](
                 src, dst, *args, **kwargs)
         with _Inside():
             if v.exists(pd):
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fsdecode(os.fspath(dst)))
+            if name == "symlink":
+                target = v.write_path(pd, keep=False, op="create", asked=dst)
+                v.note_link()
+                return _ORIG[name](src, target, *args, **kwargs)
+            kwargs.pop("src_dir_fd", None)
+            follow = kwargs.pop("follow_symlinks", True)
+            ps = v.virtual(src, follow=follow)
+            if ps is None:
+                source = os.fsdecode(os.fspath(src))
+            else:
+                if not v.exists(ps):
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fsdecode(os.fspath(src)))
+                source = v.own_copy(ps)
             target = v.write_path(pd, keep=False, op="create", asked=dst)
-            source = src
-            if name == "link":
-                ps = v.virtual(src)
-                source = v.read_path(ps) if ps is not None else src
-        return _ORIG[name](source, target, *args, **kwargs)
+            try:
+                _ORIG[name](source, target, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                _copy_file(source, target)  # the run's temporary folder on another file system: a copy
 
     call.__name__ = name
     return call
@@ -722,6 +882,7 @@ def _link(name: str) -> Callable[..., Any]:
 _READERS = ("stat", "lstat", "access", "readlink", "listxattr", "getxattr", "chdir", "statvfs", "pathconf")
 _MODIFIERS = {"chmod": "modify", "chown": "modify", "lchown": "modify", "utime": "modify", "truncate": "modify",
               "setxattr": "modify", "removexattr": "modify"}
+_FD_MODIFIERS = {"fchmod": "modify", "fchown": "modify"}
 
 
 def _patches() -> dict[tuple[Any, str], Callable[..., Any]]:
@@ -750,6 +911,9 @@ def _patches() -> dict[tuple[Any, str], Callable[..., Any]]:
     for name, op in _MODIFIERS.items():
         if hasattr(os, name):
             out[(os, name)] = _modifier(name, op)
+    for name, op in _FD_MODIFIERS.items():
+        if hasattr(os, name):
+            out[(os, name)] = _fd_modifier(name, op)
     return out
 
 
@@ -759,7 +923,7 @@ def install(run_dir: str, scratch: str | None, record: Callable[[dict[str, Any]]
     if _VIEW is not None:
         return _VIEW
     for name in ("open", "listdir", "scandir", "mkdir", "rmdir", "remove", "unlink", "rename", "replace", "close",
-                 "link", "symlink", *_READERS, *_MODIFIERS):
+                 "link", "symlink", *_READERS, *_MODIFIERS, *_FD_MODIFIERS):
         if hasattr(os, name):
             _ORIG[name] = getattr(os, name)
 
@@ -772,6 +936,9 @@ def install(run_dir: str, scratch: str | None, record: Callable[[dict[str, Any]]
     for (owner, name), fn in _patches().items():
         setattr(owner, name, fn)
     _keep_bytecode_out_of_the_users_tree()
+    from ddpdoctor.probe.importhook import when_imported
+
+    when_imported("sqlite3", _patch_sqlite)
     # shutil.rmtree's fd-based walk (os.open + scandir(fd) + unlink(dir_fd=...)) would bypass paths: use the path
     # walk, which goes through the patched functions
     if hasattr(shutil, "_use_fd_functions"):
@@ -795,6 +962,77 @@ def _keep_bytecode_out_of_the_users_tree() -> None:
         orig(self, path, data, _mode=_mode)
 
     loader.set_data = set_data
+
+
+_SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+
+
+def _patch_sqlite() -> None:
+    """sqlite3.connect opens the database in C (past Python's open): the same mapping, the database being
+    modified (copied into RUN/writes first, with its journal and write-ahead log), or created there."""
+    import sqlite3
+    import sqlite3.dbapi2 as dbapi2
+
+    orig = dbapi2.connect
+    if getattr(orig, "_ddpdoctor", False):
+        return
+
+    def connect(database: Any, *args: Any, **kwargs: Any) -> Any:
+        v = _active()
+        uri = kwargs.get("uri", args[6] if len(args) > 6 else False)
+        mapped = _sqlite_path(v, database, bool(uri)) if v is not None else None
+        return orig(database if mapped is None else mapped, *args, **kwargs)
+
+    connect._ddpdoctor = True  # type: ignore[attr-defined]
+    connect.__wrapped__ = orig  # type: ignore[attr-defined]
+    connect.__name__ = orig.__name__
+    connect.__doc__ = orig.__doc__
+    sqlite3.connect = dbapi2.connect = connect
+
+
+def _sqlite_path(v: View, database: Any, uri: bool) -> Any:
+    """Where sqlite3.connect(database) must open the database in the run's view; None: as given."""
+    if isinstance(database, bytes):
+        database = os.fsdecode(database)
+    elif not isinstance(database, str):
+        try:
+            database = os.fsdecode(os.fspath(database))
+        except TypeError:
+            return None
+    query = ""
+    if uri:
+        if not database.startswith("file:"):
+            return None
+        database, _, query = database[len("file:"):].partition("?")
+        if database.startswith("//"):  # file://host/path: only an empty host or localhost is valid
+            host, _, rest = database[2:].partition("/")
+            if host not in ("", "localhost"):
+                return None
+            database = "/" + rest
+        if "mode=memory" in query:
+            return None
+    if database in ("", ":memory:"):
+        return None
+    p = v.virtual(database)
+    if p is None:
+        return None
+    with _Inside():
+        if "mode=ro" in query or "immutable=1" in query:
+            target = v.read_path(p)
+        elif v.exists(p):
+            for side in _SQLITE_SIDE_FILES:
+                if v.user_visible(p + side):
+                    v.own_copy(p + side)
+            target = v.write_path(p, keep=True, op="modify", asked=database, create=False)
+        elif v._parent_exists(p):
+            target = v.write_path(p, keep=False, op="create", asked=database)
+        else:
+            return None  # sqlite raises "unable to open database file", as it would have
+    if uri:
+        from urllib.parse import quote
+
+        return "file:" + quote(target) + ("?" + query if query else "")
+    return target
 
 
 def map_write(path: Any, *, op: str = "write") -> Any:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from ddpdoctor import WITHOUT_CWD
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import (
@@ -56,6 +57,7 @@ from ddpdoctor.events import (
     default_host,
 )
 from ddpdoctor.findings import Finding
+from ddpdoctor.live import Neighbours
 from ddpdoctor.probe.agent import AGENT_FILE
 from ddpdoctor.probe.plan import LaunchPlan, plan_for_file
 from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
@@ -128,7 +130,7 @@ def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> RunMeta:
 def _require_cuda(timeout: float = 120.0) -> None:
     try:
         probe = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            [sys.executable, "-c", WITHOUT_CWD + "import torch; print(torch.cuda.device_count())"],
             capture_output=True, text=True, timeout=timeout,
         )
     except subprocess.TimeoutExpired:
@@ -230,9 +232,10 @@ _SOCKET_PATH_MAX = 107
 _MP_SOCKET_TAIL = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
 
 
-def _scratch_dir() -> str:
+def scratch_dir() -> str:
     """The run's TMPDIR: a short-named folder in the user's temporary directory, or in /tmp when that would make
-    multiprocessing's socket paths too long (the folder is removed with the run either way)."""
+    multiprocessing's socket paths too long (the folder is removed with the run either way). compare-bn's ranks
+    get one too."""
     prefix = "ddpd-"
     base = tempfile.gettempdir()
     if len(os.path.join(base, prefix + "x" * 8)) + _MP_SOCKET_TAIL > _SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
@@ -241,7 +244,8 @@ def _scratch_dir() -> str:
 
 
 def _launch_once(
-    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None,
+    neighbours: Neighbours | None = None,
 ) -> LaunchRecord:
     mode = settings.mode
     port = free_port()
@@ -252,7 +256,7 @@ def _launch_once(
         settings = replace(settings, rendezvous_port=free_port(avoid=port))
     # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
     timeout_at = time.time() + max(0.0, deadline - time.monotonic())
-    scratch = _scratch_dir()
+    scratch = scratch_dir()
     settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port, scratch)
@@ -288,6 +292,8 @@ def _launch_once(
                 break
             if progress is not None:
                 progress.update()
+            if neighbours is not None and polls % 10 == 0:
+                neighbours.look()
             time.sleep(0.05)
     except (KeyboardInterrupt, Stopped):
         interrupted = True
@@ -467,8 +473,11 @@ def _run_probe(
     write_json(run_dir / STATIC_FILE, static.to_json())
     # the safety net under the write redirection: which of the user's files changed anyway (probe.usertree)
     roots = [meta.cwd, os.path.dirname(script_as_run)]
+    # the output files of other ddpdoctor runs beside this one are theirs, not the script's (ddpdoctor.live)
+    neighbours = Neighbours()
+    neighbours.look()
     before = fingerprint(roots, skip=[str(run_dir)])
-    record = _launch(cfg, run_dir, settings, deadline, progress)
+    record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
@@ -483,7 +492,7 @@ def _run_probe(
         write_json(run_dir / META_FILE, meta.to_json())
         if progress is not None:
             progress.relaunched()
-        record = _launch(cfg, run_dir, settings, deadline, progress)
+        record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
         record = record.updated(
             first_launch={"mode": first.mode, "returncode": first.returncode, "wall_seconds": first.wall_seconds},
             wall_seconds=round(float(record.wall_seconds or 0.0) + float(first.wall_seconds or 0.0), 3),
@@ -492,7 +501,7 @@ def _run_probe(
         # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
         meta = meta.updated(sources=snapshot_run(run_dir, cwd=meta.cwd, script=script_as_run, taken=meta.sources))
         write_json(run_dir / META_FILE, meta.to_json())
-    record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)]))
+    record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)], others=neighbours))
     write_json(run_dir / LAUNCHER_FILE, record.to_json())
     if progress is not None:
         progress.close(timed_out=record.timed_out, interrupted=record.interrupted)
@@ -508,10 +517,11 @@ def _run_probe(
 
 
 def _launch(
-    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None
+    cfg: CheckConfig, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None,
+    neighbours: Neighbours | None = None,
 ) -> LaunchRecord:
     for _attempt in range(2):
-        record = _launch_once(cfg, run_dir, settings, deadline, progress)
+        record = _launch_once(cfg, run_dir, settings, deadline, progress, neighbours)
         if not _port_clash(record, run_dir) or record.interrupted:
             break
     return record

@@ -41,9 +41,11 @@ from ddpdoctor.events import (
 MARKER = RUN_MARKER
 HOSTS_DIR = ".ddpdoctor-hosts"  # attach mode: one file per host, naming the launcher of this job there
 WRITES_DIR = "writes"  # the script's redirected writes (ddpdoctor.probe.fsview)
+# the deletions and the symlinks of the run's view (ddpdoctor.probe.fsview; stdlib-only there, so named again here)
+VIEW_FILES = ("deleted", "links.made")
 # every name a run writes into its directory: what replacing an earlier run removes (and nothing else)
-RUN_FILES = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, WRITES_DIR, META_FILE, STATIC_FILE, LAUNCHER_FILE, "agent.json",
-             "agent.json.tmp", "meta.json.tmp", "launcher.json.tmp", "static.json.tmp", HOSTS_DIR)
+RUN_FILES = (EVENTS_DIR, LOGS_DIR, SOURCE_DIR, WRITES_DIR, *VIEW_FILES, META_FILE, STATIC_FILE, LAUNCHER_FILE,
+             "agent.json", "agent.json.tmp", "meta.json.tmp", "launcher.json.tmp", "static.json.tmp", HOSTS_DIR)
 
 try:
     import fcntl

@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor import WITHOUT_CWD
 from ddpdoctor.probe import procs
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-_BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); "
+_BOOT = WITHOUT_CWD + (
+    "sys.path.insert(0, {root!r}); "
     "from ddpdoctor.probe.supervisor import main; sys.exit(main(sys.argv[1:]))"
 )
 GRACE = 30.0  # seconds the supervisor's own deadline leaves after the caller's

@@ -4,7 +4,8 @@ which ones changed anyway.
 ddpdoctor.probe.fsview redirects what the script writes through Python's file functions. Native code with its own
 file calls (HDF5, a C++ logger) and programs the script runs that are not Python write where they like. This
 module cannot stop them; it makes sure such a write is never silent: the folders the script most likely touches
-— its working directory and the script's own folder — are fingerprinted (path → size, modification time, inode)
+— its working directory and the script's own folder — are fingerprinted (path → type and permission bits, size,
+modification time, inode)
 before the launch and compared after it. Bounded: at most MAX_ENTRIES entries, MAX_DEPTH levels and MAX_SECONDS
 per fingerprint, shallow levels first (a checkpoint beside the script is seen before the depths of a dataset); the run
 directory and the run's temporary folder are skipped, and so are trees that tools, not the user, keep: virtual
@@ -21,6 +22,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from ddpdoctor.events import RUN_MARKER
+from ddpdoctor.live import Neighbours
 
 MAX_ENTRIES = 20_000
 MAX_DEPTH = 8
@@ -59,7 +63,7 @@ def own_output_files() -> frozenset[tuple[int, int]]:
 
 def fingerprint(roots: list[str], skip: list[str], own: frozenset[tuple[int, int]] | None = None) -> Fingerprint:
     """What is in `roots` now (symlinks are not followed; `skip` subtrees, tool folders, environments and
-    ddpdoctor's own output files are left out), breadth first."""
+    ddpdoctor's own output files and other ddpdoctor runs' directories are left out), breadth first."""
     skipped = {os.path.realpath(s) for s in skip if s}
     fp = Fingerprint(roots=[], own_files=own_output_files() if own is None else own)
     end = time.monotonic() + MAX_SECONDS
@@ -95,6 +99,8 @@ def fingerprint(roots: list[str], skip: list[str], own: frozenset[tuple[int, int
                     continue
                 if fp.own_files and (st.st_dev, st.st_ino) in fp.own_files:
                     continue
+                if stat.S_ISDIR(st.st_mode) and os.path.isfile(os.path.join(path, RUN_MARKER)):
+                    continue  # another ddpdoctor's run directory (`--keep-run` in the same folder): its files
                 fp.entries[path] = _entry(st)  # a folder left out still counts as there or not
                 if stat.S_ISDIR(st.st_mode):
                     if e.name in TOOL_DIRS:
@@ -107,32 +113,44 @@ def fingerprint(roots: list[str], skip: list[str], own: frozenset[tuple[int, int
     return fp
 
 
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
 def _entry(st: os.stat_result) -> tuple[int, int, int, int]:
-    kind = stat.S_IFMT(st.st_mode)
-    if kind == stat.S_IFDIR:
-        return (kind, 0, 0, st.st_ino)  # a folder's size and time change with its entries: those are compared
-    return (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+    """(type and permission bits, size, modification time, inode): a `chmod 000` changes no byte and no time but
+    is a change to the user's file all the same."""
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_mode, 0, 0, st.st_ino)  # a folder's size and time change with its entries: those are compared
+    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def changes(before: Fingerprint, skip: list[str]) -> dict[str, Any]:
+def changes(before: Fingerprint, skip: list[str], others: Neighbours | None = None) -> dict[str, Any]:
     """What changed since `before`, as JSON for launcher.json `user_tree`. Every path of `before` is looked at
     again (modified, deleted: exact); new paths come from a second walk, listed only when both walks were
-    complete (a bounded walk cannot tell a new file from one it did not reach the first time)."""
+    complete (a bounded walk cannot tell a new file from one it did not reach the first time). `others`: the
+    output files of other ddpdoctor processes running beside this one (ddpdoctor.live), not the script's."""
+    others = others or Neighbours()
+    others.look()
     modified, deleted = [], []
     for path, old in before.entries.items():
         try:
-            now = _entry(os.lstat(path))
+            st = os.lstat(path)
         except OSError:
-            deleted.append(path)
+            if not others.wrote(path, None):
+                deleted.append(path)
             continue
-        if now != old and old[0] != stat.S_IFDIR:
+        if _entry(st) != old and not others.wrote(path, st):  # a folder: its permissions (or it was replaced)
             modified.append(path)
     after = fingerprint(before.roots, skip, own=before.own_files)
     complete = before.complete and after.complete
     # a bytecode cache appearing is the interpreter's doing for whatever module was imported (ddpdoctor's own,
     # when it is installed from the project's folder, on a first run): never a change to the user's files
-    created = sorted(p for p in after.entries if p not in before.entries
-                     and os.path.basename(p) != "__pycache__") if complete else []
+    created = sorted(p for p in after.entries if p not in before.entries and os.path.basename(p) != "__pycache__"
+                     and not others.wrote(p, _lstat(p))) if complete else []
     modified.sort()
     deleted.sort()
     return {

@@ -5,8 +5,8 @@ probe's launcher machinery (DDPDOCTOR_PARENT_PID is its parent's pid) asks to di
 whose launcher is SIGKILLed during start-up does not run on (ddpdoctor.probe.procs.die_with_parent). Then chains
 to any other sitecustomize on sys.path, so a project's or a distribution's own sitecustomize still runs. Then
 instruments children started by multiprocessing's spawn/forkserver machinery (torch patches are installed
-lazily, when the child imports torch), and redirects the file writes of any other Python process the script
-starts (ddpdoctor.probe.fsview)."""
+lazily, when the child imports torch) — the fork server instrumented, so that the processes it forks are too
+— and redirects the file writes of any other Python process the script starts (ddpdoctor.probe.fsview)."""
 
 import os
 import sys
@@ -44,6 +44,47 @@ def _chain() -> None:
     sys.modules["_ddpdoctor_chained_sitecustomize"] = module
 
 
+class _BeforeTheMainModule:
+    """A one-shot meta-path finder: the first import once the interpreter has put the working directory first on
+    sys.path (after this file and any usercustomize ran), runpy itself aside, is runpy looking up the module of
+    `python -m MODULE`.
+    When the module is ddpdoctor's own (the agent, the ranks' bootstrap), the entry goes: a project's
+    `tokenize.py` there must not be imported by ddpdoctor (the package itself was imported above, before the entry
+    existed, so its own check found nothing to remove). A user's `python -m theirs` keeps it."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib protocol
+        if fullname == "runpy":
+            return None  # the interpreter's own first step to run the module
+        try:
+            if sys.path[0] not in ("", os.getcwd()):
+                return None  # still starting (usercustomize): the entry is not there yet
+        except (IndexError, OSError):
+            pass
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        if fullname.partition(".")[0] == "ddpdoctor":
+            from ddpdoctor import leave_the_working_directory_to_the_user
+
+            leave_the_working_directory_to_the_user()
+        return None
+
+
+def _keep_the_working_directory_out_of_ddpdoctor() -> None:
+    if sys.argv[:1] == ["-m"]:
+        sys.meta_path.insert(0, _BeforeTheMainModule())
+
+
+def _is_forkserver() -> bool:
+    """This process is multiprocessing's fork server: `python -c 'from multiprocessing.forkserver import main;
+    main(...)'` (multiprocessing.forkserver.ensure_running)."""
+    argv = list(getattr(sys, "orig_argv", None) or ())
+    if "-c" not in argv[:-1]:
+        return False
+    return argv[argv.index("-c") + 1].startswith("from multiprocessing.forkserver import main")
+
+
 def _activate() -> None:
     if not os.environ.get("DDPDOCTOR_RUN_DIR"):
         return
@@ -56,6 +97,13 @@ def _activate() -> None:
         from ddpdoctor.probe.instrument import instrument_process
 
         instrument_process(settings, "spawned")
+        return
+    if _is_forkserver():
+        # multiprocessing's forkserver: it forks every process of the "forkserver" start method (ranks included)
+        # from itself, so it is instrumented like a rank, and its children inherit that (role "forked")
+        from ddpdoctor.probe.instrument import instrument_process
+
+        instrument_process(settings, "forkserver")
         return
     parent = os.environ.get("DDPDOCTOR_PARENT_PID", "")
     if settings.mode == "attach" or (parent.isdigit() and int(parent) == os.getppid()):
@@ -75,6 +123,10 @@ try:
     _chain()
 except Exception as _exc:  # noqa: BLE001 - a broken chained sitecustomize must not be blamed on us, nor break the child
     sys.stderr.write(f"ddpdoctor: chained sitecustomize failed: {_exc}\n")
+try:
+    _keep_the_working_directory_out_of_ddpdoctor()
+except Exception as _exc:  # noqa: BLE001 - never break the interpreter start
+    sys.stderr.write(f"ddpdoctor: sys.path set-up failed: {_exc}\n")
 try:
     _activate()
 except Exception as _exc:  # noqa: BLE001 - the child runs uninstrumented rather than not at all
