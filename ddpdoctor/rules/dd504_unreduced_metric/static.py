@@ -9,6 +9,10 @@ Also flagged (low, certain from syntax): a Horovod collective that returns a new
 `hvd.allgather(t)`, `hvd.broadcast(t)` — called as a statement: its result is thrown away and `t` stays this
 rank's own value (only `hvd.allreduce_` works in place). Such a call is no reduction for the check above either.
 
+Also flagged: Lightning's `self.log(name, value)` in validation_step or an epoch-end hook without `sync_dist=True`
+(Lightning gives the validation loader a DistributedSampler; `sync_dist=True` all-reduces the value, and is a
+reduction here).
+
 What stays silent: evaluation over the full set (no DistributedSampler), any reduction in the evaluation function
 or its caller, torchmetrics (its metrics sync on `compute()`).
 """
@@ -58,7 +62,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         scope = {eval_frame} | ({caller} if caller is not None else set())
         if any(r.seq > it.seq and (eval_frame in r.frames or r.frame == caller) for r in reductions):
             continue
-        reported = [r for r in reports if r.seq > it.seq and r.frame in scope]
+        if it.data.get("engine"):  # a framework's loop: the hooks it calls report (`self.log` in validation_step)
+            reported = [r for r in reports if r.seq > it.seq and eval_frame in r.frames]
+        else:
+            reported = [r for r in reports if r.seq > it.seq and r.frame in scope]
         if not reported:
             continue
         report = reported[0]
