@@ -70,3 +70,91 @@ def test_static_path_never_imports_a_framework() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------- the probe through the frameworks (2 ranks)
+
+PROBE_FIXTURES = REPO / "fixtures" / "frameworks"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def needs(module: str):  # noqa: ANN201
+    return pytest.mark.skipif(not _installed(module), reason=f"{module} is not installed (the `test` extra has it)")
+
+
+def _check(name: str, *options: str, tmp_path: Path) -> tuple[int, dict]:
+    """`ddpdoctor check` as the user runs it, in its own process, on 2 CPU ranks."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2",
+         "--timeout", "240", "--format", "json", "-o", str(out), *options],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert out.is_file(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(out.read_text(encoding="utf-8"))
+
+
+def _rules(report: dict, source: str | None = None) -> dict[str, dict]:
+    return {f["rule"]: f for f in report["findings"] if source is None or source in f["sources"]}
+
+
+def _above_low(report: dict) -> list[str]:
+    return [f["rule"] for f in report["findings"] if f["severity"] not in ("low", "info")]
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_lightning_script_measured_through_the_trainer(tmp_path: Path) -> None:
+    """Lightning under torchrun (its TorchElasticEnvironment): the fused BN+ReLU converted by sync_batchnorm=True
+    (DD208), the single-process lr (DD401, measured), the unsynced validation metric (DD504); the closure Lightning
+    steps with is followed (no false DD405), its DistributedSampler seen (no DD301/DD302)."""
+    code, report = _check("lightning_bad", "--base-lr", "0.1", "--base-batch", "32", tmp_path=tmp_path)
+    probe = _rules(report, "probe")
+    assert probe["DD208"]["severity"] == "critical"
+    assert "static" in probe["DD401"]["sources"]
+    assert "DD504" in _rules(report)
+    assert not {"DD301", "DD302", "DD305", "DD405", "DD904"} & set(_rules(report))
+    assert code == 1
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_correct_lightning_script_passes(tmp_path: Path) -> None:
+    code, report = _check("lightning_good", tmp_path=tmp_path)
+    assert _above_low(report) == [] and code == 0
+
+
+@pytest.mark.slow
+@needs("accelerate")
+def test_accelerate_save_of_the_prepared_model_on_every_process(tmp_path: Path) -> None:
+    """Accelerate under torchrun: DD501 and DD502 measured; its BatchSamplerShard shards (the indices drawn are
+    disjoint), so no DD302."""
+    code, report = _check("accelerate_bad", tmp_path=tmp_path)
+    probe = _rules(report, "probe")
+    assert {"DD501", "DD502"} <= set(probe)
+    assert probe["DD502"]["evidence"]["writers"] == [0, 1]
+    assert "DD302" not in _rules(report)
+    assert code == 1
+    assert not (tmp_path / "model.pt").exists()  # the probe redirects the checkpoint writes
+
+
+@pytest.mark.slow
+@needs("accelerate")
+def test_correct_accelerate_script_passes(tmp_path: Path) -> None:
+    code, report = _check("accelerate_good", tmp_path=tmp_path)
+    assert _above_low(report) == [] and code == 0
+
+
+@pytest.mark.slow
+@needs("transformers")
+def test_hf_trainer_runs_to_its_steps(tmp_path: Path) -> None:
+    """The Trainer steps (no DD904), and what it does to BatchNorm is measured: 8 samples per rank (DD202)."""
+    code, report = _check("hf_trainer", tmp_path=tmp_path)
+    assert "DD904" not in _rules(report) and "DD902" not in _rules(report)
+    assert report["environment"]["nproc"] == 2
+    assert _above_low(report) == ["DD202"] and code == 1
