@@ -158,3 +158,22 @@ def test_hf_trainer_runs_to_its_steps(tmp_path: Path) -> None:
     assert "DD904" not in _rules(report) and "DD902" not in _rules(report)
     assert report["environment"]["nproc"] == 2
     assert _above_low(report) == ["DD202"] and code == 1
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_triage_confirms_the_conversion_lightning_performs_first(tmp_path: Path) -> None:
+    """The arms intercept torch's converter that `sync_batchnorm=True` calls: arm P undoes it, and the fused
+    BN+ReLU subclass it replaced is the confirmed first cause (DD208). The arms pair (same weights, same batches):
+    the DDP wrapper Lightning leaves in eval mode after its sanity check still counts as training."""
+    out = tmp_path / "triage.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "triage", str(PROBE_FIXTURES / "lightning_bad.py"), "--epochs", "2",
+         "--steps", "4", "--format", "json", "-o", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )
+    assert out.is_file(), proc.stderr[-2000:]
+    tri = json.loads(out.read_text(encoding="utf-8"))["triage"]
+    assert (tri["causes"][0]["rule"], tri["causes"][0]["verdict"]) == ("DD208", "confirmed")
+    assert tri["paired"] is True
+    assert [a["name"] for a in tri["arms"]] == ["A", "L", "P"] and all(a["steps"] > 0 for a in tri["arms"])

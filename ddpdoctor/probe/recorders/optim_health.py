@@ -49,6 +49,7 @@ import sys
 from typing import Any
 
 from ddpdoctor.probe.patching import wrap_everywhere
+from ddpdoctor.probe.recorders.ddp import in_training
 from ddpdoctor.probe.session import Probe, is_user_file
 
 NAME = "optim_health"
@@ -113,7 +114,7 @@ def install(probe: Probe) -> None:
 
     # -- which DDP forward precedes each backward
     def forward_pre_hook(module: Any, args: Any) -> None:
-        if isinstance(module, DDP) and module.training and torch.is_grad_enabled():
+        if isinstance(module, DDP) and in_training(module) and torch.is_grad_enabled():
             st.pending = ("sync" if getattr(module, "require_backward_grad_sync", True) else "nosync", id(module))
         return None
 

@@ -77,7 +77,8 @@ _VAL_EPOCH_END = ("on_validation_epoch_end", "validation_epoch_end")
 def _const(value: Value | None) -> list[Any] | None:
     if not value or not is_constant(value):
         return None
-    return list(constant_values(value))
+    values = list(constant_values(value))
+    return values if len(values) == len(value) else None  # `-1` is computed from a literal, not one
 
 
 def _engine(w: TorchState, node: ast.AST, name: str, modelled: bool, how: str) -> None:
@@ -243,6 +244,13 @@ def _fit(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value 
         train_given, val_given = args.get(1, "train_dataloaders"), args.get(2, "val_dataloaders")
     else:
         train_given, val_given = None, args.get(1, "dataloaders")
+    # `trainer.fit(model, datamodule)`: a LightningDataModule in the loaders' place
+    given_dm = tuple(o for o in (train_given or val_given or EMPTY) if o.kind != "loader" and _has_hook(
+        (o,), "train_dataloader" if name == "fit" else "val_dataloader"))
+    if given_dm:
+        datamodule = union(datamodule or EMPTY, given_dm)
+        train_given = tuple(o for o in train_given or EMPTY if o not in given_dm) or None
+        val_given = tuple(o for o in val_given or EMPTY if o not in given_dm) or None
     if datamodule:
         for dm in datamodule:
             for hook in ("prepare_data", "setup"):
