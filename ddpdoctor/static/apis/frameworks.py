@@ -174,6 +174,36 @@ def _lightning_trainer(w: TorchState, c: Call) -> Value:
     return (trainer,)
 
 
+def _lightning_cli(w: TorchState, c: Call) -> Value:
+    """`LightningCLI(ModelClass, DataModuleClass, trainer_defaults={...})`: it builds the Trainer from the defaults
+    (and the command line) and runs `fit` on an instance of the model class, unless `run=False`."""
+    run = _const(c.args.get(None, "run"))
+    cli = w.new("instance", c.node, label="LightningCLI", props={"engine": "lightning_cli"})
+    if run is not None and not any(run):
+        return (cli,)
+    defaults = c.args.get(None, "trainer_defaults") or EMPTY
+    kw: dict[str, Value] = {}
+    for d in defaults:
+        if d.kind == "dict":
+            for k, v in d.fields.items():
+                kw[k] = union(kw.get(k, EMPTY), v)
+    trainer = _lightning_trainer(w, Call("lightning.pytorch.Trainer", "Trainer", c.node, Args(kw=kw), False))
+
+    def instances(value: Value | None) -> Value:
+        out: list[Obj] = []
+        for cls in value or EMPTY:
+            if cls.kind == "class":
+                out.extend(w.instantiate(cls, c.node, Args()))
+        return tuple(out)
+
+    model = instances(c.args.get(0, "model_class"))
+    datamodule = instances(c.args.get(1, "datamodule_class"))
+    if model:
+        _fit(w, trainer[0], "fit", c.node, Args(pos=[model], pos_nodes=[c.node],
+                                                kw={"datamodule": datamodule} if datamodule else {}))
+    return (cli,)
+
+
 def _call_hook(w: TorchState, receiver: Value, name: str, node: ast.AST, args: Args) -> Value | None:
     """Call a hook the user's class defines (None where none of the receivers has it)."""
     out: list[Obj] = []
@@ -313,6 +343,9 @@ def _lightning_log(w: TorchState, modules: Value, name: str, node: ast.Call, arg
     without, the value logged is this rank's own."""
     if not any(_is_lightning_module(m) for m in modules):
         return None
+    value = args.get(1, "value") if name == "log" else args.get(0, "dictionary")
+    if value and all(_is_metric(o) for o in value):
+        return (w.const(None, node),)  # a torchmetrics Metric: Lightning logs its compute(), which syncs
     sync = _const(args.get(None, "sync_dist"))
     if sync is not None and any(sync):
         w.emit("collective", node, op="all_reduce", args=args, library="lightning")
@@ -321,6 +354,14 @@ def _lightning_log(w: TorchState, modules: Value, name: str, node: ast.Call, arg
     else:
         w.emit("report", node, args=args, name=name)
     return (w.const(None, node),)
+
+
+def _is_metric(o: Obj) -> bool:
+    """A torchmetrics Metric object (or a dict of them, for log_dict)."""
+    if o.kind == "dict":
+        return bool(o.fields) and all(_is_metric(v) for vs in o.fields.values() for v in vs)
+    qual = o.qual or o.props.get("qual") or ""
+    return isinstance(qual, str) and qual.startswith("torchmetrics")
 
 
 # ---------------------------------------------------------------------- Accelerate
@@ -409,6 +450,7 @@ def _unmodelled(w: TorchState, c: Call) -> Value:
 
 CALLS = {
     LIGHTNING + "Trainer": _lightning_trainer,
+    LIGHTNING + "cli.LightningCLI": _lightning_cli,
     ACCELERATE + "Accelerator": _accelerator,
     "transformers.Trainer": _hf_trainer,
     "transformers.Seq2SeqTrainer": _hf_trainer,
