@@ -74,7 +74,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if it.data.get("engine") == "lightning":
             message = (
                 f"`{script.text(report.node)}` logs a value computed on this rank's shard only (Lightning gives "
-                f"`{name}`, evaluated by the fit at {script.place(it, report)}, a DistributedSampler) without "
+                f"`{name}`, evaluated by the trainer at {script.place(it, report)}, a DistributedSampler) without "
                 f"sync_dist=True, so the logged metric (and a checkpoint or early stop that monitors it) describes "
                 f"1/world_size of the data"
             )
