@@ -57,6 +57,12 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^apex\.parallel\.(?:distributed|optimized_sync_batchnorm|sync_batchnorm)\.", "apex.parallel."),
         (r"^torch\.distributed\.nn\.(?:functional\.)?", "torch.distributed."),
         (r"^horovod\.torch\.(?:mpi_ops|functions|optimizer|sync_batch_norm|compression)\.", "horovod.torch."),
+        # Lightning's three spellings (`lightning.Trainer`, `lightning.pytorch.Trainer`, `pytorch_lightning.Trainer`)
+        (r"^pytorch_lightning\.", "lightning.pytorch."),
+        (r"^lightning\.(?!pytorch\.|fabric\.|app\.)(\w+)", r"lightning.pytorch.\1"),
+        (r"^lightning\.pytorch\.(?:trainer\.trainer|trainer|core\.module|core)\.([A-Z]\w*)$", r"lightning.pytorch.\1"),
+        (r"^accelerate\.accelerator\.Accelerator$", "accelerate.Accelerator"),
+        (r"^transformers\.(?:trainer|trainer_seq2seq)\.(\w*Trainer)$", r"transformers.\1"),
     )
 )
 

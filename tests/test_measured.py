@@ -76,12 +76,17 @@ NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it bel
 PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
     "DD101", "DD102", "DD104", "DD105", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
 )}
+PENDING_CLEARED["DD904"] = ("static DD904 fires below certain on an unknown trainer of an installed package; none "
+                            "that trains through torch.optim without ddpdoctor modelling it is installed with the "
+                            "test extra")
 PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
                             "wrong; a clearance needs a world size passed that is not the device count")
 PENDING_CLEARED["DD209"] = "check's single run cannot measure an exact-class test; triage's arms do (not_measured)"
 PENDING_CONFIRMED: dict[str, str] = {
     "DD109": "a confirmation needs a launch across nodes or --nproc unlike the GPU count (tests/test_rule_dd109.py)",
     "DD209": "probe DD209 (momentum/eps lost) and static DD209 (exact-class tests) flag different lines",
+    "DD904": "static DD904 names an engine not modelled (DeepSpeed); none is installed with the test extra to run "
+    "under the probe without a step",
 }
 
 

@@ -28,7 +28,7 @@ DEMO = REPO / "fixtures" / "demo" / "train.py"
 SPEC_STATIC = {
     "DD101", "DD102", "DD104", "DD105", "DD106", "DD107", "DD108", "DD109", "DD110", "DD205", "DD206", "DD207",
     "DD209", "DD216", "DD301", "DD302", "DD303", "DD401", "DD402", "DD403", "DD404", "DD501", "DD502", "DD503",
-    "DD504",
+    "DD504", "DD904",
 }  # fmt: skip
 
 

@@ -152,10 +152,14 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
         ),
         _k(
             "iterate",
-            "iteration over data loaders starts: a for loop, a comprehension, or iter(loader)",
+            "iteration over data loaders starts: a for loop, a comprehension, or iter(loader), or a framework's own "
+            "loop (apis/frameworks.py: Lightning's fit loop, its hooks called inside)",
+            optional=("engine",),
             loaders="tuple of the loader objects iterated",
             loop="the loop node (For or comprehension), or None for iter()",
             iterable="source text of the iterable",
+            engine="the framework whose loop it is ('lightning'): its hooks (validation_step...) run in frames "
+            "called from the loop's",
         ),
         _k(
             "set_epoch",
@@ -174,7 +178,8 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
             "pg_options, device_id",
             nodes="parameter name → node or None",
             args="the call's arguments",
-            via="'horovod.torch.init' for hvd.init() (its parameters are all None)",
+            via="'horovod.torch.init' for hvd.init(), 'accelerate.Accelerator' for Accelerator() (their parameters are "
+            "all None)",
         ),
         _k(
             "collective",
@@ -252,6 +257,15 @@ STATIC_EVENT_KINDS: dict[str, StaticEventKind] = {
             arg="the CliArg (flags, dest, default, line, node, args)",
         ),
         _k("set_defaults", "parser.set_defaults(...)", args="the call's arguments"),
+        # --- training frameworks (apis/frameworks.py)
+        _k(
+            "engine",
+            "a training framework that runs the loop for the script: Lightning's Trainer, Accelerate, the Hugging Face "
+            "Trainer (modelled), or one static analysis does not follow (DeepSpeed...)",
+            name="the engine, in words",
+            modelled="whether apis/frameworks.py models what it does (False: its loop was not analysed)",
+            how="canonical name of the call that builds it",
+        ),
         # --- anything else (engine/calls.py)
         _k(
             "call",

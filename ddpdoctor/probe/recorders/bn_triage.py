@@ -24,6 +24,7 @@ import copy
 import hashlib
 from typing import Any
 
+from ddpdoctor.probe.recorders.ddp import in_training
 from ddpdoctor.probe.session import Probe
 
 NAME = "bn_triage"
@@ -64,7 +65,7 @@ def install(probe: Probe) -> None:
 
     def make_forward(orig):
         def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-            if (self.training and probe.ddp_forward_depth == 0 and not probe.quiet and not probe.ending
+            if (in_training(self) and probe.ddp_forward_depth == 0 and not probe.quiet and not probe.ending
                     and torch.is_grad_enabled()):
                 probe.safely("triage batch", _ddp_forward, probe, state, self, inputs, kwargs, torch)
             return orig(self, *inputs, **kwargs)

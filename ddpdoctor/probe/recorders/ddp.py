@@ -53,7 +53,7 @@ def install(probe: Probe) -> None:
 
     def make_forward(orig):
         def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-            if id(self) not in inputs_seen and self.training and not probe.ending:
+            if id(self) not in inputs_seen and in_training(self) and not probe.ending:
                 inputs_seen.add(id(self))
                 probe.safely("ddp_inputs", _inputs, probe, self, inputs, kwargs)
             if (self.training and torch.is_grad_enabled() and not probe.ending and not probe.quiet
@@ -65,7 +65,7 @@ def install(probe: Probe) -> None:
                 out = orig(self, *inputs, **kwargs)
             finally:
                 probe.ddp_forward_depth -= 1
-            if self.training and torch.is_grad_enabled() and trains(self.module):
+            if in_training(self) and torch.is_grad_enabled() and trains(self.module):
                 probe.counters["ddp_forwards"] += 1
             return out
 
@@ -282,6 +282,13 @@ def wrapper_forward(probe: Probe, wrapper: Any) -> Iterator[None]:
         probe.ddp_forward_depth -= 1
     if wrapper.training and torch.is_grad_enabled() and trains(wrapper):
         probe.counters["ddp_forwards"] += 1
+
+
+def in_training(ddp: Any) -> bool:
+    """Whether a DDP forward is a training forward: the mode of the module it wraps, which is what its layers run
+    in. The wrapper's own flag can lag: Lightning's validation loop calls `trainer.model.eval()` on the wrapper and
+    restores only the LightningModule's mode afterwards, so the wrapper stays `training=False` while it trains."""
+    return bool(getattr(getattr(ddp, "module", ddp), "training", False))
 
 
 def trains(module: Any) -> bool:

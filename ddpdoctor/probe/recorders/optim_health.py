@@ -49,6 +49,7 @@ import sys
 from typing import Any
 
 from ddpdoctor.probe.patching import wrap_everywhere
+from ddpdoctor.probe.recorders.ddp import in_training
 from ddpdoctor.probe.session import Probe, is_user_file
 
 NAME = "optim_health"
@@ -113,7 +114,7 @@ def install(probe: Probe) -> None:
 
     # -- which DDP forward precedes each backward
     def forward_pre_hook(module: Any, args: Any) -> None:
-        if isinstance(module, DDP) and module.training and torch.is_grad_enabled():
+        if isinstance(module, DDP) and in_training(module) and torch.is_grad_enabled():
             st.pending = ("sync" if getattr(module, "require_backward_grad_sync", True) else "nosync", id(module))
         return None
 
@@ -155,9 +156,16 @@ def install(probe: Probe) -> None:
     probe.patcher.wrap(torch.autograd, "backward", lambda orig: make_backward(orig, autograd_tensors))
 
     # -- gradients before each step, parameters and norm buffers after it
-    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> Any:
         st.opt_depth += 1
         if st.opt_depth == 1 and not probe.ending and not probe.quiet_steps:
+            closure = kwargs.get("closure") if kwargs else None
+            if closure is None and args:
+                closure = args[0]
+            if callable(closure):
+                # `optimizer.step(closure)` (Lightning's automatic optimization, LBFGS): the forward, backward
+                # and gradient reduction run inside the step, in the closure; the gradients are read after it
+                return _closure_then_record(probe, st, optimizer, closure, args, kwargs)
             probe.safely("train_step", _before_step, probe, st, optimizer)
         return None
 
@@ -182,6 +190,23 @@ def install(probe: Probe) -> None:
                 wrap_everywhere(probe, owners, op, lambda fn, op=op: _make_collective(probe, st, owners, op, fn))
         if hasattr(DDP, "register_comm_hook"):
             probe.patcher.wrap(DDP, "register_comm_hook", lambda orig: _make_register_comm_hook(st, orig))
+
+
+def _closure_then_record(probe: Probe, st: _State, optimizer: Any, closure: Any, args: Any, kwargs: Any) -> Any:
+    """The step's (args, kwargs) with the closure replaced by one that records the gradients once it has run
+    (once per step: LBFGS calls its closure several times)."""
+    done = [False]
+
+    def closure_then_record() -> Any:
+        out = closure()
+        if not done[0]:
+            done[0] = True
+            probe.safely("train_step", _before_step, probe, st, optimizer)
+        return out
+
+    if kwargs and kwargs.get("closure") is closure:
+        return tuple(args), {**kwargs, "closure": closure_then_record}
+    return (closure_then_record, *tuple(args)[1:]), dict(kwargs or {})
 
 
 # ------------------------------------------------------------------------------------------------ backward

@@ -86,10 +86,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if branch.info == "other":
             confidence = Confidence.LIKELY if confidence == Confidence.CERTAIN else Confidence.POSSIBLE
         who = _WHO.get(branch.info, "only on some ranks")
+        # a library's collective is named as the script calls it (`accelerator.wait_for_everyone`, `hvd.allreduce`)
+        name = f"dist.{op}" if not ev.data.get("library") else script.text(getattr(ev.node, "func", ev.node))
         yield script.finding(
             CODE,
             line=ev,
-            message=f"dist.{op} at line {ev.line} runs {who} ({_where(script, branch, ev)}); the other ranks never "
+            message=f"{name} at line {ev.line} runs {who} ({_where(script, branch, ev)}); the other ranks never "
             f"join it, so the run hangs or pairs it with a different collective",
             confidence=cap_unreached(confidence, ev),
             evidence={

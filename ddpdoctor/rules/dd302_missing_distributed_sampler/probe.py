@@ -2,10 +2,11 @@
 
 What it does: for each training DataLoader (one during whose iteration optimizer steps ran), builds the set of
 dataset indices each rank visits in an epoch — the DistributedSampler's recorded order, the whole dataset for a
-RandomSampler/SequentialSampler (that is what they visit), otherwise the indices the loader drew — and measures
-the fraction of each rank's samples that another rank also visits. Indices are those of the dataset under any
-`Subset` wrappers (the probe maps them), so shards made by hand (`Subset(ds, range(rank, N, world))`) compare as
-the samples they hold. It also compares the batches the ranks drew:
+RandomSampler/SequentialSampler under torch's own BatchSampler (that is what they visit), otherwise (a batch
+sampler of a framework's, such as Accelerate's BatchSamplerShard; a custom sampler) the indices the loader drew —
+and measures the fraction of each rank's samples that another rank also visits. Indices are those of the dataset
+under any `Subset` wrappers (the probe maps them), so shards made by hand (`Subset(ds, range(rank, N, world))`)
+compare as the samples they hold. It also compares the batches the ranks drew:
 identical batches mean the ranks shuffle with the same seed and the global batch repeats every sample.
 
 A DistributedSampler over Subsets that differ from rank to rank (a `random_split` without a seeded generator) shards
@@ -87,9 +88,12 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 # a run recorded before the index source was the batch sampler: DataLoader's default sampler is
                 # unused there, the custom batch sampler decides — read what the loader drew
                 kind = "other"
-            full_pass = kind == "sequential" or (
+            # a batch sampler of its own (Accelerate's BatchSamplerShard keeps every world_size-th batch of the
+            # sampler's order) decides what the loader draws: then the indices drawn tell, not the sampler
+            own_batches = start.get("batch_sampler_cls") in (None, "BatchSampler")
+            full_pass = own_batches and (kind == "sequential" or (
                 kind == "random" and not created.get("replacement") and created.get("num_samples") in (None, n)
-            )
+            ))
             if full_pass and isinstance(n, int):
                 loader = next((e for e in p.of("loader_created") if e.get("loader") == start.get("loader")), {})
                 subset = loader.get("subset") or {}

@@ -9,8 +9,12 @@ Also flagged (low, certain from syntax): a Horovod collective that returns a new
 `hvd.allgather(t)`, `hvd.broadcast(t)` — called as a statement: its result is thrown away and `t` stays this
 rank's own value (only `hvd.allreduce_` works in place). Such a call is no reduction for the check above either.
 
+Also flagged: Lightning's `self.log(name, value)` in validation_step or an epoch-end hook without `sync_dist=True`
+(Lightning gives the validation loader a DistributedSampler; `sync_dist=True` all-reduces the value, and is a
+reduction here).
+
 What stays silent: evaluation over the full set (no DistributedSampler), any reduction in the evaluation function
-or its caller, torchmetrics (its metrics sync on `compute()`).
+or its caller, torchmetrics (its metrics sync on `compute()`; in Lightning, a Metric object given to `self.log`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
-    if any(m.startswith("torchmetrics") for m in script.imported):
-        return
+    # torchmetrics syncs on compute(): a script that uses it is taken to reduce its metrics, except in a
+    # framework's loop, whose model tells a Metric object logged (synced) from a tensor (rank-local)
+    torchmetrics = any(m.startswith("torchmetrics") for m in script.imported)
     collectives = script.of("collective")
     discarded = [ev for ev in collectives if ev.data.get("discarded")]
     yield from _discarded(script, discarded)
@@ -43,7 +48,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     seen: set[int] = set()
     for it in script.of("iterate"):
         loop = it.data.get("loop")
-        if not script.loop_evaluates(loop):
+        if not script.loop_evaluates(loop) or (torchmetrics and not it.data.get("engine")):
             continue
         sharded = [
             ld
@@ -58,19 +63,36 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         scope = {eval_frame} | ({caller} if caller is not None else set())
         if any(r.seq > it.seq and (eval_frame in r.frames or r.frame == caller) for r in reductions):
             continue
-        reported = [r for r in reports if r.seq > it.seq and r.frame in scope]
+        if it.data.get("engine"):  # a framework's loop: the hooks it calls report (`self.log` in validation_step)
+            reported = [r for r in reports if r.seq > it.seq and eval_frame in r.frames]
+        else:
+            reported = [r for r in reports if r.seq > it.seq and r.frame in scope]
         if not reported:
             continue
         report = reported[0]
         name = script.name(sharded[0])
+        if it.data.get("engine") == "lightning":
+            message = (
+                f"`{script.text(report.node)}` logs a value computed on this rank's shard only (Lightning gives "
+                f"`{name}`, evaluated by the trainer at {script.place(it, report)}, a DistributedSampler) without "
+                f"sync_dist=True, so the logged metric (and a checkpoint or early stop that monitors it) describes "
+                f"1/world_size of the data"
+            )
+            detail = "In Lightning: self.log(name, value, sync_dist=True), or log a torchmetrics Metric object."
+        else:
+            message = (
+                f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's "
+                f"DistributedSampler shard, and the metric reported at line {report.line} is never reduced across "
+                f"ranks, so it describes 1/world_size of the data"
+            )
+            detail = None
         yield script.finding(
             CODE,
             line=report,
-            message=f"the evaluation loop over `{name}` ({script.place(it, report)}) sees only this rank's "
-            f"DistributedSampler shard, and the metric reported at line {report.line} is never reduced across ranks, "
-            f"so it describes 1/world_size of the data",
+            message=message,
             confidence=cap_unreached(Confidence.LIKELY, it, report),
             evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
+            fix_detail=detail,
         )
 
 

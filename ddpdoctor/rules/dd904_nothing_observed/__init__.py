@@ -1,6 +1,6 @@
 """DD904 nothing-observed: the rule's catalog entry, its documentation and its parameters.
 
-How it is found lives beside this file: probe.py (from a recorded run).
+How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run).
 """
 
 from __future__ import annotations
@@ -15,10 +15,19 @@ RULE = Rule(
     code=CODE,
     name="nothing-observed",
     severity=Severity.HIGH,
-    summary="the probe observed no optimizer step (resumed past the last epoch, empty loader, early exit): what "
-    "needs training steps could not be measured, and the report says why",
+    summary="the probe observed no optimizer step (resumed past the last epoch, empty loader, early exit), or the "
+    "training loop runs in an engine static analysis does not model (\"not analysed: <engine>\"): what needs "
+    "training steps could not be checked, and the report says why",
     what=prose(
         """
+        Static analysis says "not analysed: <engine>" where the training loop runs inside an engine it does not
+        model (DeepSpeed's `deepspeed.initialize`, Lightning's strategy="deepspeed", ColossalAI), or where the
+        script hands its model to an unknown trainer (`trainer.fit(model)` on an object of an imported package)
+        and no optimizer step or backward pass is in sight: the rules read the training loop, so there "no
+        findings" would mean "not looked at". Lightning's Trainer, Accelerate and the Hugging Face Trainer are
+        modelled (README "Frameworks"). A probe run that observed optimizer steps measured the training, and
+        drops the static note.
+
         The probe fires when the script ran to its end without a single optimizer step on any rank, and
         neither a failure (DD902) nor a hang (DD901) explains it. The message says why, as far as the run
         shows it: the script loaded a checkpoint that was there before the probe and had no epoch left to
@@ -66,6 +75,10 @@ RULE = Rule(
         "manual_update": (
             "The probe measures training at torch.optim optimizer steps: an optimizer with the same update "
             "(torch.optim.SGD(params, lr)) lets it; `check --static` still reads this script."
+        ),
+        "not_analysed": (
+            "Run `ddpdoctor check SCRIPT --nproc N` (without --static): the probe measures on the ranks what the "
+            "engine does; `--ignore DD904` in a static-only gate that accepts the engine unread."
         ),
         "no_process": (
             "Nothing of the script ran under the probe: check the script path and its arguments, then read the "

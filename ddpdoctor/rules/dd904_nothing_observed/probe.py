@@ -14,8 +14,14 @@ from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import failures
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd904_nothing_observed import CODE
+
+MEASURES = Measures(
+    scope="run",
+    what="whether the ranks took optimizer steps: a run that trained through an engine static analysis does not "
+    "model measured its training, and drops the static \"not analysed\" note",
+)
 
 _TRAINING_ROLES = ("rank", "attached", "spawned", "main", "forked")
 
@@ -24,7 +30,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if ctx.timed_out or failures(ctx) or ctx.launcher.get("interrupted"):
         return []  # DD901 / DD902 say why the run is short; an interrupted run is not reported
     procs = [p for p in ctx.run.processes if p.role in _TRAINING_ROLES]
-    if any(_steps_seen(p) for p in procs):
+    steps = sum(_steps_seen(p) for p in procs)
+    if steps:
+        ctx.measured(CODE, run_wide=True,
+                     reason=f"the probe observed {steps} optimizer step{'s' if steps != 1 else ''} on the ranks")
         return []
     if not procs:
         return [ctx.finding(

@@ -9,6 +9,8 @@ order `interpreter.API_MODULES` lists them:
     data         loaders, samplers, datasets, iteration
     distributed  init_process_group, ranks, collectives, spawn / Process
     horovod      Horovod's PyTorch API (hvd.init, size/rank, DistributedOptimizer, its collectives, broadcasts)
+    frameworks   Lightning's Trainer/LightningCLI and hooks, Accelerate's Accelerator, the HF Trainer; engines not
+                 modelled (DeepSpeed) recorded as such
     environ      os.environ reads, writes and membership tests
     cli          argparse options and the parsed namespace
     tensors      checkpoints, CUDA devices, autograd/autocast contexts, tensors, reporting

@@ -11,7 +11,19 @@ import ast
 from typing import Any
 
 from ddpdoctor import torchnames as N
-from ddpdoctor.static.apis import cli, data, distributed, environ, horovod, nn, optim, paths, ranks, tensors
+from ddpdoctor.static.apis import (
+    cli,
+    data,
+    distributed,
+    environ,
+    frameworks,
+    horovod,
+    nn,
+    optim,
+    paths,
+    ranks,
+    tensors,
+)
 from ddpdoctor.static.apis.registry import Call, Registry
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
@@ -19,7 +31,7 @@ from ddpdoctor.static.project import Project
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, WORLD_TAGS, Ctx, Family, Obj, Value
 
 # The API modules, in the order their name patterns are tried (`Registry.call`).
-API_MODULES = (nn, optim, data, distributed, horovod, environ, cli, tensors, paths)
+API_MODULES = (nn, optim, data, distributed, horovod, frameworks, environ, cli, tensors, paths)
 REGISTRY = Registry(API_MODULES)
 
 
@@ -269,7 +281,7 @@ class TorchInterpreter(TorchState):
                 if b.kind == "class":
                     if b.props.get("instance_kind", "instance") != "instance":
                         kind = b.props["instance_kind"]
-                        for k in ("distributed_sampler", "wrapper_base"):
+                        for k in ("distributed_sampler", "wrapper_base", "framework"):
                             if k in b.props:
                                 out[k] = b.props[k]
                     continue
@@ -299,6 +311,8 @@ class TorchInterpreter(TorchState):
                     )
                 ):
                     kind = "module"
+                    if last == "LightningModule":
+                        out["framework"] = "lightning"  # frameworks.py: its hooks, self.log
         out["instance_kind"] = kind
         body_names = {n.name for n in st.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         out["overrides_iter"] = "__iter__" in body_names

@@ -59,6 +59,9 @@ PATTERNS = ((_is_scheduler, _scheduler), (_is_optimizer, _optimizer))
 def _backward_event(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     if o.kind == "class":
         return False
+    if o.props.get("engine") == "accelerate":  # accelerator.backward(loss): the loss's backward
+        w.emit("backward", node, target=args.get(0, "loss") or (w.unknown(node, label="loss"),))
+        return True
     w.emit("backward", node, target=(o,))
     return True
 

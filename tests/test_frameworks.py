@@ -1,0 +1,179 @@
+"""Scripts built on Lightning, Accelerate and the Hugging Face Trainer (issue 21).
+
+Static analysis reads them through the models of apis/frameworks.py (the fixtures in fixtures/static/frameworks/
+and fixtures/static/DD904/ carry their `# expect:` markers and run in tests/test_static_fixtures.py); here: the
+command line never gives such a script, or one whose engine is not modelled, a false "No findings", and the
+static path never imports a framework.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STATIC = REPO / "fixtures" / "static"
+FRAMEWORK_MODULES = ("lightning", "pytorch_lightning", "accelerate", "transformers", "deepspeed")
+
+
+def _check_static(path: Path) -> tuple[int, dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "check", "--static", str(path), "--format", "json"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    "name, codes",
+    [
+        ("frameworks/bad_lightning.py", {"DD504", "DD209", "DD401"}),
+        ("frameworks/bad_accelerate.py", {"DD501", "DD502", "DD401"}),
+        ("DD904/bad_deepspeed.py", {"DD904"}),
+        ("DD904/bad_unknown_trainer.py", {"DD904"}),
+    ],
+)
+def test_buggy_framework_scripts_are_never_a_clean_bill(name: str, codes: set[str]) -> None:
+    rc, report = _check_static(STATIC / name)
+    assert {f["rule"] for f in report["findings"]} == codes
+    assert rc == 1  # a high or medium finding among them fails the default gate
+
+
+@pytest.mark.parametrize("name", ["frameworks/good_lightning.py", "frameworks/good_accelerate.py",
+                                  "frameworks/good_hf_trainer.py"])
+def test_correct_framework_scripts_pass(name: str) -> None:
+    rc, report = _check_static(STATIC / name)
+    assert rc == 0
+    assert report["findings"] == []
+
+
+def test_not_analysed_names_the_engine() -> None:
+    rc, report = _check_static(STATIC / "DD904" / "bad_deepspeed.py")
+    (finding,) = report["findings"]
+    assert finding["message"].startswith("not analysed: DeepSpeed (deepspeed.initialize)")
+    assert finding["severity"] == "high" and rc == 1
+
+
+def test_static_path_never_imports_a_framework() -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from ddpdoctor.static import analyze_file\n"
+        f"for p in sorted(Path({str(STATIC / 'frameworks')!r}).glob('*.py')):\n"
+        "    analyze_file(p)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORK_MODULES!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------- the probe through the frameworks (2 ranks)
+
+PROBE_FIXTURES = REPO / "fixtures" / "frameworks"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def needs(module: str):  # noqa: ANN201
+    return pytest.mark.skipif(not _installed(module), reason=f"{module} is not installed (the `test` extra has it)")
+
+
+def _check(name: str, *options: str, tmp_path: Path) -> tuple[int, dict]:
+    """`ddpdoctor check` as the user runs it, in its own process, on 2 CPU ranks."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2",
+         "--timeout", "240", "--format", "json", "-o", str(out), *options],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert out.is_file(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(out.read_text(encoding="utf-8"))
+
+
+def _rules(report: dict, source: str | None = None) -> dict[str, dict]:
+    return {f["rule"]: f for f in report["findings"] if source is None or source in f["sources"]}
+
+
+def _above_low(report: dict) -> list[str]:
+    return [f["rule"] for f in report["findings"] if f["severity"] not in ("low", "info")]
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_lightning_script_measured_through_the_trainer(tmp_path: Path) -> None:
+    """Lightning under torchrun (its TorchElasticEnvironment): the fused BN+ReLU converted by sync_batchnorm=True
+    (DD208), the single-process lr (DD401, measured), the unsynced validation metric (DD504); the closure Lightning
+    steps with is followed (no false DD405), its DistributedSampler seen (no DD301/DD302)."""
+    code, report = _check("lightning_bad", "--base-lr", "0.1", "--base-batch", "32", tmp_path=tmp_path)
+    probe = _rules(report, "probe")
+    assert probe["DD208"]["severity"] == "critical"
+    assert "static" in probe["DD401"]["sources"]
+    assert "DD504" in _rules(report)
+    assert not {"DD301", "DD302", "DD305", "DD405", "DD904"} & set(_rules(report))
+    assert code == 1
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_correct_lightning_script_passes(tmp_path: Path) -> None:
+    code, report = _check("lightning_good", tmp_path=tmp_path)
+    assert _above_low(report) == [] and code == 0
+
+
+@pytest.mark.slow
+@needs("accelerate")
+def test_accelerate_save_of_the_prepared_model_on_every_process(tmp_path: Path) -> None:
+    """Accelerate under torchrun: DD501 and DD502 measured; its BatchSamplerShard shards (the indices drawn are
+    disjoint), so no DD302."""
+    code, report = _check("accelerate_bad", tmp_path=tmp_path)
+    probe = _rules(report, "probe")
+    assert {"DD501", "DD502"} <= set(probe)
+    assert probe["DD502"]["evidence"]["writers"] == [0, 1]
+    assert "DD302" not in _rules(report)
+    assert code == 1
+    assert not (tmp_path / "model.pt").exists()  # the probe redirects the checkpoint writes
+
+
+@pytest.mark.slow
+@needs("accelerate")
+def test_correct_accelerate_script_passes(tmp_path: Path) -> None:
+    code, report = _check("accelerate_good", tmp_path=tmp_path)
+    assert _above_low(report) == [] and code == 0
+
+
+@pytest.mark.slow
+@needs("transformers")
+def test_hf_trainer_runs_to_its_steps(tmp_path: Path) -> None:
+    """The Trainer steps (no DD904), and what it does to BatchNorm is measured: 8 samples per rank (DD202)."""
+    code, report = _check("hf_trainer", tmp_path=tmp_path)
+    assert "DD904" not in _rules(report) and "DD902" not in _rules(report)
+    assert report["environment"]["nproc"] == 2
+    assert _above_low(report) == ["DD202"] and code == 1
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_triage_confirms_the_conversion_lightning_performs_first(tmp_path: Path) -> None:
+    """The arms intercept torch's converter that `sync_batchnorm=True` calls: arm P undoes it, and the fused
+    BN+ReLU subclass it replaced is the confirmed first cause (DD208). The arms pair (same weights, same batches):
+    the DDP wrapper Lightning leaves in eval mode after its sanity check still counts as training."""
+    out = tmp_path / "triage.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "triage", str(PROBE_FIXTURES / "lightning_bad.py"), "--epochs", "2",
+         "--steps", "4", "--format", "json", "-o", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )
+    assert out.is_file(), proc.stderr[-2000:]
+    tri = json.loads(out.read_text(encoding="utf-8"))["triage"]
+    assert (tri["causes"][0]["rule"], tri["causes"][0]["verdict"]) == ("DD208", "confirmed")
+    assert tri["paired"] is True
+    assert [a["name"] for a in tri["arms"]] == ["A", "L", "P"] and all(a["steps"] > 0 for a in tri["arms"])
