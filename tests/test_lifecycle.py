@@ -238,3 +238,96 @@ def test_a_kill_at_any_moment_leaves_no_temporary_run_directory(marked, command:
         proc.wait(timeout=60)
         assert _wait_gone(env[MARK], token, 8.0) == []
         assert _wait_until_empty(tmp, 8.0) == [], f"{command} killed by {signal.Signals(sig).name} after {delay} s"
+
+
+def _recorded(run_dir: Path, kind: str) -> set[int]:
+    """Ranks whose event log holds a complete event of this kind."""
+    ranks: set[int] = set()
+    for log in (run_dir / "events").glob("*.jsonl"):
+        try:
+            lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+        except OSError:
+            continue
+        for line in lines:
+            if line.endswith("\n") and f'"kind":"{kind}"' in line:
+                event = json.loads(line)
+                if event.get("rank") is not None:
+                    ranks.add(int(event["rank"]))
+    return ranks
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_run_is_cleaned_up_ends_the_command_as_interrupted(
+    marked, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, sig: int
+) -> None:
+    """Ctrl-C or SIGTERM arriving while the run is stopped and its temporary files removed was ignored (SIG_IGN
+    for the clean-up): ddpdoctor went on to a full report and exit 0. Delivered exactly then (when the launcher
+    stops its supervisor), it must end the command as interrupted (exit 2, no report) — after the clean-up, which
+    it must not cut short: no process and no temporary folder left."""
+    import tempfile
+
+    from ddpdoctor import cli
+    from ddpdoctor.probe.supervisor import Supervisor
+
+    env, token, tmp = marked
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.chdir(REPO)
+    stop = Supervisor.stop
+    sent: list[int] = []
+
+    def stop_with_a_signal(self: Supervisor, *args, **kwargs):  # noqa: ANN001, ANN202 - wraps Supervisor.stop
+        if self.commands and not sent:  # the run's supervisor (not the guard of the run directory)
+            sent.append(sig)
+            os.kill(os.getpid(), sig)
+        return stop(self, *args, **kwargs)
+
+    monkeypatch.setattr(Supervisor, "stop", stop_with_a_signal)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = cli.main(["check", "fixtures/probe/not_distributed.py", "--quiet", "--timeout", "600"])
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    out, err = capsys.readouterr()
+    assert sent == [sig]
+    assert code == 2 and "interrupted" in err and out == "", (code, err[-2000:])
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 8.0) == []
+
+
+def test_a_ddpdoctor_suspended_past_the_timeout_still_reports_the_hang(marked, tmp_path: Path) -> None:
+    """Ctrl-Z (SIGSTOP) of ddpdoctor while the ranks hang, resumed after the supervisor's own deadline stopped the
+    run: the ranks hung (and ran on, in their own session) for the whole timeout, so the report is the hang —
+    DD901, exit 1 — not a clean report with exit 0. Stopped once both ranks have stepped (rank 0 is about to wait
+    forever), resumed once every process of the run is gone; a machine too loaded to reach a step within the
+    timeout gets a longer one."""
+    env, token, _ = marked
+    for timeout in (15, 45, 135):
+        run = tmp_path / f"run{timeout}"
+        proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/stuck_collective.py",
+                                 "--timeout", str(timeout), "--keep-run", str(run), "--format", "json", "--quiet"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while proc.poll() is None and _recorded(run, "optimizer_step") != {0, 1}:
+                time.sleep(0.1)
+            if proc.poll() is not None:
+                proc.communicate()
+                continue  # timed out before both ranks stepped: a longer timeout
+            proc.send_signal(signal.SIGSTOP)
+            # the supervisor's deadline (the timeout + its grace) ends the run while ddpdoctor is stopped
+            while [p for p in _carrying(env[MARK], token) if p != proc.pid]:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGCONT)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        break
+    assert proc.returncode == 1, err[-3000:]
+    report = json.loads(out)
+    assert "DD901" in {f["rule"] for f in report["findings"]}, report["findings"]
+    launch = json.loads((run / "launcher.json").read_text())
+    assert launch["timed_out"] and launch["supervisor"]["reason"] == "deadline"
