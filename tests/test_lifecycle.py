@@ -73,7 +73,7 @@ def marked(tmp_path: Path):
     assert left == [], "processes of the run outlived the test"
 
 
-def _check(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _check(env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ddpdoctor", "check", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -81,7 +81,7 @@ def _check(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedP
 def test_processes_that_escape_the_tree_and_the_environment_end_with_the_run(marked, tmp_path: Path) -> None:
     env, token, tmp = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/escape.py", "--keep-run", str(run), "--timeout", "60", "--", token)
+    done = _check(env, f"{FIXTURES}/escape.py", "--keep-run", str(run), "--timeout", "600", "--", token)
     assert "Traceback" not in done.stderr, done.stderr
     assert _wait_gone(env[MARK], token, 2.0) == []
     assert "started the escapees" in (run / "logs" / "rank0.stdout").read_text()
@@ -148,7 +148,7 @@ def test_sigkill_of_ddpdoctor_stops_spawned_workers_that_ignore_sigint_and_sigte
 def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) -> None:
     env, token, _ = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/kills_launcher.py", "--keep-run", str(run), "--timeout", "60",
+    done = _check(env, f"{FIXTURES}/kills_launcher.py", "--keep-run", str(run), "--timeout", "600",
                   "--format", "json", "--", token)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
@@ -160,9 +160,12 @@ def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) 
 
 def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked, tmp_path: Path) -> None:
     env, token, _ = marked
-    run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "15",
-                  "--format", "json", "--", token)
+    for timeout in (15, 45, 135):  # until rank 1 has waited in its collective for a while: what a hang needs
+        run = tmp_path / f"run{timeout}"
+        done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", str(timeout),
+                      "--format", "json", "--", token)
+        if _waited(run, 1, "pg_init", 10.0):
+            break
     report = json.loads(done.stdout)
     dd901 = [f for f in report["findings"] if f["rule"] == "DD901"]
     assert dd901, report["findings"]
@@ -175,7 +178,7 @@ def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked,
 def test_a_failure_under_cuda_emulation_points_at_the_script_without_the_probes_frames(marked, tmp_path: Path) -> None:
     env, _, _ = marked
     run = tmp_path / "run"
-    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "90",
+    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "600",
                   "--format", "json")
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD902"]
@@ -190,7 +193,7 @@ def test_a_literal_rank_and_the_scripts_own_master_port_are_measured_past(marked
     """DD104: rank 0 hard-coded and MASTER_PORT set by the script. Overriding the rank alone left both ranks in
     the rendezvous until the timeout while the finding claimed the probe kept measuring."""
     env, _, _ = marked
-    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "90", "--format", "json")
+    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "600", "--format", "json")
     report = json.loads(done.stdout)
     rules = {f["rule"]: f for f in report["findings"]}
     assert "DD901" not in rules and "went on measuring" in rules["DD104"]["message"]
@@ -235,7 +238,7 @@ def test_a_kill_at_any_moment_leaves_no_temporary_run_directory(marked, command:
                                  "120"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
         proc.send_signal(sig)
-        proc.wait(timeout=60)
+        proc.wait(timeout=300)
         assert _wait_gone(env[MARK], token, 8.0) == []
         assert _wait_until_empty(tmp, 8.0) == [], f"{command} killed by {signal.Signals(sig).name} after {delay} s"
 
@@ -254,6 +257,18 @@ def _recorded(run_dir: Path, kind: str) -> set[int]:
                 if event.get("rank") is not None:
                     ranks.add(int(event["rank"]))
     return ranks
+
+
+def _waited(run_dir: Path, rank: int, kind: str, seconds: float) -> bool:
+    """The rank recorded `kind` at least `seconds` before the run's timeout hit."""
+    launch = json.loads((run_dir / "launcher.json").read_text())
+    at = float(launch["started"]) + float(launch["timeout"])
+    for log in (run_dir / "events").glob("*.jsonl"):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            event = json.loads(line)
+            if event.get("rank") == rank and event.get("kind") == kind:
+                return at - float(event["t"]) >= seconds
+    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
