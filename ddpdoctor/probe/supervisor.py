@@ -242,7 +242,7 @@ def trap_stop_signals() -> dict[int, Any]:
     previous = {}
     for name in ("SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
-        if sig is not None:
+        if sig is not None and signal.getsignal(sig) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
             previous[int(sig)] = signal.signal(sig, _raise_stopped)
     return previous
 
@@ -290,7 +290,7 @@ def hold_signals(previous: dict[int, Any] | None = None) -> HeldSignals:
 
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
-        if sig is not None:
+        if sig is not None and signal.getsignal(sig) != signal.SIG_IGN:  # ignored by whoever started us: stays so
             found = signal.signal(sig, record)
             held.previous[int(sig)] = (previous or {}).get(int(sig), found)
     return held
