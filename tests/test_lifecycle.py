@@ -346,3 +346,41 @@ def test_a_ddpdoctor_suspended_past_the_timeout_still_reports_the_hang(marked, t
     assert "DD901" in {f["rule"] for f in report["findings"]}, report["findings"]
     launch = json.loads((run / "launcher.json").read_text())
     assert launch["timed_out"] and launch["supervisor"]["reason"] == "deadline"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_compare_bn_interrupted_while_its_ranks_are_stopped_exits_2(
+    marked, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, sig: int
+) -> None:
+    """compare-bn's clean-up ignored Ctrl-C and SIGTERM the same way (and made its work folder before any guard ran):
+    a signal delivered while its ranks are stopped ends the command as interrupted, with nothing left."""
+    import tempfile
+
+    from ddpdoctor import cli
+    from ddpdoctor.bn import compare
+
+    env, token, tmp = marked
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    stop = compare._Ranks.stop
+    sent: list[int] = []
+
+    def stop_with_a_signal(self):  # noqa: ANN001, ANN202 - wraps _Ranks.stop
+        if not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), sig)
+        return stop(self)
+
+    monkeypatch.setattr(compare._Ranks, "stop", stop_with_a_signal)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = cli.main(["compare-bn", "--steps", "2", "--timeout", "600"])
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    out, err = capsys.readouterr()
+    assert sent == [sig]
+    assert code == 2 and "interrupted" in err and out == "", (code, err[-2000:])
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 8.0) == []
