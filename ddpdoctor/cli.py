@@ -443,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         gc.disable()
         _reopen_closed_std_streams()
+        _stop_signals_interrupt()
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
     _RAW_ARGS[:] = args
@@ -495,6 +496,18 @@ def _reopen_closed_std_streams() -> None:
             continue
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+
+
+def _stop_signals_interrupt() -> None:
+    """SIGTERM and SIGHUP end a command as Ctrl-C does: a KeyboardInterrupt, so every `finally` runs (a half-written
+    --output file is removed, the run is stopped and its files removed) and the command exits 2, `interrupted`.
+    Their default action would end the process at once, leaving that to the guards (ddpdoctor.probe.supervisor)."""
+    import signal
+
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, signal.default_int_handler)
 
 
 def _exit(code: int) -> None:

@@ -304,6 +304,51 @@ def test_ranks_waiting_for_a_busy_rank_is_a_likely_hang(tmp_path: Path) -> None:
             "(metrics.py:12)): either that work never ends, or it needs more than the timeout") in f.message
 
 
+def test_a_timeout_before_any_rank_started_is_the_run_running_out_of_time(tmp_path: Path) -> None:
+    """No rank recorded anything within the timeout: on a loaded machine starting the interpreters and importing
+    torch can take that long. That is the run cut short, said in a note — it was a critical DD901 "the script did not
+    reach its training loop", a finding about the script that only the machine's load produced."""
+    Run(tmp_path, timed_out=True, started=0.0, ended=10.5, timeout=10)
+    result = analyze_run(tmp_path)
+    assert "DD901" not in {f.rule for f in result.findings}
+    note = next(n for n in result.notes if "timeout ended the run" in n)
+    assert note.startswith("the probe's 10 s timeout ended the run before any rank had started the script")
+    assert "not a hang: 0 optimizer steps observed" in note and "rerun with a longer --timeout" in note
+
+
+def _rendezvous_wait(run: Run, pid: int) -> None:
+    _stack(run, pid, (f"{TORCH}/distributed/rendezvous.py", 200, "_create_c10d_store"),
+           (f"{TORCH}/distributed/distributed_c10d.py", 1500, "init_process_group"), (SCRIPT, 11, "<module>"))
+
+
+def test_a_rank_waiting_in_the_rendezvous_for_a_peer_still_starting_ran_out_of_time(tmp_path: Path) -> None:
+    """Rank 0 reached the rendezvous at t=8 and waited; rank 1 was still importing torch at the timeout, or had not
+    recorded anything at all: the run was slow to start, not hung — no DD901 (it said "the ranks never all joined
+    the process group: give init_process_group the launcher's rank"), a note."""
+    begin = [("torch_ready", {"t": 6.0}), ("pg_init_begin", {"t": 8.0, "site": SITE})]
+    for name, second in (("importing", True), ("absent", False)):
+        root = tmp_path / name
+        run = Run(root, timed_out=True, started=0.0, ended=30.5, timeout=30)
+        run.process(10, 0, events=begin)
+        _rendezvous_wait(run, 10)
+        if second:
+            run.process(11, 1, events=[])  # process_start only: still importing torch
+            _stack(run, 11, ("<frozen importlib._bootstrap>", 1000, "_find_and_load"), (SCRIPT, 1, "<module>"))
+        result = analyze_run(root)
+        assert "DD901" not in {f.rule for f in result.findings}, name
+        assert any("timeout ended the run" in n and "not a hang" in n for n in result.notes), (name, result.notes)
+
+
+def test_every_rank_waiting_in_the_rendezvous_is_still_a_hang(tmp_path: Path) -> None:
+    """Both ranks in the rendezvous for 22 s (a literal rank, a world size that never fills): a hang, as before."""
+    run = Run(tmp_path, timed_out=True, started=0.0, ended=30.5, timeout=30)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=[("torch_ready", {"t": 6.0}), ("pg_init_begin", {"t": 8.0, "site": SITE})])
+        _rendezvous_wait(run, pid)
+    f = _rules(tmp_path)["DD901"]
+    assert f.ranks == (0, 1) and "never all joined the process group" in f.fix
+
+
 def test_a_stall_in_a_ddp_backward_is_a_hang(tmp_path: Path) -> None:
     """Both ranks silent for 40 s at 2 s per step, one in DDP's backward (its all-reduce), one in a collective."""
     run = Run(tmp_path, timed_out=True, started=0.0, ended=60.0, timeout=60)

@@ -73,7 +73,7 @@ def marked(tmp_path: Path):
     assert left == [], "processes of the run outlived the test"
 
 
-def _check(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _check(env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ddpdoctor", "check", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -81,7 +81,7 @@ def _check(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedP
 def test_processes_that_escape_the_tree_and_the_environment_end_with_the_run(marked, tmp_path: Path) -> None:
     env, token, tmp = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/escape.py", "--keep-run", str(run), "--timeout", "60", "--", token)
+    done = _check(env, f"{FIXTURES}/escape.py", "--keep-run", str(run), "--timeout", "600", "--", token)
     assert "Traceback" not in done.stderr, done.stderr
     assert _wait_gone(env[MARK], token, 2.0) == []
     assert "started the escapees" in (run / "logs" / "rank0.stdout").read_text()
@@ -148,7 +148,7 @@ def test_sigkill_of_ddpdoctor_stops_spawned_workers_that_ignore_sigint_and_sigte
 def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) -> None:
     env, token, _ = marked
     run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/kills_launcher.py", "--keep-run", str(run), "--timeout", "60",
+    done = _check(env, f"{FIXTURES}/kills_launcher.py", "--keep-run", str(run), "--timeout", "600",
                   "--format", "json", "--", token)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
@@ -160,9 +160,12 @@ def test_a_killed_launcher_is_a_failure_not_a_clean_run(marked, tmp_path: Path) 
 
 def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked, tmp_path: Path) -> None:
     env, token, _ = marked
-    run = tmp_path / "run"
-    done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", "15",
-                  "--format", "json", "--", token)
+    for timeout in (15, 45, 135):  # until rank 1 has waited in its collective for a while: what a hang needs
+        run = tmp_path / f"run{timeout}"
+        done = _check(env, f"{FIXTURES}/requeue_handler.py", "--keep-run", str(run), "--timeout", str(timeout),
+                      "--format", "json", "--", token)
+        if _waited(run, 1, "pg_init", 10.0):
+            break
     report = json.loads(done.stdout)
     dd901 = [f for f in report["findings"] if f["rule"] == "DD901"]
     assert dd901, report["findings"]
@@ -175,7 +178,7 @@ def test_the_hang_diagnosis_does_not_fire_the_scripts_own_signal_handler(marked,
 def test_a_failure_under_cuda_emulation_points_at_the_script_without_the_probes_frames(marked, tmp_path: Path) -> None:
     env, _, _ = marked
     run = tmp_path / "run"
-    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "90",
+    done = _check(env, "fixtures/probe/cuda_op_raises.py", "--keep-run", str(run), "--timeout", "600",
                   "--format", "json")
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD902"]
@@ -190,7 +193,7 @@ def test_a_literal_rank_and_the_scripts_own_master_port_are_measured_past(marked
     """DD104: rank 0 hard-coded and MASTER_PORT set by the script. Overriding the rank alone left both ranks in
     the rendezvous until the timeout while the finding claimed the probe kept measuring."""
     env, _, _ = marked
-    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "90", "--format", "json")
+    done = _check(env, "fixtures/probe/hardcoded_rank_own_master.py", "--timeout", "600", "--format", "json")
     report = json.loads(done.stdout)
     rules = {f["rule"]: f for f in report["findings"]}
     assert "DD901" not in rules and "went on measuring" in rules["DD104"]["message"]
@@ -235,6 +238,149 @@ def test_a_kill_at_any_moment_leaves_no_temporary_run_directory(marked, command:
                                  "120"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
         proc.send_signal(sig)
-        proc.wait(timeout=60)
+        proc.wait(timeout=300)
         assert _wait_gone(env[MARK], token, 8.0) == []
         assert _wait_until_empty(tmp, 8.0) == [], f"{command} killed by {signal.Signals(sig).name} after {delay} s"
+
+
+def _recorded(run_dir: Path, kind: str) -> set[int]:
+    """Ranks whose event log holds a complete event of this kind."""
+    ranks: set[int] = set()
+    for log in (run_dir / "events").glob("*.jsonl"):
+        try:
+            lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+        except OSError:
+            continue
+        for line in lines:
+            if line.endswith("\n") and f'"kind":"{kind}"' in line:
+                event = json.loads(line)
+                if event.get("rank") is not None:
+                    ranks.add(int(event["rank"]))
+    return ranks
+
+
+def _waited(run_dir: Path, rank: int, kind: str, seconds: float) -> bool:
+    """The rank recorded `kind` at least `seconds` before the run's timeout hit."""
+    launch = json.loads((run_dir / "launcher.json").read_text())
+    at = float(launch["started"]) + float(launch["timeout"])
+    for log in (run_dir / "events").glob("*.jsonl"):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            event = json.loads(line)
+            if event.get("rank") == rank and event.get("kind") == kind:
+                return at - float(event["t"]) >= seconds
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_run_is_cleaned_up_ends_the_command_as_interrupted(
+    marked, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, sig: int
+) -> None:
+    """Ctrl-C or SIGTERM arriving while the run is stopped and its temporary files removed was ignored (SIG_IGN
+    for the clean-up): ddpdoctor went on to a full report and exit 0. Delivered exactly then (when the launcher
+    stops its supervisor), it must end the command as interrupted (exit 2, no report) — after the clean-up, which
+    it must not cut short: no process and no temporary folder left."""
+    import tempfile
+
+    from ddpdoctor import cli
+    from ddpdoctor.probe.supervisor import Supervisor
+
+    env, token, tmp = marked
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.chdir(REPO)
+    stop = Supervisor.stop
+    sent: list[int] = []
+
+    def stop_with_a_signal(self: Supervisor, *args, **kwargs):  # noqa: ANN001, ANN202 - wraps Supervisor.stop
+        if self.commands and not sent:  # the run's supervisor (not the guard of the run directory)
+            sent.append(sig)
+            os.kill(os.getpid(), sig)
+        return stop(self, *args, **kwargs)
+
+    monkeypatch.setattr(Supervisor, "stop", stop_with_a_signal)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = cli.main(["check", "fixtures/probe/not_distributed.py", "--quiet", "--timeout", "600"])
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    out, err = capsys.readouterr()
+    assert sent == [sig]
+    assert code == 2 and "interrupted" in err and out == "", (code, err[-2000:])
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 8.0) == []
+
+
+def test_a_ddpdoctor_suspended_past_the_timeout_still_reports_the_hang(marked, tmp_path: Path) -> None:
+    """Ctrl-Z (SIGSTOP) of ddpdoctor while the ranks hang, resumed after the supervisor's own deadline stopped the
+    run: the ranks hung (and ran on, in their own session) for the whole timeout, so the report is the hang —
+    DD901, exit 1 — not a clean report with exit 0. Stopped once both ranks have stepped (rank 0 is about to wait
+    forever), resumed once every process of the run is gone; a machine too loaded to reach a step within the
+    timeout gets a longer one."""
+    env, token, _ = marked
+    for timeout in (15, 45, 135):
+        run = tmp_path / f"run{timeout}"
+        proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/stuck_collective.py",
+                                 "--timeout", str(timeout), "--keep-run", str(run), "--format", "json", "--quiet"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while proc.poll() is None and _recorded(run, "optimizer_step") != {0, 1}:
+                time.sleep(0.1)
+            if proc.poll() is not None:
+                proc.communicate()
+                continue  # timed out before both ranks stepped: a longer timeout
+            proc.send_signal(signal.SIGSTOP)
+            # the supervisor's deadline (the timeout + its grace) ends the run while ddpdoctor is stopped
+            while [p for p in _carrying(env[MARK], token) if p != proc.pid]:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGCONT)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        break
+    assert proc.returncode == 1, err[-3000:]
+    report = json.loads(out)
+    assert "DD901" in {f["rule"] for f in report["findings"]}, report["findings"]
+    launch = json.loads((run / "launcher.json").read_text())
+    assert launch["timed_out"] and launch["supervisor"]["reason"] == "deadline"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_compare_bn_interrupted_while_its_ranks_are_stopped_exits_2(
+    marked, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, sig: int
+) -> None:
+    """compare-bn's clean-up ignored Ctrl-C and SIGTERM the same way (and made its work folder before any guard ran):
+    a signal delivered while its ranks are stopped ends the command as interrupted, with nothing left."""
+    import tempfile
+
+    from ddpdoctor import cli
+    from ddpdoctor.bn import compare
+
+    env, token, tmp = marked
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    stop = compare._Ranks.stop
+    sent: list[int] = []
+
+    def stop_with_a_signal(self):  # noqa: ANN001, ANN202 - wraps _Ranks.stop
+        if not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), sig)
+        return stop(self)
+
+    monkeypatch.setattr(compare._Ranks, "stop", stop_with_a_signal)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = cli.main(["compare-bn", "--steps", "2", "--timeout", "600"])
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    out, err = capsys.readouterr()
+    assert sent == [sig]
+    assert code == 2 and "interrupted" in err and out == "", (code, err[-2000:])
+    assert _wait_gone(env[MARK], token, 8.0) == []
+    assert _wait_until_empty(tmp, 8.0) == []

@@ -505,6 +505,30 @@ def timeout_view(ctx: RunContext) -> TimeoutView | None:
             steps=len(steps), last_event={k: last.get(k) for k in ("kind", "t", "step") if k in last},
             last_step_t=last_step_t, view=stack, waiting_in=waiting,
         )
+    _peers_still_starting(ctx, ranks)
     result = TimeoutView(at=at, timeout=timeout, launched=launched, startup_offset=before, pace=pace, ranks=ranks)
     ctx.memo["timeout_view"] = result
     return result
+
+
+def _peers_still_starting(ctx: RunContext, ranks: dict[int, RankAtTimeout]) -> None:
+    """A rank waiting in the rendezvous for a peer that has not reached it yet — a peer still starting (no event
+    of its own, or still importing and setting up) — is not stalled: the run was slow to start (a loaded machine
+    starts torch in minutes), not hung. A rendezvous hang is every expected rank in it, and it never completing."""
+    waiting = [r for r in ranks.values() if r.stalled and _in_rendezvous(ctx, r)]
+    if not waiting:
+        return
+    expected = int(ctx.run.meta.get("nproc") or 0) if ctx.run.meta.get("mode") == "torchrun" else 0
+    starting = [r for r in ranks.values() if r.state in ("running", "busy")
+                and not ctx.ranks[r.rank].of("pg_init_begin") and not ctx.ranks[r.rank].of("pg_init")]
+    if not starting and len(ranks) >= expected:
+        return
+    for r in waiting:
+        r.state = "running"
+
+
+def _in_rendezvous(ctx: RunContext, r: RankAtTimeout) -> bool:
+    if r.waiting_in is not None:
+        return r.waiting_in.get("kind") == "rendezvous"
+    p = ctx.ranks[r.rank]
+    return bool(p.of("pg_init_begin")) and not p.of("pg_init")

@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import replace
@@ -32,7 +31,14 @@ from typing import Any
 from ddpdoctor.bn.analysis import CompareConfig, CompareResult, analyse
 from ddpdoctor.errors import InternalError, UsageError, is_peer_error
 from ddpdoctor.probe.progress import REFRESH_S
-from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
+from ddpdoctor.probe.supervisor import (
+    Command,
+    Stopped,
+    Supervisor,
+    hold_signals,
+    restore_signals,
+    trap_stop_signals,
+)
 
 __all__ = ["CompareConfig", "CompareResult", "run_compare"]
 
@@ -268,9 +274,14 @@ def run_compare(cfg: CompareConfig, *, quiet: bool = True) -> CompareResult:
     started = time.monotonic()
     deadline = started + cfg.timeout
     cpus = os.cpu_count() or 1
-    work = Path(tempfile.mkdtemp(prefix="ddpdoctor-compare-"))
-    ranks = _Ranks(work, cfg.timeout)
     previous = trap_stop_signals()
+    try:
+        # removed even if this process is killed: the guard runs before the folder exists
+        work, guard = Supervisor.guarded_tempdir("ddpdoctor-compare-")
+    except BaseException:
+        restore_signals(previous)
+        raise
+    ranks = _Ranks(work, cfg.timeout)
     try:
         job = {
             "model": cfg.model,
@@ -306,12 +317,14 @@ def run_compare(cfg: CompareConfig, *, quiet: bool = True) -> CompareResult:
     finally:
         if progress is not None:
             progress.close(ok=False)  # a failure: its one-line error says the rest
-        restore_signals(previous, quiet=True)
+        held = hold_signals(previous)  # a Ctrl-C or SIGTERM during the clean-up is kept for after it
         try:
             ranks.stop()  # every rank is gone, whatever happened (a no-op for ranks that already exited)
         finally:
-            restore_signals(previous)
             shutil.rmtree(work, ignore_errors=True)
+            guard.stop()
+            held.release()
+    held.raise_received()
     result = analyse(cfg, shard, metas, arrays)
     return replace(result, timings={**result.timings, "wall_s": round(time.monotonic() - started, 3)})
 

@@ -64,7 +64,7 @@ from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
-from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, restore_signals, trap_stop_signals
+from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, hold_signals, trap_stop_signals
 from ddpdoctor.probe.usertree import changes as tree_changes
 from ddpdoctor.probe.usertree import fingerprint
 from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
@@ -211,6 +211,18 @@ def wait_for_stack_dumps(run_dir: Path, wait: float = STACK_WAIT) -> list[int]:
     return [pid for pid, f in live if f.exists() and f.stat().st_size > 0]
 
 
+def _dumped(run_dir: Path) -> list[int]:
+    """The pids whose stack dump is in the run directory (the processes are gone already)."""
+    out = []
+    for pid, name in _started_processes(run_dir):
+        try:
+            if (run_dir / EVENTS_DIR / name).stat().st_size > 0:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def _collect_logs(run_dir: Path) -> None:
     """Elastic writes logs/elastic/<run id>/attempt_0/<local rank>/{stdout,stderr}.log; keep them as
     logs/rank<r>.{stdout,stderr} (one node: global rank = local rank)."""
@@ -298,12 +310,19 @@ def _launch_once(
     except (KeyboardInterrupt, Stopped):
         interrupted = True
     finally:
-        restore_signals(previous, quiet=True)  # a second Ctrl-C must not cut the clean-up short
+        held = hold_signals(previous)  # a Ctrl-C or SIGTERM during the clean-up is kept for after it
         try:
             stopped = supervisor.stop()
         finally:
-            restore_signals(previous)
             shutil.rmtree(scratch, ignore_errors=True)
+            held.release()
+    if held:
+        interrupted = True  # asked to stop while the run was being stopped: the command ends as interrupted
+    elif not interrupted and not timed_out and stopped.get("reason") == "deadline":
+        # the supervisor's own deadline ended the run while this process was not looking (stopped with Ctrl-Z or
+        # SIGSTOP past the timeout, then resumed): the ranks ran on meanwhile, so the run timed out all the same
+        timed_out = True
+        dumped = _dumped(run_dir)
     _collect_logs(run_dir)
     for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
         if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder

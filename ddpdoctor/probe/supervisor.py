@@ -226,8 +226,9 @@ class Supervisor:
         self.stop()
 
 
-class Stopped(BaseException):
-    """SIGTERM / SIGHUP while a supervised run goes on: the caller stops the run as Ctrl-C does."""
+class Stopped(KeyboardInterrupt):
+    """SIGTERM / SIGHUP while a supervised run goes on: the caller stops the run as Ctrl-C does (a KeyboardInterrupt,
+    so that one escaping past the run's own handling still ends the command as `interrupted`, exit 2)."""
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
@@ -242,23 +243,58 @@ def trap_stop_signals() -> dict[int, Any]:
     previous = {}
     for name in ("SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
-        if sig is not None:
+        if sig is not None and signal.getsignal(sig) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
             previous[int(sig)] = signal.signal(sig, _raise_stopped)
     return previous
 
 
-def restore_signals(previous: dict[int, Any], quiet: bool = False) -> None:
-    """Put the caller's handlers back; with quiet, ignore SIGINT/SIGTERM/SIGHUP meanwhile (a second Ctrl-C must
-    not cut the clean-up short)."""
+def restore_signals(previous: dict[int, Any]) -> None:
+    """Put the caller's handlers back (those `trap_stop_signals` or `hold_signals` replaced)."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    if quiet:
-        for sig in (signal.SIGINT, *previous):
-            previous.setdefault(int(sig), signal.getsignal(sig))
-            signal.signal(sig, signal.SIG_IGN)
         return
     for sig, handler in previous.items():
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+class HeldSignals:
+    """SIGINT, SIGTERM and SIGHUP that arrived while clean-up ran (`hold_signals`): recorded, not acted on."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.received: list[int] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.received)
+
+    def release(self) -> None:
+        """Put the handlers back as they were before `hold_signals`; what arrived meanwhile stays in `received`."""
+        restore_signals(self.previous)
+        self.previous = {}
+
+    def raise_received(self) -> None:
+        """After `release`: a held signal ends the command as Ctrl-C does (ddpdoctor exits 2, `interrupted`)."""
+        if self.received:
+            raise KeyboardInterrupt
+
+
+def hold_signals(previous: dict[int, Any] | None = None) -> HeldSignals:
+    """While the run is stopped and its files removed, SIGINT/SIGTERM/SIGHUP are recorded instead of acted on: a
+    second Ctrl-C must not cut the clean-up short (a rank left running, a scratch folder left behind), and must not
+    be lost either — ignoring it let the command go on to a full report and exit 0 as if nobody had asked it to
+    stop. The caller releases them (`HeldSignals.release`) and raises if any came (`raise_received`)."""
+    held = HeldSignals()
+    if threading.current_thread() is not threading.main_thread():
+        return held
+
+    def record(signum: int, frame: Any) -> None:
+        held.received.append(signum)
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) != signal.SIG_IGN:  # ignored by whoever started us: stays so
+            found = signal.signal(sig, record)
+            held.previous[int(sig)] = (previous or {}).get(int(sig), found)
+    return held
 
 
 # ------------------------------------------------------------------------------------------- the supervisor

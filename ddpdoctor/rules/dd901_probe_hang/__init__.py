@@ -24,7 +24,9 @@ RULE = Rule(
         collective, a point-to-point receive, DDP's buffer broadcast or backward). Before it ends the ranks it
         records each rank's Python stack and the collective each rank entered and has not left. A run that
         was still making progress when the timeout expired is not a hang: the report says so in a note, with
-        the observed step time and a --timeout that would fit, and analyses the steps it recorded.
+        the observed step time and a --timeout that would fit, and analyses the steps it recorded. So is a run
+        slow to start (a loaded machine can spend minutes importing torch): ranks waiting in the rendezvous for
+        a peer that has not reached it yet, or no rank started at all when the timeout hit.
         """
     ),
     why=prose(
@@ -70,10 +72,6 @@ RULE = Rule(
         "backward": (
             "Some ranks wait in DDP's gradient all-reduce that the others never reach: give every rank the same "
             "number of backward passes (drop_last, even shards, or DDP's join() context for uneven inputs)."
-        ),
-        "not_started": (
-            "Nothing reached the training loop within the timeout: rerun with a longer --timeout, check data "
-            "loading and input(), or read the ranks' logs in the run directory (--keep-run DIR)."
         ),
     },
     run_only="a hang stops the run",
