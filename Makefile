@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
+# two pytest-xdist workers: the in-process tests use one core each, and a module whose tests share their runs
+# (tests/test_triage_e2e.py) stays on one worker (xdist_group)
+XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: setup demo lint test test-fast test-gpu bench bench-overhead bench-gpu docs clean
 
@@ -32,11 +35,11 @@ lint: setup
 	$(PY) -m ruff check .
 
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Skips the multi-rank tests (seconds each); `make test` runs everything.
 test-fast: setup lint
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # On a GPU node: the gpu-marked tests (skipped everywhere else).
 test-gpu: setup

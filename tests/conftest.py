@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,12 @@ def _report_width(monkeypatch: pytest.MonkeyPatch) -> None:
     gets without it, whatever the shell that runs the suite exports (a terminal's COLUMNS=80 broke the golden text
     reports). The processes a test starts inherit it; a test about widths sets its own."""
     monkeypatch.setenv("COLUMNS", "100")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _interruptible() -> None:
+    """Ctrl-C reaches the processes the tests start, as it does a user's: a pytest-xdist worker ignores SIGINT
+    (its controller handles Ctrl-C), and an ignored signal is inherited across exec — a `ddpdoctor` started there
+    would never see the SIGINT a test sends it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

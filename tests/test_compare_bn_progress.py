@@ -80,4 +80,6 @@ def test_compare_bn_says_what_the_ranks_do(quiet):
         return
     lines = done.stderr.splitlines()
     assert lines[0].startswith("ddpdoctor: compare-bn: 2 ranks × batch 16, 2 steps per BN mode, iid shards")
-    assert any("mode sync" in ln for ln in lines) and lines[-1].startswith("ddpdoctor: ranks finished in ")
+    # what the ranks do, sampled every refresh: which phases a line catches depends on the machine's speed
+    assert any("rank 0: " in ln and "rank 1: " in ln for ln in lines[1:-1]), lines
+    assert lines[-1].startswith("ddpdoctor: ranks finished in ")

@@ -255,7 +255,9 @@ def test_a_script_that_shadows_a_module_gets_its_report_with_the_progress_displa
     done = subprocess.run([str(Path(sys.executable).parent / "ddpdoctor"), "check", name, "--format", "json"],
                           check=False, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr
-    assert "DD902" in [f["rule"] for f in json.loads(done.stdout)["findings"]]
+    # torchrun's ranks would import the shadowing module from the script's folder; the probe's ranks imported
+    # torch before it: either the crash (DD902) or the run that trained nothing (DD904), a report either way
+    assert {"DD902", "DD904"} & {f["rule"] for f in json.loads(done.stdout)["findings"]}
     assert done.stderr.splitlines()[-1].startswith("ddpdoctor: probe finished in ")
 
 

@@ -68,6 +68,10 @@ def triage(tmp_path: Path, name: str, *options: str, script_args: tuple[str, ...
     return code, json.loads(out.read_text(encoding="utf-8"))
 
 
+# one xdist worker runs this module's tests (`make test` runs two): its runs are made once, for the tests that share
+# them, by the module's own pool
+pytestmark = pytest.mark.xdist_group("triage_e2e")
+
 # (fixture, options) → the run: made once for every test of this module that reads it, two at a time in the
 # background (a triage's ranks leave a core idle while they start, rendezvous and stop: on a 2-core CI machine two
 # runs side by side take about 1.3x the wall time of one, not 2x)
