@@ -57,6 +57,33 @@ def test_dd501_silent_for_the_unwrapped_state_dict() -> None:
     assert probe_findings("ckpt_save_rank0", "DD501") == []
 
 
+def _prefixed_save() -> dict[str, Any]:
+    sd = {"key": "model", "keys": 4, "module_prefixed": 4, "first_keys": ["module.fc.weight"]}
+    return {**save(0, "/w/ckpt.pt"), "state_dicts": [sd]}
+
+
+def _load(is_ddp: bool) -> dict[str, Any]:
+    return {"kind": "state_dict_load", "site": {**SITE, "line": 20}, "module_class": "DDP" if is_ddp else "Net",
+            "is_ddp": is_ddp, "strict": True, "given_keys": 4, "model_keys": 4, "missing": 0 if is_ddp else 4,
+            "unexpected": 0 if is_ddp else 4, "given_prefixed": 4, "model_prefixed": 4 if is_ddp else 0,
+            "matched": 4 if is_ddp else 0, "match_without_prefix": 0 if is_ddp else 4, "match_with_prefix": 0,
+            "error": None, "step": 0}
+
+
+def test_dd501_is_low_when_the_run_loads_it_back_only_into_the_wrapper(tmp_path: Path) -> None:
+    # a resume checkpoint: the script's own use of it works, what breaks is another program's (issue 20: medium on
+    # every resume-into-the-wrapper recipe made correct scripts fail the default gate)
+    (f,) = probe_findings(make_run(tmp_path, {0: ("h", [_load(True), _prefixed_save()])}), "DD501")
+    assert f.severity == Severity.LOW and "loads it back into the DDP wrapper" in f.message
+
+
+def test_dd501_stays_medium_without_a_load_or_with_a_plain_one(tmp_path: Path) -> None:
+    (f,) = probe_findings(make_run(tmp_path / "a", {0: ("h", [_prefixed_save()])}), "DD501")
+    assert f.severity == Severity.MEDIUM
+    (g,) = probe_findings(make_run(tmp_path / "b", {0: ("h", [_prefixed_save(), _load(False)])}), "DD501")
+    assert g.severity == Severity.MEDIUM
+
+
 # ------------------------------------------------------------------------------------------------ DD502
 
 

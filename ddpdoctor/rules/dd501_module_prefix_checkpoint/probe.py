@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding, Measures
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
 
 MEASURES = Measures(
@@ -60,6 +60,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         for place in _call_sites(ctx, saves):
             ctx.measured(CODE, site=place, reason=reason)
     loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
+    resumed_at = {(s.get("file"), s.get("line")): s for s in ctx.static_sites(CODE)
+                  if (s.get("evidence") or {}).get("loaded_back_into_wrapper")}
     findings = []
     for saves in groups.values():
         r0, e = saves[0]
@@ -71,12 +73,23 @@ def analyze(ctx: RunContext) -> list[Finding]:
         )
         load = next((le for _, le in loads if not le.get("is_ddp")), None)
         into_ddp = next((le for _, le in loads if le.get("is_ddp") and not le.get("error")), None)
+        static_resume = next((resumed_at[(c["file"], c["line"])] for c in _call_sites(ctx, saves)
+                              if (c["file"], c["line"]) in resumed_at), None)
+        severity = None
         if load is None and into_ddp is not None:
             consequence = (
                 f"this run loads it back into the DDP wrapper at {ctx.at(into_ddp.get('site'))}, where the keys "
                 f"match ({_loaded(into_ddp)} of {into_ddp.get('model_keys')}), but the plain model (evaluation, "
                 "fine-tuning, export) cannot load it without stripping the prefix"
             )
+        elif load is None and static_resume is not None:
+            consequence = (
+                "the script loads it back into the DDP wrapper when it resumes (static analysis), where the keys "
+                "match, but the plain model (evaluation, fine-tuning, export) cannot load it without stripping the "
+                "prefix"
+            )
+        if load is None and (into_ddp is not None or static_resume is not None):
+            severity = Severity.LOW  # the script's own use of it (resuming) works: another program's breaks
         if load is not None:
             consequence = (
                 f"this run's load_state_dict at {ctx.at(load.get('site'))} "
@@ -110,6 +123,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     ],
                 },
                 magnitude=float(sd.get("keys") or 0),
+                severity=severity,
             )
         )
     return findings
