@@ -146,3 +146,23 @@ def test_dd503_strict_false_loads_that_loaded_every_key_clear_the_static_finding
         "static DD503 at fixtures/probe/ckpt/save_rank0.py:45 cleared by the probe: load_state_dict(strict=False) "
         "loaded all 4 keys of Sequential (4 loads on ranks 0, 1, 0 missing, 1 unexpected checkpoint key ignored)"
     ) in report.notes
+
+
+def _save_of(key: str | None, first_keys: list[str], keys: int, prefixed: int, line: int) -> dict[str, Any]:
+    sd = {"key": key, "keys": keys, "module_prefixed": prefixed, "first_keys": first_keys}
+    return {**save(0, f"/w/ckpt{line}.pt"), "site": {**SITE, "line": line}, "state_dicts": [sd]}
+
+
+def test_dd501_cleared_when_the_run_also_saves_the_plain_backbone(tmp_path: Path) -> None:
+    # a self-supervised pretrainer: the resume checkpoint from the wrapper, and the backbone's plain weights
+    # saved beside it for every other consumer (issue 20's trial: DD501 stayed although the probe saw both)
+    resume = _save_of("model", ["module.backbone.conv.weight", "module.backbone.bn.weight", "module.head.weight"],
+                      6, 6, 50)
+    plain = _save_of(None, ["conv.weight", "bn.weight"], 4, 0, 60)
+    run = make_run(tmp_path / "a", {0: ("h", [resume, plain])})
+    analysis = analyze_run(run)
+    assert [f for f in analysis.findings if f.rule == "DD501"] == []
+    assert any(c.rule == "DD501" and "plain keys" in c.reason for c in analysis.clearances)
+    other = _save_of(None, ["classifier.weight", "classifier.bias"], 2, 0, 60)
+    (f,) = probe_findings(make_run(tmp_path / "b", {0: ("h", [resume, other])}), "DD501")
+    assert f.severity == Severity.MEDIUM

@@ -62,10 +62,21 @@ def analyze(ctx: RunContext) -> list[Finding]:
     loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
     resumed_at = {(s.get("file"), s.get("line")): s for s in ctx.static_sites(CODE)
                   if (s.get("evidence") or {}).get("loaded_back_into_wrapper")}
+    clean_dicts = [c for saves in clean.values() for _, ce in saves for c in ce.get("state_dicts") or []
+                   if c.get("keys") and not c.get("module_prefixed")]
     findings = []
     for saves in groups.values():
         r0, e = saves[0]
         sd = prefixed_state_dicts(e)[0]
+        exported = next((c for c in clean_dicts if _plain_part_of(c, sd)), None)
+        if exported is not None:
+            # a resume checkpoint from the wrapper, and the same run saved the plain weights of the model (or of
+            # its backbone) for everything else: measured, nothing to report
+            reason = (f"the same run also saved {exported.get('keys')} plain keys (e.g. "
+                      f"'{(exported.get('first_keys') or ['?'])[0]}') of the model this checkpoint holds")
+            for place in _call_sites(ctx, saves):
+                ctx.measured(CODE, site=place, reason=reason)
+            continue
         where = f"under key '{sd['key']}' " if sd.get("key") else ""
         target = e.get("path") or f"a {e.get('target')}"
         consequence = (
@@ -134,3 +145,18 @@ def _loaded(load: dict[str, Any]) -> int:
     if isinstance(matched, int):
         return int(matched)
     return int(load.get("model_keys") or 0) - int(load.get("missing") or 0)
+
+
+def _plain_part_of(plain: dict[str, Any], prefixed: dict[str, Any]) -> bool:
+    """Whether a state dict saved without the "module." prefix holds the model of a prefixed one, or a part of it
+    (a backbone): its first keys are the prefixed dict's first keys with one common prefix removed
+    ("module." or "module.backbone.")."""
+    mine, theirs = plain.get("first_keys") or [], prefixed.get("first_keys") or []
+    if not mine or not theirs or int(plain.get("keys") or 0) > int(prefixed.get("keys") or 0):
+        return False
+    head = theirs[0]
+    if not head.endswith("." + mine[0]) or not head.startswith("module."):
+        return False
+    prefix = head[: len(head) - len(mine[0])]
+    pairs = list(zip(mine, theirs))
+    return len(pairs) >= min(2, len(mine)) and all(t == prefix + m for m, t in pairs)
