@@ -27,7 +27,7 @@ RULE = Rule(
 
         The probe inspects state dicts passed to `torch.save` and fires when their keys start with
         "module."; low when the run (or, statically, the script) loads the checkpoint back only into the
-        wrapper; nothing when the same run also saved the plain weights of that model or of a part of it (its
+        wrapper; info when the same run also saved the plain weights of that model or of a part of it (its
         keys are the checkpoint's with one prefix such as "module.backbone." removed).
         """
     ),

@@ -69,14 +69,6 @@ def analyze(ctx: RunContext) -> list[Finding]:
         r0, e = saves[0]
         sd = prefixed_state_dicts(e)[0]
         exported = next((c for c in clean_dicts if _plain_part_of(c, sd)), None)
-        if exported is not None:
-            # a resume checkpoint from the wrapper, and the same run saved the plain weights of the model (or of
-            # its backbone) for everything else: measured, nothing to report
-            reason = (f"the same run also saved {exported.get('keys')} plain keys (e.g. "
-                      f"'{(exported.get('first_keys') or ['?'])[0]}') of the model this checkpoint holds")
-            for place in _call_sites(ctx, saves):
-                ctx.measured(CODE, site=place, reason=reason)
-            continue
         where = f"under key '{sd['key']}' " if sd.get("key") else ""
         target = e.get("path") or f"a {e.get('target')}"
         consequence = (
@@ -101,6 +93,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
             )
         if load is None and (into_ddp is not None or static_resume is not None):
             severity = Severity.LOW  # the script's own use of it (resuming) works: another program's breaks
+        if load is None and exported is not None:
+            # the same run saved the plain weights of this model (or of its backbone) for everything else: the
+            # prefixed file is the script's own (resume) checkpoint, measured, nothing to fix
+            consequence = (
+                f"the same run also saved {exported.get('keys')} plain keys of the same model (e.g. "
+                f"'{(exported.get('first_keys') or ['?'])[0]}'), which evaluation or fine-tuning can load as they "
+                "are; only a program that loads this checkpoint itself into the plain model must strip the prefix"
+            )
+            severity = Severity.INFO
         if load is not None:
             consequence = (
                 f"this run's load_state_dict at {ctx.at(load.get('site'))} "
