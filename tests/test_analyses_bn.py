@@ -437,3 +437,35 @@ def test_dd203_calibration_on_a_real_model():
     assert 0.02 <= (p_iid < 0.05).mean() <= 0.10
     assert 0.4 <= np.median(p_iid) <= 0.75
     assert (p_sorted < 1e-3).mean() >= 0.9
+
+
+def _same_batch_every_step(tmp_path: Path, *, from_loader: bool) -> Path:
+    """Ranks whose BN inputs differ (shifted) and who fed the same batch at every step: identical input digests
+    per rank; with `from_loader`, the batches came from a training loader (one batch per epoch, never
+    reshuffled), else from no loader (a synthetic benchmark)."""
+    rng = np.random.default_rng(5)
+    data = _simulate_bn(rng, steps=4, shift=3.0)
+    run = _write_run(tmp_path / ("loader" if from_loader else "synthetic"), data)
+    for r in data:
+        log = run / "events" / f"host-p{100 + r}.jsonl"
+        extra = [{"kind": "ddp_input_digest", "digest": f"d{r}", "step": s} for s in range(4)]
+        if from_loader:
+            extra += [{"kind": "loader_iter_end", "training": True, "batches": 1, "loader": 1, "it": e}
+                      for e in range(4)]
+        lines = [json.dumps({"t": 100.0 + i, "pid": 100 + r, "seq": 1000 + i, "rank": r, **e})
+                 for i, e in enumerate(extra)]
+        log.write_text(log.read_text() + "\n".join(lines) + "\n")
+    return run
+
+
+def test_dd203_same_batch_every_step_is_not_called_synthetic_when_a_loader_gave_it(tmp_path):
+    # a spawn-style MNIST recipe with one batch per epoch and no set_epoch: the note said "a fixed synthetic
+    # batch, no dataset" about a script that iterates a DataLoader (issue 20's trial of public scripts)
+    loader = analyze_run(_same_batch_every_step(tmp_path, from_loader=True))
+    synthetic = analyze_run(_same_batch_every_step(tmp_path, from_loader=False))
+    for analysis in (loader, synthetic):
+        assert not [f for f in analysis.findings if f.rule == "DD203"]
+    (note,) = [n for n in loader.notes if n.startswith("DD203")]
+    assert "loader yielded that same batch" in note and "no dataset" not in note
+    (note,) = [n for n in synthetic.notes if n.startswith("DD203")]
+    assert "a fixed synthetic batch, no dataset" in note

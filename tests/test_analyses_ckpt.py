@@ -57,6 +57,33 @@ def test_dd501_silent_for_the_unwrapped_state_dict() -> None:
     assert probe_findings("ckpt_save_rank0", "DD501") == []
 
 
+def _prefixed_save() -> dict[str, Any]:
+    sd = {"key": "model", "keys": 4, "module_prefixed": 4, "first_keys": ["module.fc.weight"]}
+    return {**save(0, "/w/ckpt.pt"), "state_dicts": [sd]}
+
+
+def _load(is_ddp: bool) -> dict[str, Any]:
+    return {"kind": "state_dict_load", "site": {**SITE, "line": 20}, "module_class": "DDP" if is_ddp else "Net",
+            "is_ddp": is_ddp, "strict": True, "given_keys": 4, "model_keys": 4, "missing": 0 if is_ddp else 4,
+            "unexpected": 0 if is_ddp else 4, "given_prefixed": 4, "model_prefixed": 4 if is_ddp else 0,
+            "matched": 4 if is_ddp else 0, "match_without_prefix": 0 if is_ddp else 4, "match_with_prefix": 0,
+            "error": None, "step": 0}
+
+
+def test_dd501_is_low_when_the_run_loads_it_back_only_into_the_wrapper(tmp_path: Path) -> None:
+    # a resume checkpoint: the script's own use of it works, what breaks is another program's (issue 20: medium on
+    # every resume-into-the-wrapper recipe made correct scripts fail the default gate)
+    (f,) = probe_findings(make_run(tmp_path, {0: ("h", [_load(True), _prefixed_save()])}), "DD501")
+    assert f.severity == Severity.LOW and "loads it back into the DDP wrapper" in f.message
+
+
+def test_dd501_stays_medium_without_a_load_or_with_a_plain_one(tmp_path: Path) -> None:
+    (f,) = probe_findings(make_run(tmp_path / "a", {0: ("h", [_prefixed_save()])}), "DD501")
+    assert f.severity == Severity.MEDIUM
+    (g,) = probe_findings(make_run(tmp_path / "b", {0: ("h", [_prefixed_save(), _load(False)])}), "DD501")
+    assert g.severity == Severity.MEDIUM
+
+
 # ------------------------------------------------------------------------------------------------ DD502
 
 
@@ -119,3 +146,21 @@ def test_dd503_strict_false_loads_that_loaded_every_key_clear_the_static_finding
         "static DD503 at fixtures/probe/ckpt/save_rank0.py:45 cleared by the probe: load_state_dict(strict=False) "
         "loaded all 4 keys of Sequential (4 loads on ranks 0, 1, 0 missing, 1 unexpected checkpoint key ignored)"
     ) in report.notes
+
+
+def _save_of(key: str | None, first_keys: list[str], keys: int, prefixed: int, line: int) -> dict[str, Any]:
+    sd = {"key": key, "keys": keys, "module_prefixed": prefixed, "first_keys": first_keys}
+    return {**save(0, f"/w/ckpt{line}.pt"), "site": {**SITE, "line": line}, "state_dicts": [sd]}
+
+
+def test_dd501_is_info_when_the_run_also_saves_the_plain_backbone(tmp_path: Path) -> None:
+    # a self-supervised pretrainer: the resume checkpoint from the wrapper, and the backbone's plain weights
+    # saved beside it for every other consumer (issue 20's trial: DD501 stayed although the probe saw both)
+    resume = _save_of("model", ["module.backbone.conv.weight", "module.backbone.bn.weight", "module.head.weight"],
+                      6, 6, 50)
+    plain = _save_of(None, ["conv.weight", "bn.weight"], 4, 0, 60)
+    (f,) = probe_findings(make_run(tmp_path / "a", {0: ("h", [resume, plain])}), "DD501")
+    assert f.severity == Severity.INFO and "also saved 4 plain keys" in f.message
+    other = _save_of(None, ["classifier.weight", "classifier.bias"], 2, 0, 60)
+    (f,) = probe_findings(make_run(tmp_path / "b", {0: ("h", [resume, other])}), "DD501")
+    assert f.severity == Severity.MEDIUM

@@ -722,3 +722,13 @@ def rules_and_levels(template: str):
         return (found[0].severity, found[0].confidence) if found else None
 
     return run
+
+
+def test_dd501_on_a_checkpoint_the_script_resumes_into_the_wrapper_is_low():
+    # resuming works, so it is not a defect of this script (issue 20: medium made such correct recipes fail the
+    # default gate); a checkpoint nobody loads back into the wrapper keeps the rule's medium
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "static" / "DD501"
+    (resumed,) = [f for f in analyze_file(fixtures / "bad_resume_checkpoint_only.py") if f.rule == "DD501"]
+    assert resumed.severity == Severity.LOW and resumed.evidence["loaded_back_into_wrapper"]
+    (plain,) = [f for f in analyze_file(fixtures / "bad_save_wrapper_state_dict.py") if f.rule == "DD501"]
+    assert plain.severity == Severity.MEDIUM

@@ -5,7 +5,8 @@ statement binds the device to the process: no `torch.cuda.set_device(<per-proces
 `device_ids=[<per-process value>]`, no move of the model to a per-process device (`.to(local_rank)`,
 `.cuda(args.gpu)`, `torch.device("cuda", local_rank)`), no `CUDA_VISIBLE_DEVICES` set per process. A literal
 `device_ids=[0]` or `set_device(0)` is flagged even when something else looks per-process — unless each process
-sets CUDA_VISIBLE_DEVICES to a value of its own first (then its device 0 is its own GPU).
+sets CUDA_VISIBLE_DEVICES to a value of its own first (then its device 0 is its own GPU). An index-less
+`device_ids=[torch.device("cuda")]` names the current device (the one set_device chose), not a fixed GPU.
 
 What stays silent: any per-process binding (values from LOCAL_RANK, the spawn index, `args.gpu`, or anything the
 walk cannot prove constant); a constant a call gets on one path when another path reaches the same call with a
@@ -31,6 +32,11 @@ def _cuda_text(value: Value) -> bool:
         if isinstance(text, str) and text.startswith("cuda"):
             return True
     return False
+
+
+def _current_device(o: Obj) -> bool:
+    """"cuda" or `torch.device("cuda")` with no index: the process's current CUDA device."""
+    return o.kind in ("const", "device") and o.const and o.value == "cuda"
 
 
 def _flatten(value: Value) -> list[Obj]:
@@ -81,7 +87,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         ids = ev.data["args"].get(1, "device_ids")
         if not ids:
             continue
-        items = [o for o in _flatten(ids) if not (o.kind == "const" and o.value is None)]
+        # `device_ids=[torch.device("cuda")]` names the current device, whatever set_device made it: neither a
+        # fixed GPU nor a binding of its own
+        items = [o for o in _flatten(ids) if not (o.kind == "const" and o.value is None) and not _current_device(o)]
         if items and all(o.const for o in items):
             literal_zero.append((ev, f"device_ids={script.text(ev.data['args'].node(1, 'device_ids'))}"))
         elif items:

@@ -48,10 +48,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if fixed:
         # no dataset: each rank fed one fixed batch at every step, so there is no step-to-step sampling noise to
         # test the ranks against, and no shards to be non-i.i.d. (a synthetic benchmark)
+        if _loader_batches(ctx):
+            # a loader that yields the same batch at every step (one batch per epoch, never reshuffled): no
+            # step-to-step noise either, but there is a dataset, and the note must not say otherwise
+            detail = ("(its training loader yielded that same batch every time), so there is no step-to-step "
+                      "sampling noise to test the ranks against")
+        else:
+            detail = ("(a fixed synthetic batch, no dataset), so the ranks' BatchNorm inputs differ by those "
+                      "batches alone, not by how data is sharded")
         ctx.notes.append(
             "DD203 (non-i.i.d. shards) not tested: every rank fed its model the same input batch at each of its "
-            f"first {fixed} training steps (a fixed synthetic batch, no dataset), so the ranks' BatchNorm inputs "
-            "differ by those batches alone, not by how data is sharded"
+            f"first {fixed} training steps {detail}"
         )
         return []
     effects = _effects(bn, test.threshold)
@@ -155,3 +162,9 @@ def fixed_batch(ctx: RunContext) -> int:
             return 0
         seen.append(len(digests))
     return min(seen) if len(seen) >= 2 else 0
+
+
+def _loader_batches(ctx: RunContext) -> int:
+    """Batches the ranks drew from training loaders (0: the batches came from no loader)."""
+    return sum(int(e.get("batches") or 0) for p in ctx.ranks.values() for e in p.of("loader_iter_end")
+               if e.get("training"))

@@ -84,8 +84,32 @@ def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx
                 (g, c) for c in step_tail if c.kind == "cond" and c not in bw_tail and (g := _gate(script, c, step))
             ]
             inner = next((c for c in bw_tail if c.kind == "loop" and c not in step_tail), None)
+            if (gates or inner is not None) and _stepped_at_once(script, bw, step):
+                continue  # an unconditional step of the same optimizer consumes this backward's gradients first
             if gates:
                 (rank, how), gate = min(gates, key=lambda g: g[0][0])
                 yield rank, bw, step, gate, how
             elif inner is not None:
                 yield 0, bw, step, None, f"the micro-step loop of {script.place(inner, bw)}"
+
+
+def _stepped_at_once(script: ScriptModel, bw: Event, gated: Event) -> bool:
+    """Whether an optimizer steps after `bw` in the same iteration with no gate or micro-step loop between them
+    (a GAN: the discriminator's backward and step, a regularisation backward and step every k-th iteration, then
+    the generator's backward and step): that backward's gradients are used at once, not accumulated."""
+    for step in script.of("opt_step"):
+        if step is gated or step.seq < bw.seq:
+            continue
+        if not (step.frame in bw.frames or bw.frame in step.frames) or bw.exclusive_with(step):
+            continue
+        shared = [c for c in step.loops if any(c.node is b.node for b in bw.loops)]
+        if not shared:
+            continue
+        outer = shared[-1]
+        step_tail = step.ctx[step.ctx.index(outer) + 1 :]
+        bw_tail = bw.ctx[bw.ctx.index(outer) + 1 :] if outer in bw.ctx else ()
+        if all(c in bw_tail for c in step_tail if c.kind in ("cond", "loop")) and not any(
+            c.kind == "loop" and c not in step_tail for c in bw_tail
+        ):
+            return True
+    return False

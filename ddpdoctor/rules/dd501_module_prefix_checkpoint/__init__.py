@@ -22,10 +22,13 @@ RULE = Rule(
         Static analysis looks for `torch.save(...)` of `ddp.state_dict()` where `ddp` is the DDP wrapper
         rather than `ddp.module`. A resume checkpoint that the script loads back into the wrapper is not
         reported when the script also saves the plain model's weights (or a part of them, a backbone) for
-        everything else.
+        everything else; without them it is reported at low (resuming works: what breaks is another program
+        that loads it into the plain model).
 
         The probe inspects state dicts passed to `torch.save` and fires when their keys start with
-        "module.".
+        "module."; low when the run (or, statically, the script) loads the checkpoint back only into the
+        wrapper; info when the same run also saved the plain weights of that model or of a part of it (its
+        keys are the checkpoint's with one prefix such as "module.backbone." removed).
         """
     ),
     why=prose(

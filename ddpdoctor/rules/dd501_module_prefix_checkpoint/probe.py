@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.findings import Finding, Measures
+from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
 
 MEASURES = Measures(
@@ -60,10 +60,15 @@ def analyze(ctx: RunContext) -> list[Finding]:
         for place in _call_sites(ctx, saves):
             ctx.measured(CODE, site=place, reason=reason)
     loads = [(r, e) for r, p in ctx.ranks.items() for e in p.of("state_dict_load") if e.get("given_prefixed")]
+    resumed_at = {(s.get("file"), s.get("line")): s for s in ctx.static_sites(CODE)
+                  if (s.get("evidence") or {}).get("loaded_back_into_wrapper")}
+    clean_dicts = [c for saves in clean.values() for _, ce in saves for c in ce.get("state_dicts") or []
+                   if c.get("keys") and not c.get("module_prefixed")]
     findings = []
     for saves in groups.values():
         r0, e = saves[0]
         sd = prefixed_state_dicts(e)[0]
+        exported = next((c for c in clean_dicts if _plain_part_of(c, sd)), None)
         where = f"under key '{sd['key']}' " if sd.get("key") else ""
         target = e.get("path") or f"a {e.get('target')}"
         consequence = (
@@ -71,12 +76,32 @@ def analyze(ctx: RunContext) -> list[Finding]:
         )
         load = next((le for _, le in loads if not le.get("is_ddp")), None)
         into_ddp = next((le for _, le in loads if le.get("is_ddp") and not le.get("error")), None)
+        static_resume = next((resumed_at[(c["file"], c["line"])] for c in _call_sites(ctx, saves)
+                              if (c["file"], c["line"]) in resumed_at), None)
+        severity = None
         if load is None and into_ddp is not None:
             consequence = (
                 f"this run loads it back into the DDP wrapper at {ctx.at(into_ddp.get('site'))}, where the keys "
                 f"match ({_loaded(into_ddp)} of {into_ddp.get('model_keys')}), but the plain model (evaluation, "
                 "fine-tuning, export) cannot load it without stripping the prefix"
             )
+        elif load is None and static_resume is not None:
+            consequence = (
+                "the script loads it back into the DDP wrapper when it resumes (static analysis), where the keys "
+                "match, but the plain model (evaluation, fine-tuning, export) cannot load it without stripping the "
+                "prefix"
+            )
+        if load is None and (into_ddp is not None or static_resume is not None):
+            severity = Severity.LOW  # the script's own use of it (resuming) works: another program's breaks
+        if load is None and exported is not None:
+            # the same run saved the plain weights of this model (or of its backbone) for everything else: the
+            # prefixed file is the script's own (resume) checkpoint, measured, nothing to fix
+            consequence = (
+                f"the same run also saved {exported.get('keys')} plain keys of the same model (e.g. "
+                f"'{(exported.get('first_keys') or ['?'])[0]}'), which evaluation or fine-tuning can load as they "
+                "are; only a program that loads this checkpoint itself into the plain model must strip the prefix"
+            )
+            severity = Severity.INFO
         if load is not None:
             consequence = (
                 f"this run's load_state_dict at {ctx.at(load.get('site'))} "
@@ -110,6 +135,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     ],
                 },
                 magnitude=float(sd.get("keys") or 0),
+                severity=severity,
             )
         )
     return findings
@@ -120,3 +146,18 @@ def _loaded(load: dict[str, Any]) -> int:
     if isinstance(matched, int):
         return int(matched)
     return int(load.get("model_keys") or 0) - int(load.get("missing") or 0)
+
+
+def _plain_part_of(plain: dict[str, Any], prefixed: dict[str, Any]) -> bool:
+    """Whether a state dict saved without the "module." prefix holds the model of a prefixed one, or a part of it
+    (a backbone): its first keys are the prefixed dict's first keys with one common prefix removed
+    ("module." or "module.backbone.")."""
+    mine, theirs = plain.get("first_keys") or [], prefixed.get("first_keys") or []
+    if not mine or not theirs or int(plain.get("keys") or 0) > int(prefixed.get("keys") or 0):
+        return False
+    head = theirs[0]
+    if not head.endswith("." + mine[0]) or not head.startswith("module."):
+        return False
+    prefix = head[: len(head) - len(mine[0])]
+    pairs = list(zip(mine, theirs))
+    return len(pairs) >= min(2, len(mine)) and all(t == prefix + m for m, t in pairs)

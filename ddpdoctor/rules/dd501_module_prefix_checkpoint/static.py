@@ -13,15 +13,15 @@ also saves the plain model's weights for everyone else (Barlow Twins, SwAV: `che
 
 Confidence: certain when the saved state dict comes from the wrapper on every path; likely when the variable is
 the wrapper only on the distributed path or the save happens in a helper. A checkpoint the script loads back into
-the wrapper, with no plain weights saved beside it, is still reported (resuming works; every other consumer must
-strip the prefix), and the message says so.
+the wrapper, with no plain weights saved beside it, is still reported, at low (resuming works, so it is not a
+defect of this script; every other consumer must strip the prefix), and the message says so.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 from ddpdoctor.static.semantic import Obj, Value
@@ -134,4 +134,6 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             confidence=cap_unreached(confidence, ev),
             evidence={"save_line": ev.line, "wrapper": script.name(wrapper), "wrap_line": wrap.line if wrap else None,
                       "saved_by": how, "loaded_back_into_wrapper": family in resumed},
+            # the script's own use of the checkpoint (resuming) works: what breaks is another program's, so low
+            severity=Severity.LOW if family in resumed else None,
         )

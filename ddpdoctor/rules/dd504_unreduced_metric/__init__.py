@@ -21,7 +21,8 @@ RULE = Rule(
         """
         Static analysis looks for an evaluation metric (accuracy, loss, counts accumulated in an evaluation
         loop over a distributed loader) that is printed, logged or compared for checkpoint selection without
-        an `all_reduce`, `all_gather` or `reduce` on it.
+        an `all_reduce`, `all_gather` or `reduce` on it. Results each rank writes to a file before a barrier
+        that the main rank then merges (a gather through the file system) count as reduced.
 
         The probe catches the Horovod variant: `hvd.allreduce(t)`, `hvd.allgather(t)` and `hvd.broadcast(t)`
         return a new tensor and leave `t` alone (only `hvd.allreduce_` works in place), so a call whose result

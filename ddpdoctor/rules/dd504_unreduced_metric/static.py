@@ -14,7 +14,9 @@ Also flagged: Lightning's `self.log(name, value)` in validation_step or an epoch
 reduction here).
 
 What stays silent: evaluation over the full set (no DistributedSampler), any reduction in the evaluation function
-or its caller, torchmetrics (its metrics sync on `compute()`; in Lightning, a Metric object given to `self.log`).
+or its caller, results gathered through files (each rank writes its part, then a barrier, in the evaluation
+function, its caller or a helper the caller runs: the main rank merges the files), torchmetrics (its metrics
+sync on `compute()`; in Lightning, a Metric object given to `self.log`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         scope = {eval_frame} | ({caller} if caller is not None else set())
         if any(r.seq > it.seq and (eval_frame in r.frames or r.frame == caller) for r in reductions):
             continue
+        if _gathered_through_files(script, it, eval_frame, caller):
+            continue
         if it.data.get("engine"):  # a framework's loop: the hooks it calls report (`self.log` in validation_step)
             reported = [r for r in reports if r.seq > it.seq and eval_frame in r.frames]
         else:
@@ -94,6 +98,25 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
             fix_detail=detail,
         )
+
+
+_WRITES = re.compile(r"dump|save|write", re.I)
+
+
+def _gathered_through_files(script: ScriptModel, it, eval_frame: int, caller: int | None) -> bool:  # noqa: ANN001
+    """Results written to a file and a barrier after it, in the evaluation function, its caller or a helper the
+    caller runs after the loop (each rank dumps its part, waits, and the main rank merges every rank's file: a
+    gather through the file system)."""
+    writes = [ev for ev in script.of("call") if ev.seq > it.seq and _WRITES.search(ev.data.get("name") or "")]
+    writes += [ev for ev in script.of("save") if ev.seq > it.seq]
+    for b in script.of("collective"):
+        if b.data["op"] != "barrier" or b.seq <= it.seq:
+            continue
+        if not (eval_frame in b.frames or (caller is not None and caller in b.frames)):
+            continue
+        if any(w.frame == b.frame and w.seq < b.seq for w in writes):
+            return True
+    return False
 
 
 def _discarded(script: ScriptModel, events: list) -> Iterator[Finding]:  # noqa: ANN001

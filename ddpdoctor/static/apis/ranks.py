@@ -107,17 +107,24 @@ def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None
     if not present:
         return None
     scopes = [rank_scope(v) for v, p in zip(values, polarities, strict=True) if p is not None]
+    props: dict[str, Any] = {}
     if isinstance(node.op, ast.And):
         polarity = "main" if "main" in present else ("nonmain" if "nonmain" in present else "other")
         # `local_rank == 0 and rank == 0` holds on the global main process only
         main_scopes = [s for s, p in zip(scopes, present, strict=True) if p == polarity] or scopes
         scope = "global" if "global" in main_scopes else narrowest_local(main_scopes)
+        # `not use_fsdp and not is_main`: the conjuncts that test no rank; where one of them is known false (under
+        # `if use_fsdp:`), the test's false side holds on every rank (see ControlMixin.lift_rank_guards)
+        plain = tuple(w.text(v) for v, p in zip(node.values, polarities, strict=True) if p is None)
+        if plain:
+            props["plain"] = plain
     else:
         polarity = present[0] if all(p == present[0] for p in present) else "other"
         # `not distributed or local_rank == 0`: local rank 0 of every node passes
         local = [s for s in scopes if s != "global"]
         scope = narrowest_local(local) if local else "global"
-    return (w.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
+    props.update(polarity=polarity, scope=scope)
+    return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
 
 
 def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:

@@ -37,9 +37,11 @@ class ControlMixin:
             frame.locals[narrowing[0]] = body_side
         if kind:
             self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
+        lifted = self.lift_rank_guards(st.test, True)
         try:
             ended_body = self.block(st.body)
         finally:
+            self.ctx[: len(lifted)] = lifted
             if kind:
                 self.ctx.pop()
         body_guard = self._trailing_guard
@@ -49,9 +51,13 @@ class ControlMixin:
             frame.locals[narrowing[0]] = else_side
         if kind:
             self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
+        lifted = self.lift_rank_guards(st.test, False) if st.orelse else []
         try:
             ended_else = self.block(st.orelse)
+            if kind == "cond" and not ended_else:
+                self._leave_other_side(frame.locals)
         finally:
+            self.ctx[: len(lifted)] = lifted
             if kind:
                 self.ctx.pop()
         after_else = frame.locals
@@ -73,6 +79,42 @@ class ControlMixin:
                 # ranks have left, and without distribution there is one process (detectron2's evaluators)
                 self._guard = body_guard
         return False
+
+    def _leave_other_side(self, env: dict[str, Value]) -> None:
+        """At the end of an `else` side (written or not), the variables hold no object made on the body side of
+        the same test: after `if distributed: model = DDP(model)`, a later `if distributed: model = model.module`
+        leaves only plain models, whichever side ran (`_on_path` does the same for the names an expression reads)."""
+        for name, value in list(env.items()):
+            if len(value) > 1 and any("path" in o.props for o in value):
+                kept = self._on_path(value)
+                if kept is not value:
+                    env[name] = kept
+
+    def lift_rank_guards(self, node: ast.expr, body: bool) -> list[Ctx]:
+        """Inside one side of an `if`, the rank contexts that no longer restrict the ranks: the false side of
+        `if not fsdp_eval and not is_main: return` (every rank but the main one leaves only when `not fsdp_eval`)
+        holds on every rank where a later test (`if fsdp_eval:`, here or in a function called from here) says that
+        rank-free conjunct is false. Those contexts become plain conditions while that side is walked; returns the
+        prefix of `self.ctx` as it was (restored by the caller), or [] when nothing changed."""
+        if not any(c.kind == "rank" and c.branch == 1 and any(o.props.get("plain") for o in c.test) for c in self.ctx):
+            return []
+        if body:
+            parts = node.values if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) else [node]
+            facts = {self.text(p) for p in parts}
+        else:
+            parts = node.values if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) else [node]
+            facts = {_negated(self.text(p)) for p in parts}
+        saved = list(self.ctx)
+        changed = False
+        for i, c in enumerate(self.ctx):
+            if c.kind != "rank" or c.branch != 1:
+                continue
+            plain = [t for o in c.test for t in o.props.get("plain", ())]
+            if any(_negated(t) in facts for t in plain):
+                test_node = getattr(c.node, "test", None)
+                self.ctx[i] = c._replace(kind="cond", info="not " + self.text(test_node), scope=None)
+                changed = True
+        return saved if changed else []
 
     def narrowed(self, narrowing: tuple[str, Any, bool] | None, test_true: bool) -> Value | None:
         """On one side of a test (`narrowing`), the objects of the variable it speaks of that can be there
@@ -282,3 +324,8 @@ class ControlMixin:
             return all(bool(CMP_OPS[type(op)](values[i], values[i + 1])) for i, op in enumerate(node.ops))
         except Exception:  # a comparison the literals do not support (None < 1): leave both sides
             return None
+
+
+def _negated(text: str) -> str:
+    """The source text of `not <text>` as the tests are written (`not x` <-> `x`)."""
+    return text[4:] if text.startswith("not ") else "not " + text
