@@ -69,16 +69,16 @@ def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx
     # what depends on the backward alone, once per backward: a script with hundreds of steps and backwards (a
     # notebook exported as straight-line code) pairs each with each
     backwards = [
-        (bw, {id(b.node) for b in bw.loops})
+        (bw, bw.frame, bw.frames, {id(b.node) for b in bw.loops})
         for bw in script.backward_events
         if not (bw.in_ctx("no_sync") or bw.in_ctx("accumulate"))
     ]
     for step in script.of("opt_step"):
-        step_loops = step.loops
-        for bw, bw_loop_nodes in backwards:
+        step_loops, step_frame, step_frames = step.loops, step.frame, step.frames
+        for bw, bw_frame, bw_frames, bw_loop_nodes in backwards:
             # the backward in the stepping function or in one it calls (DeepLearningExamples' Trainer.train_step
             # steps, its Executor's method runs backward), or the step in one the backward's function calls
-            if not (step.frame in bw.frames or bw.frame in step.frames):
+            if not (step_frame in bw_frames or bw_frame in step_frames):
                 continue
             shared = [c for c in step_loops if id(c.node) in bw_loop_nodes]
             if not shared or bw.exclusive_with(step):
