@@ -282,6 +282,87 @@ def generate(target_lines: int) -> str:
     return _HEADER.format(sections=k) + "".join(parts) + entry
 
 
+# ---- other shapes of a 4,000-line script (issue 23: a new user's script is not shaped like the one above) ----
+
+_SHAPE_HEADER = _HEADER.format(sections=0)
+
+
+def generate_small_functions(target_lines: int) -> str:
+    """Many small helpers (a utils-heavy script): 6-line functions calling one another, a DDP entry that calls
+    them all."""
+    parts, k, lines = [], 0, _SHAPE_HEADER.count("\n")
+    while lines < target_lines:
+        prev = f"helper_{k - 1}(x)" if k else "x"
+        part = (f"\n\ndef helper_{k}(x, scale={k % 7 + 1}):\n    y = {prev}\n    if scale > 3:\n"
+                f"        y = y * scale\n    return F.relu(y) + {k}\n")
+        parts.append(part)
+        lines += part.count("\n")
+        k += 1
+    entry = (
+        "\n\ndef main():\n    dist.init_process_group('nccl')\n    rank = dist.get_rank()\n"
+        "    model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).cuda(), device_ids=[rank])\n"
+        "    x = torch.randn(4, 3, 8, 8).cuda()\n"
+        + "".join(f"    x = helper_{i}(x)\n" for i in range(0, k, max(1, k // 50)))
+        + "    model(x).sum().backward()\n    torch.save(model.state_dict(), 'ckpt.pt')\n\n\n"
+        'if __name__ == "__main__":\n    main()\n'
+    )
+    return _SHAPE_HEADER + "".join(parts) + entry
+
+
+def generate_straight_line(target_lines: int) -> str:
+    """Long straight-line code (a notebook exported as a script): one top-level statement after another."""
+    body = [
+        "dist.init_process_group('nccl')", "rank = dist.get_rank()", "torch.cuda.set_device(rank)",
+        "model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU()).cuda()",
+        "model = DDP(model, device_ids=[rank])", "opt = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))",
+        "loader = DataLoader(data, batch_size=8, shuffle=True)",
+    ]
+    lines, k = _SHAPE_HEADER.count("\n") + len(body), 0
+    while lines < target_lines:
+        body += [f"lr_{k} = 0.1 * ({k} % 5 + 1)", "for g in opt.param_groups:", f"    g['lr'] = lr_{k}",
+                 f"x_{k}, y_{k} = data[{k} % 64]", f"out_{k} = model(x_{k}.unsqueeze(0).cuda())",
+                 f"loss_{k} = F.cross_entropy(out_{k}, y_{k}.view(1).cuda())", f"loss_{k}.backward()",
+                 "opt.step()", "opt.zero_grad()", f"print('step', {k}, loss_{k}.item())"]
+        lines += 10
+        k += 1
+    body.append("torch.save(model.state_dict(), 'ckpt.pt')")
+    return _SHAPE_HEADER + "\n" + "\n".join(body) + "\n"
+
+
+def generate_class_hierarchy(target_lines: int) -> str:
+    """Deep class hierarchies (a framework-style model zoo): chains of nn.Module subclasses, each overriding
+    __init__ and forward through super(), ten levels deep, every chain's leaf built and wrapped."""
+    parts, lines, chains = [], _SHAPE_HEADER.count("\n"), 0
+    while lines < target_lines:
+        c = chains
+        part = (f"\n\nclass Base{c}_0(nn.Module):\n    def __init__(self, width=8):\n        super().__init__()\n"
+                f"        self.conv = nn.Conv2d(3, width, 3, padding=1)\n        self.bn = nn.BatchNorm2d(width)\n\n"
+                f"    def forward(self, x):\n        return F.relu(self.bn(self.conv(x)))\n")
+        for d in range(1, 10):
+            part += (f"\n\nclass Base{c}_{d}(Base{c}_{d - 1}):\n    def __init__(self, width=8):\n"
+                     f"        super().__init__(width)\n        self.extra{d} = nn.BatchNorm2d(width)\n\n"
+                     f"    def forward(self, x):\n        x = super().forward(x)\n"
+                     f"        return self.extra{d}(x) + x\n")
+        parts.append(part)
+        lines += part.count("\n")
+        chains += 1
+    entry = (
+        "\n\ndef main():\n    dist.init_process_group('nccl')\n    rank = dist.get_rank()\n"
+        + "".join(f"    m{c} = DDP(Base{c}_9().cuda(), device_ids=[rank])\n"
+                  f"    m{c}(torch.randn(2, 3, 8, 8).cuda()).sum().backward()\n" for c in range(chains))
+        + "\n\nif __name__ == \"__main__\":\n    main()\n"
+    )
+    return _SHAPE_HEADER + "".join(parts) + entry
+
+
+SHAPES = {
+    "many small functions": generate_small_functions,
+    "long straight-line code": generate_straight_line,
+    "deep class hierarchies": generate_class_hierarchy,
+}
+
+
 _COMMON_IMPORTS = """import argparse
 import math
 import os
@@ -422,6 +503,21 @@ def main() -> int:
             )
             and ok
         )
+
+        for shape, make in SHAPES.items():
+            path = root / "shapes" / (shape.replace(" ", "_").replace("-", "_") + ".py")
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(make(args.lines), encoding="utf-8")
+            if args.keep is not None:
+                (args.keep / "shapes").mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, args.keep / "shapes" / path.name)
+            n = path.read_text(encoding="utf-8").count("\n") + 1
+            ok = (
+                _report(f"a script of {n} lines, {shape}, {args.runs} runs", 0.3,
+                        _time(_parse_floor([path]), args.runs, env, root),
+                        _time(_check([path], root), args.runs, env, root))
+                and ok
+            )
 
         from ddpdoctor.static import analyze_paths
 

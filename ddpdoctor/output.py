@@ -23,7 +23,6 @@ import errno
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +188,8 @@ def _send_to_socket(data: bytes, output: Path) -> None:
 
 
 def _write_atomic(data: bytes, output: Path, target: Path) -> None:
+    import tempfile  # here: every command imports this module to print to stdout; tempfile brings `random` in
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:

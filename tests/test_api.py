@@ -101,3 +101,17 @@ def test_check_static_imports_neither_numpy_nor_scipy_nor_torch_and_rich_only_fo
                                "-o", str(tmp_path / f"out.{fmt}")], capture_output=True, text=True, cwd=REPO,
                               timeout=120, check=False)
         assert done.stdout.strip().splitlines()[-1] == expected, (fmt, done.stdout, done.stderr)
+
+
+def test_the_entry_point_printing_to_stdout_imports_what_the_report_needs_only():
+    """As a pre-commit hook runs it (`python -m ddpdoctor`, the report on stdout), read from `-X importtime`: no
+    numpy, scipy or torch; rich only for a text report; no tempfile (only a report written to a file needs one)."""
+    for fmt, rich in (("github", False), ("json", False), ("text", True)):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddpdoctor", "check", "--static", str(DEMO),
+                               "--format", fmt], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+        assert done.returncode == 1 and done.stdout, (fmt, done.stderr[-2000:])  # the demo's findings
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:")}
+        top = {m.split(".")[0] for m in imported}
+        assert not top & {"numpy", "scipy", "torch", "tempfile"}, (fmt, sorted(top))
+        assert ("rich" in top) == rich, (fmt, sorted(top))

@@ -66,17 +66,23 @@ def check(script: ScriptModel) -> Iterator[Finding]:
 
 def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx | None, str]]:
     """(how directly, backward, step, gate, how) for each backward that runs more often than the step after it."""
+    # what depends on the backward alone, once per backward: a script with hundreds of steps and backwards (a
+    # notebook exported as straight-line code) pairs each with each
+    backwards = [
+        (bw, bw.frame, bw.frames, {id(b.node) for b in bw.loops})
+        for bw in script.backward_events
+        if not (bw.in_ctx("no_sync") or bw.in_ctx("accumulate"))
+    ]
     for step in script.of("opt_step"):
-        for bw in script.backward_events:
+        step_loops, step_frame, step_frames = step.loops, step.frame, step.frames
+        for bw, bw_frame, bw_frames, bw_loop_nodes in backwards:
             # the backward in the stepping function or in one it calls (DeepLearningExamples' Trainer.train_step
             # steps, its Executor's method runs backward), or the step in one the backward's function calls
-            if not (step.frame in bw.frames or bw.frame in step.frames):
+            if not (step_frame in bw_frames or bw_frame in step_frames):
                 continue
-            if bw.in_ctx("no_sync") or bw.in_ctx("accumulate") or bw.exclusive_with(step):
+            shared = [c for c in step_loops if id(c.node) in bw_loop_nodes]
+            if not shared or bw.exclusive_with(step):
                 continue  # (or on the other side of a branch from the step: the AMP path's backward, the plain step)
-            shared = [c for c in step.loops if any(c.node is b.node for b in bw.loops)]
-            if not shared:
-                continue
             outer = shared[-1]
             step_tail = step.ctx[step.ctx.index(outer) + 1 :]
             bw_tail = bw.ctx[bw.ctx.index(outer) + 1 :] if outer in bw.ctx else ()
