@@ -167,6 +167,7 @@ def run_check(cfg: CheckConfig) -> Report:
         require_analysis_packages("the probe")
         from ddpdoctor.analyses import analyze_run
         from ddpdoctor.probe.launcher import run_probe
+        from ddpdoctor.probe.progress import showing
         from ddpdoctor.probe.rundir import claim_for_check
         from ddpdoctor.probe.supervisor import Supervisor
 
@@ -179,15 +180,8 @@ def run_check(cfg: CheckConfig) -> Report:
             # locked from the launch to the end of the analysis: a second run cannot clear it meanwhile
             with claim_for_check(run_dir) as claim:
                 progress = None if cfg.quiet else progress_display(cfg, run_dir)
-                try:
+                with showing(progress):
                     run_probe(cfg, run_dir, static_findings=static, claim=claim, progress=progress)
-                except KeyboardInterrupt:
-                    if progress is not None:
-                        progress.close(interrupted=True)
-                    raise
-                finally:
-                    if progress is not None:
-                        progress.discard()  # closed by run_probe unless it failed: then the error says it all
                 analysis = analyze_run(run_dir)
         finally:
             if guard is not None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -192,6 +194,23 @@ class RunProgress:
 
 def _fmt_s(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
+
+@contextmanager
+def showing(progress: ProgressDisplay | None) -> Iterator[None]:
+    """Around a probe run that draws `progress` (None: quiet): a Ctrl-C closes the display as interrupted; whatever
+    happens the display is discarded at the end (the run closes it when it ends well; when it fails, the error says
+    the rest)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close(interrupted=True)
+        raise
+    finally:
+        if progress is not None:
+            progress.discard()
 
 
 class ProgressDisplay:

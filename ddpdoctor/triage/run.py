@@ -159,6 +159,7 @@ def _run_arm(check: CheckConfig, run_dir: Path, static: list[Finding], arm: dict
     """One arm's probe run, with check's progress display on stderr (unless quiet): a line naming the arm, then
     the ranks' live table or plain lines (ddpdoctor.probe.progress), so a triage of minutes is never silent."""
     from ddpdoctor.probe.launcher import run_probe
+    from ddpdoctor.probe.progress import showing
 
     progress = None
     if not check.quiet:
@@ -170,15 +171,8 @@ def _run_arm(check: CheckConfig, run_dir: Path, static: list[Finding], arm: dict
         sys.stderr.flush()
         progress = ProgressDisplay(run_dir, script=f"{check.script} (arm {arm.get('arm', '?')})", nproc=check.nproc,
                                    epochs=check.epochs, steps=check.steps, timeout=check.timeout)
-    try:
+    with showing(progress):
         run_probe(check, run_dir, static_findings=static, arm=arm, progress=progress)
-    except KeyboardInterrupt:
-        if progress is not None:
-            progress.close(interrupted=True)
-        raise
-    finally:
-        if progress is not None:
-            progress.discard()  # closed by run_probe unless it failed: then the error says it all
 
 
 def is_triage_dir(path: Path) -> bool:
