@@ -107,6 +107,10 @@ _FORMAT_HELP = "text | json | sarif | github (workflow annotations) | concise (o
 _FAIL_ON_HELP = "info|low|medium|high|critical|none (default medium; none: as --exit-zero)."
 _STATISTICS_HELP = "Print per-rule counts (count, code, severity, name) instead of the findings."
 _VERBOSE_HELP = "Show every evidence item in the text report (by default long evidence is cut)."
+_DIFF_HELP = ("Print the automatic fixes as a unified diff and change nothing (exit 1 when there is a diff, 0 when "
+              "none).")
+_FIX_HELP = "Write the automatically fixed script beside it as NAME.ddpdoctor-fixed.py (a new file, never over one)."
+_VERIFY_HELP = "With --fix: analyse (probe) the fixed copy again and say, per fix, whether the measurement changed."
 _EXIT_ZERO_HELP = "Exit 0 even when findings are at or above --fail-on (2 still means it could not analyse)."
 
 
@@ -141,6 +145,9 @@ def check(
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (prefix match, comma list)."),
     keep_run: Optional[Path] = typer.Option(None, "--keep-run", help="Keep the probe's event logs in DIR."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr while probing."),
+    diff: bool = typer.Option(False, "--diff", help=_DIFF_HELP),
+    fix: bool = typer.Option(False, "--fix", help=_FIX_HELP),
+    verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report.
 
@@ -162,7 +169,19 @@ def check(
     protect, run_dirs = output_guards(cfg, opts.pyproject)
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
+    if diff or fix or verify:
+        from ddpdoctor.fixes.command import check_fix_options
+
+        check_fix_options(cfg, diff=diff, fix=fix, verify=verify)  # refused before anything runs
     report = run_check(cfg)
+    if diff:
+        from ddpdoctor.fixes.command import run_diff
+
+        raise typer.Exit(run_diff(report))
+    if fix:
+        from ddpdoctor.fixes.command import run_fix
+
+        report = run_fix(report, cfg, verify=verify)
     _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
                      run_dirs=run_dirs, shown=shown)
 
