@@ -105,6 +105,10 @@ def run_diff(report) -> int:  # noqa: ANN001
     return 1 if text else 0
 
 
+def _no_fix(why: str) -> str:
+    return "no automatic fix" if why == "no automatic fix for this rule" else f"no automatic fix: {why}"
+
+
 def _annotated(f: Finding, note: str) -> Finding:
     return replace(f, fix=f"{f.fix} ({note})")
 
@@ -113,11 +117,11 @@ def run_fix(report, cfg, *, verify: bool):  # noqa: ANN001, ANN201 - Report, Che
     """`check --fix [--verify]`: write the fixed copies, and the report of the original with each finding's fix
     line saying what happened to it."""
     file_plans, placeless = plans(report)
-    notes: dict[Finding, str] = {f: f"no automatic fix: {why}" for f, why in placeless}
+    notes: dict[Finding, str] = {f: _no_fix(why) for f, why in placeless}
     written: list[str] = []
     for fp in file_plans:
         for f, why in fp.plan.unfixed:
-            notes[f] = f"no automatic fix: {why}"
+            notes[f] = _no_fix(why)
         if not fp.plan.patches:
             continue
         target = fixed_path(fp.path)
@@ -230,7 +234,7 @@ def _verify(cfg, fp: FilePlan, original: set[str]) -> tuple[dict[Finding, tuple[
         if cleared is not None and key and key in cleared.evidence:
             after_value = _value(cleared.evidence[key])
         elif cleared is not None:
-            after_value = f"measured: {cleared.reason}"
+            after_value = f"measured: {cleared.reason}".replace(copy_name, str(fixed_path(Path(fp.shown))))
         else:
             after_value = "not found"
         verdicts[f] = (True, f"{f.rule} {key + ' ' if key else ''}{before} -> {after_value} ({how} on the fixed "

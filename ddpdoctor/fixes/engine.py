@@ -290,6 +290,13 @@ class Code:
                                   prefix + text)
         return self.insert_at(line, 0, text)
 
+    def replace_lines(self, first: int, last: int, text: str) -> Edit:
+        """Replace whole lines first..last (inclusive) with `text` (which ends with its newline)."""
+        if last >= len(self.lines):
+            end = self.lines[-1]
+            return Edit(first, 0, len(self.lines), len(end), text if end.endswith(("\n", "\r")) else text.rstrip())
+        return Edit(first, 0, last + 1, 0, text)
+
     def delete_statement(self, stmt: ast.stmt) -> Edit:
         """Remove the statement's whole lines (it must be alone on them)."""
         if self.line_text(stmt.lineno)[: self.char_col(stmt.lineno, stmt.col_offset)].strip():
@@ -373,6 +380,9 @@ def plan(path: str, text: str, findings: Iterable[Finding]) -> Plan:
                                       "then run --diff again"))
             continue
         patch = Patch(rule=patch.rule, line=patch.line, edits=edits, summary=patch.summary)
+        if not edits:  # another finding's patch already makes exactly this change
+            result.fixed.append((f, patch))
+            continue
         candidate = apply(text, [e for p in [*result.patches, patch] for e in p.edits])
         try:
             ast.parse(candidate)
