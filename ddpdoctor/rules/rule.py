@@ -126,6 +126,18 @@ class Rule:
         return text
 
     @property
+    def automatic_fix(self) -> bool:
+        """`check --diff` / `--fix` can patch its findings: the package has a `fix.py` hook (where the code has the
+        shape the fix needs; otherwise the finding says "no automatic fix")."""
+        return has_hook(self.package, "fix")
+
+    @property
+    def _automatic_text(self) -> str:
+        return ("Automatic: `check --diff` shows it as a patch, `check --fix` writes it to a new file (where the code "
+                "has the shape the fix needs; the finding says when not)." if self.automatic_fix
+                else "No automatic fix: the change needs a decision `check --diff` cannot make.")
+
+    @property
     def category(self) -> str:
         return CATEGORIES[self.code[2]]
 
@@ -150,7 +162,7 @@ class Rule:
             f"What it detects\n{wrap(self.what)}\n\n"
             f"Why it hurts accuracy\n{wrap(self.why)}\n\n"
             f"Example\n{textwrap.indent(self.example, '    ')}\n\n"
-            f"Fix\n{wrap(self.fix)}\n"
+            f"Fix\n{wrap(self.fix)}\n{wrap(self._automatic_text)}\n"
             + (f"\nIn triage\n{wrap(self._run_only_text)}\n" if self.run_only else "")
         )
 
@@ -168,7 +180,7 @@ class Rule:
             f"### What it detects\n\n{self.what}\n\n"
             f"### Why it hurts accuracy\n\n{self.why}\n\n"
             f"### Example\n\n```python\n{self.example}\n```\n\n"
-            f"### Fix\n\n{self.fix}\n"
+            f"### Fix\n\n{self.fix}\n\n{self._automatic_text}\n"
             + (f"\n### In triage\n\n{self._run_only_text}\n" if self.run_only else "")
         )
 
