@@ -16,19 +16,20 @@ from ddpdoctor.static import analyze_script
 
 REPO = Path(__file__).resolve().parent.parent
 STATIC = REPO / "fixtures" / "static"
-RULES = ("DD101", "DD104", "DD105", "DD108", "DD207", "DD209", "DD301", "DD302", "DD401", "DD501", "DD502")
+RULES = ("DD101", "DD104", "DD105", "DD108", "DD207", "DD209", "DD301", "DD302", "DD401", "DD403", "DD501",
+         "DD502")
 
 # Bad fixtures whose finding has no mechanical fix, and why (the finding's fix line says "no automatic fix").
 NO_FIX = {
     "DD101/bad_convert_in_setup_method.py": "the conversion and the wrapping are in different methods",
-    "DD104/bad_world_size_one.py": None,  # fixed (world_size from the environment): listed to keep the set honest
     "DD105/bad_current_device_never_bound.py": "no device is bound anywhere: where to bind it is a decision",
     "DD105/bad_no_device_binding.py": "no device is bound anywhere: where to bind it is a decision",
     "DD207/bad_no_grad_decorator_train_mode.py": "returns from inside: eval()/train() go at the call site",
     "DD209/bad_type_checks.py:16": "the classes are a tuple defined elsewhere",
     "DD301/bad_loader_wrapper_constant_epoch.py": "set_epoch lives in a loader wrapper class with its own counter",
     "DD301/bad_step_loop_no_set_epoch.py": "a step loop: no epoch counter to pass",
-    "DD302/bad_loader_behind_prefetcher.py": None,
+    "DD403/bad_backward_in_executor_method.py": "the backward and the optimizer step are in different classes",
+    "DD403/bad_scaler_helper_flag.py": "the backward is in a helper the step's flag is passed to",
     "DD501/bad_resume_checkpoint_only.py": "loaded back into the wrapper: save and load change together",
     "DD501/bad_unwrap_helper_inverted.py": "the unwrap helper's condition is inverted: which is meant?",
     "DD502/bad_save_local_rank_at_call_site_trainer_only.py": "a local-rank guard: which rank writes is a decision",

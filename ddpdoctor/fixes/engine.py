@@ -13,6 +13,7 @@ import difflib
 import importlib
 import importlib.util
 import io
+import sys
 import tokenize
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -308,7 +309,25 @@ class Code:
         if binds in self.imported_names():
             return None
         imports = [n for n in self.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        if imports:
+        module = statement.split()[1]
+        if imports:  # in its group (standard library or the same package), in order where the group is sorted
+            top = module.split(".")[0]
+            std = top in sys.stdlib_module_names
+            group = [n for n in imports if _top(n) != "__future__"
+                     and ((_top(n) in sys.stdlib_module_names) if std else _top(n) == top)]
+            if std and statement.startswith("import "):
+                later = [n for n in group if isinstance(n, ast.Import) and n.names[0].name > module]
+                if later:
+                    return self.insert_lines_before(later[0].lineno, [statement], indent="")
+                plain = [n for n in group if isinstance(n, ast.Import)]
+                if plain:
+                    return self.insert_lines_after(plain[-1], [statement], indent="")
+            if group:
+                return self.insert_lines_after(group[-1], [statement], indent="")
+            if std:
+                first = next((n for n in imports if _top(n) != "__future__"), None)
+                if first is not None:
+                    return self.insert_lines_before(first.lineno, [statement, ""], indent="")
             return self.insert_lines_after(imports[-1], [statement], indent="")
         body = self.tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
@@ -325,6 +344,11 @@ class Code:
             if imp is not None:
                 edits.append(imp)
         return f"int({alias}.environ[{self.string(var)}])", edits
+
+
+def _top(node: ast.Import | ast.ImportFrom) -> str:
+    name = node.names[0].name if isinstance(node, ast.Import) else (node.module or "")
+    return name.split(".")[0]
 
 
 def callee_name(call: ast.Call) -> str | None:
