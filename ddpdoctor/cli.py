@@ -111,6 +111,7 @@ _DIFF_HELP = ("Print the automatic fixes as a unified diff and change nothing (e
               "none).")
 _FIX_HELP = "Write the automatically fixed script beside it as NAME.ddpdoctor-fixed.py (a new file, never over one)."
 _VERIFY_HELP = "With --fix: analyse (probe) the fixed copy again and say, per fix, whether the measurement changed."
+_UNSAFE_HELP = "With --diff/--fix: also fix findings of `possible` confidence (their fix could change a right script)."
 _EXIT_ZERO_HELP = "Exit 0 even when findings are at or above --fail-on (2 still means it could not analyse)."
 
 
@@ -148,6 +149,7 @@ def check(
     diff: bool = typer.Option(False, "--diff", help=_DIFF_HELP),
     fix: bool = typer.Option(False, "--fix", help=_FIX_HELP),
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
+    unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help=_UNSAFE_HELP),
 ) -> None:
     """Static analysis, then a multi-rank probe run of SCRIPT, then one ranked report.
 
@@ -169,19 +171,19 @@ def check(
     protect, run_dirs = output_guards(cfg, opts.pyproject)
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything runs
-    if diff or fix or verify:
+    if diff or fix or verify or unsafe_fixes:
         from ddpdoctor.fixes.command import check_fix_options
 
-        check_fix_options(cfg, diff=diff, fix=fix, verify=verify)  # refused before anything runs
+        check_fix_options(cfg, diff=diff, fix=fix, verify=verify, unsafe=unsafe_fixes)  # refused before anything runs
     report = run_check(cfg)
     if diff:
         from ddpdoctor.fixes.command import run_diff
 
-        raise typer.Exit(run_diff(report))
+        raise typer.Exit(run_diff(report, unsafe=unsafe_fixes))
     if fix:
         from ddpdoctor.fixes.command import run_fix
 
-        report = run_fix(report, cfg, verify=verify)
+        report = run_fix(report, cfg, verify=verify, unsafe=unsafe_fixes)
     _render_and_exit(report, fmt, output, opts.fail_on, protect=[*protect, *findings_files(report)],
                      run_dirs=run_dirs, shown=shown)
 

@@ -58,7 +58,7 @@ def test_bad_fixture_diff_applies_and_removes_the_finding(rule: str, path: Path,
     shutil.copy(path, work)
     before = _findings(work, rule)
     assert before, f"{path} has no {rule} finding to fix"
-    res = cli("check", "--static", path.name, "--select", rule, "--diff", cwd=tmp_path)
+    res = cli("check", "--static", path.name, "--select", rule, "--diff", "--unsafe-fixes", cwd=tmp_path)
     key = f"{rule}/{path.name}"
     expected_unfixed = {f.line for f in before if NO_FIX.get(key) or NO_FIX.get(f"{key}:{f.line}")}
     if expected_unfixed == {f.line for f in before}:
@@ -77,13 +77,13 @@ def test_bad_fixture_diff_applies_and_removes_the_finding(rule: str, path: Path,
 
 @pytest.mark.parametrize(("rule", "path"), GOOD, ids=[f"{r}/{p.name}" for r, p in GOOD])
 def test_good_fixture_gets_no_patch(rule: str, path: Path, cli) -> None:
-    res = cli("check", "--static", str(path.relative_to(REPO)), "--select", rule, "--diff")
+    res = cli("check", "--static", str(path.relative_to(REPO)), "--select", rule, "--diff", "--unsafe-fixes")
     assert res.returncode == 0 and res.stdout == ""
 
 
 def test_demo_diff_fixes_all_its_static_findings(tmp_path: Path, cli) -> None:
     shutil.copy(REPO / "fixtures" / "demo" / "train.py", tmp_path / "train.py")
-    res = cli("check", "--static", "train.py", "--diff", cwd=tmp_path)
+    res = cli("check", "--static", "train.py", "--diff", "--unsafe-fixes", cwd=tmp_path)
     assert res.returncode == 1
     for rule in ("DD101", "DD104", "DD302", "DD401"):
         assert f"{rule} at train.py" in res.stderr
@@ -98,7 +98,7 @@ def test_fix_writes_a_new_file_and_never_touches_existing_ones(tmp_path: Path, c
     shutil.copy(REPO / "fixtures" / "demo" / "train.py", tmp_path / "train.py")
     (tmp_path / "other.txt").write_text("x")
     snapshot = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
-    res = cli("check", "--static", "train.py", "--fix", cwd=tmp_path)
+    res = cli("check", "--static", "train.py", "--fix", "--unsafe-fixes", cwd=tmp_path)
     assert res.returncode == 1  # the original still has its findings
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in snapshot} == snapshot
     fixed = tmp_path / "train.ddpdoctor-fixed.py"
@@ -113,7 +113,15 @@ def test_fix_writes_a_new_file_and_never_touches_existing_ones(tmp_path: Path, c
     assert again.stderr.count("\n") == 1 and fixed.read_bytes() == content
 
 
-@pytest.mark.parametrize("args", [("--diff", "--fix"), ("--verify",), ("--diff", "--verify")])
+def test_a_possible_finding_is_fixed_only_with_unsafe_fixes(tmp_path: Path, cli) -> None:
+    """DD401 from the source alone is `possible` (the lr may already suit the global batch): not patched unless
+    asked, as ruff's unsafe fixes."""
+    res = cli("check", "--static", "fixtures/demo/train.py", "--select", "DD401", "--diff")
+    assert res.returncode == 0 and res.stdout == ""
+    assert "only possible" in res.stderr and "--unsafe-fixes" in res.stderr
+
+
+@pytest.mark.parametrize("args", [("--diff", "--fix"), ("--verify",), ("--diff", "--verify"), ("--unsafe-fixes",)])
 def test_bad_option_combinations_are_refused(args: tuple[str, ...], cli) -> None:
     res = cli("check", "--static", "fixtures/demo/train.py", *args)
     assert res.returncode == 2 and res.stderr.startswith("ddpdoctor: error:") and res.stdout == ""
@@ -146,7 +154,8 @@ def test_fix_verify_on_the_demo_says_which_measurement_changed(tmp_path: Path) -
 
     shutil.copy(REPO / "fixtures" / "demo" / "train.py", tmp_path / "train.py")
     res = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "train.py", "--fix", "--verify", "-q",
-                          "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          "--base-lr", "0.1", "--base-batch", "32", "--format", "json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode in (0, 1), res.stderr
     import json
 

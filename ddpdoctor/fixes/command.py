@@ -42,10 +42,12 @@ def refuse_existing(script: Path) -> None:
         raise UsageError(f"{target}: exists; --fix never overwrites a file (remove or rename it first)")
 
 
-def check_fix_options(cfg, *, diff: bool, fix: bool, verify: bool) -> None:  # noqa: ANN001 - CheckConfig
+def check_fix_options(cfg, *, diff: bool, fix: bool, verify: bool, unsafe: bool = False) -> None:  # noqa: ANN001 - CheckConfig
     """The option combinations that make sense, and `--fix`'s target free: else a one-line UsageError (exit 2)."""
     if diff and fix:
         raise UsageError("--diff and --fix exclude each other: --diff only prints, --fix writes a fixed copy")
+    if unsafe and not (diff or fix):
+        raise UsageError("--unsafe-fixes goes with --diff or --fix")
     if verify and not fix:
         raise UsageError("--verify needs --fix (it analyses the fixed copy again)")
     if fix:
@@ -59,7 +61,7 @@ class FilePlan:
     plan: Plan
 
 
-def plans(report) -> tuple[list[FilePlan], list[tuple[Finding, str]]]:  # noqa: ANN001 - ddpdoctor.report.Report
+def plans(report, *, unsafe: bool = False) -> tuple[list[FilePlan], list[tuple[Finding, str]]]:  # noqa: ANN001 - ddpdoctor.report.Report
     """One plan per file the findings point at, and the findings with no place to fix."""
     base = Path(report.base_dir or ".")
     by_file: dict[str, list[Finding]] = {}
@@ -78,7 +80,8 @@ def plans(report) -> tuple[list[FilePlan], list[tuple[Finding, str]]]:  # noqa: 
         except (OSError, UnicodeDecodeError) as exc:
             placeless += [(f, f"{shown} could not be read ({exc})") for f in found]
             continue
-        out.append(FilePlan(path, shown, plan(shown, text, sorted(found, key=lambda f: (f.line or 0, f.rule)))))
+        ordered = sorted(found, key=lambda f: (f.line or 0, f.rule))
+        out.append(FilePlan(path, shown, plan(shown, text, ordered, unsafe=unsafe)))
     return out, placeless
 
 
@@ -91,9 +94,9 @@ def _unfixed_lines(file_plans: list[FilePlan], placeless: list[tuple[Finding, st
             for f, why in [*placeless, *(u for fp in file_plans for u in fp.plan.unfixed)]]
 
 
-def run_diff(report) -> int:  # noqa: ANN001
+def run_diff(report, *, unsafe: bool = False) -> int:  # noqa: ANN001
     """`check --diff`: the diff on stdout, what it fixes and what it leaves on stderr; 1 when there is a diff."""
-    file_plans, placeless = plans(report)
+    file_plans, placeless = plans(report, unsafe=unsafe)
     text = "".join(fp.plan.diff() for fp in file_plans if fp.plan.patches)
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -113,10 +116,10 @@ def _annotated(f: Finding, note: str) -> Finding:
     return replace(f, fix=f"{f.fix} ({note})")
 
 
-def run_fix(report, cfg, *, verify: bool):  # noqa: ANN001, ANN201 - Report, CheckConfig -> Report
+def run_fix(report, cfg, *, verify: bool, unsafe: bool = False):  # noqa: ANN001, ANN201 - Report, CheckConfig -> Report
     """`check --fix [--verify]`: write the fixed copies, and the report of the original with each finding's fix
     line saying what happened to it."""
-    file_plans, placeless = plans(report)
+    file_plans, placeless = plans(report, unsafe=unsafe)
     notes: dict[Finding, str] = {f: _no_fix(why) for f, why in placeless}
     written: list[str] = []
     for fp in file_plans:

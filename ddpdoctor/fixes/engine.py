@@ -18,7 +18,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules import get_rule
 
 __all__ = ["Code", "Edit", "NoFix", "Patch", "Plan", "apply", "fix_module", "plan", "unified_diff"]
@@ -298,6 +298,17 @@ class Code:
             return Edit(first, 0, len(self.lines), len(end), text if end.endswith(("\n", "\r")) else text.rstrip())
         return Edit(first, 0, last + 1, 0, text)
 
+    def indent_lines(self, first: int, last: int, unit: str | None = None) -> list[Edit]:
+        """One more indentation step on lines first..last, as insertions at column 0 (so a fix inside those lines,
+        another finding's, does not overlap): blank lines and lines inside a multi-line string stay as they are."""
+        unit = self.indent_unit if unit is None else unit
+        inside: set[int] = set()
+        for n in ast.walk(self.tree):
+            if isinstance(n, (ast.Constant, ast.JoinedStr)) and n.end_lineno > n.lineno:
+                inside.update(range(n.lineno + 1, n.end_lineno + 1))
+        return [self.insert_at(k, 0, unit) for k in range(first, last + 1)
+                if k not in inside and self.line_text(k).strip()]
+
     def delete_statement(self, stmt: ast.stmt) -> Edit:
         """Remove the statement's whole lines (it must be alone on them)."""
         if self.line_text(stmt.lineno)[: self.char_col(stmt.lineno, stmt.col_offset)].strip():
@@ -378,8 +389,10 @@ def fix_module(code: str):  # noqa: ANN201 - the rule's fix module, or None
     return importlib.import_module(f"{rule.package}.fix")
 
 
-def plan(path: str, text: str, findings: Iterable[Finding]) -> Plan:
-    """Each finding's patch, in the order given, minus those that conflict with an earlier one."""
+def plan(path: str, text: str, findings: Iterable[Finding], *, unsafe: bool = False) -> Plan:
+    """Each finding's patch, in the order given, minus those that conflict with an earlier one. A finding of
+    `possible` confidence (a heuristic: the lr may have been tuned for the global batch already) is patched only
+    when `unsafe` (ruff's `--unsafe-fixes`): its fix could change a script that was right."""
     result = Plan(path=path, text=text)
     try:
         code = Code(text, path)
@@ -391,6 +404,10 @@ def plan(path: str, text: str, findings: Iterable[Finding]) -> Plan:
         module = fix_module(f.rule)
         if module is None:
             result.unfixed.append((f, "no automatic fix for this rule"))
+            continue
+        if f.confidence <= Confidence.POSSIBLE and not unsafe:
+            result.unfixed.append((f, "the finding is only possible: confirm it (the probe measures it; for DD401 "
+                                      "pass --base-lr/--base-batch), or pass --unsafe-fixes"))
             continue
         try:
             patch = module.fix(f, code)

@@ -72,13 +72,9 @@ def fix(finding: Finding, code: Code) -> Patch:
         if imp is None:
             raise NoFix("the name `contextlib` is taken")
         edits.append(imp)
-    indent, unit, nl = code.indent(wrapped[0].lineno), code.indent_unit, code.newline
-    lines = code.lines[wrapped[0].lineno - 1: wrapped[-1].end_lineno]
-    body = "".join(f"{unit}{line}" if line.strip() else line for line in lines)
-    if not body.endswith(("\n", "\r")):
-        body += nl
-    head = f"{indent}with {ctx}.nullcontext() if {test} else {wrapper}.no_sync():{nl}"
-    edits.append(code.replace_lines(wrapped[0].lineno, wrapped[-1].end_lineno, head + body))
+    edits.append(code.insert_lines_before(wrapped[0].lineno,
+                                          [f"with {ctx}.nullcontext() if {test} else {wrapper}.no_sync():"]))
+    edits += code.indent_lines(wrapped[0].lineno, wrapped[-1].end_lineno)
     return Patch(rule=CODE, line=finding.line, edits=tuple(edits),
                  summary=f"accumulation steps under {wrapper}.no_sync() (all-reduce only when {test})")
 

@@ -27,9 +27,6 @@ def fix(finding: Finding, code: Code) -> Patch:
         if imp is None:
             raise NoFix("the name `dist` is taken")
         edits.append(imp)
-    indent, unit, nl = code.indent(stmt.lineno), code.indent_unit, code.newline
-    body = "".join(f"{unit}{line}" if line.strip() else line for line in code.lines[stmt.lineno - 1: stmt.end_lineno])
-    if not body.endswith(("\n", "\r")):
-        body += nl
-    edits.append(code.replace_lines(stmt.lineno, stmt.end_lineno, f"{indent}if {dist}.get_rank() == 0:{nl}{body}"))
+    edits.append(code.insert_lines_before(stmt.lineno, [f"if {dist}.get_rank() == 0:"]))
+    edits += code.indent_lines(stmt.lineno, stmt.end_lineno)
     return Patch(rule=CODE, line=finding.line, edits=tuple(edits), summary="save on rank 0 only")
