@@ -165,3 +165,42 @@ def test_fix_verify_on_the_demo_says_which_measurement_changed(tmp_path: Path) -
         assert "fix verified:" in fixes[rule], fixes[rule]
     assert "overlap_fraction 1 -> " in fixes["DD302"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.ddpdoctor-fixed.py", "train.py"]
+
+
+# The probe rules beside the demo's: each bad probe script patched by `--diff` (applied with `patch`), then one
+# real 2-rank probe of the patched copy (one launch per script; the unpatched runs are the recorded ones the replay
+# tests pin).
+PROBED = [
+    ("missing_set_epoch.py", ("DD301",), ()),
+    ("ckpt/save_every_rank.py", ("DD501", "DD502"), ("{tmp}",)),
+    ("legacy_local_rank.py", ("DD108",), ()),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "rules", "args"), PROBED, ids=[s for s, _, _ in PROBED])
+def test_probe_of_the_patched_copy_no_longer_finds_the_rule(script: str, rules: tuple[str, ...],
+                                                             args: tuple[str, ...], tmp_path: Path, cli,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    src = REPO / "fixtures" / "probe" / script
+    work = tmp_path / src.name
+    shutil.copy(src, work)
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "fixtures" / "probe"))  # the fixtures' common.py
+    select = ",".join(rules)
+    res = cli("check", "--static", work.name, "--select", select, "--diff", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    for rule in rules:
+        assert f"{rule} at {work.name}" in res.stderr and "no automatic fix" not in res.stderr
+    applied = subprocess.run(["patch", "-p0", "--no-backup-if-mismatch", "-s"], input=res.stdout, text=True,
+                             cwd=tmp_path, capture_output=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    probed = cli("check", work.name, "-q", "--format", "json", "--",
+                 *(a.format(tmp=out) for a in args), cwd=tmp_path)
+    import json
+
+    report = json.loads(probed.stdout)
+    assert report["environment"].get("backend") == "gloo"  # the ranks ran
+    found = {f["rule"] for f in report["findings"]}
+    assert not found & {*rules, "DD901", "DD902", "DD904"}, probed.stdout
