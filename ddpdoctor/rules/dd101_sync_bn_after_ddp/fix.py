@@ -8,7 +8,7 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.fixes.engine import Code, NoFix, Patch, callee_name
 
 CODE = "DD101"
-MEASURE = "syncbn_layers"
+MEASURE = "converted_is_wrapper"
 
 
 def fix(finding: Finding, code: Code) -> Patch:
