@@ -121,6 +121,44 @@ def test_a_possible_finding_is_fixed_only_with_unsafe_fixes(tmp_path: Path, cli)
     assert "only possible" in res.stderr and "--unsafe-fixes" in res.stderr
 
 
+def test_static_verify_says_each_fix_removed_its_finding(tmp_path: Path, cli) -> None:
+    shutil.copy(REPO / "fixtures" / "demo" / "train.py", tmp_path / "train.py")
+    res = cli("check", "--static", "train.py", "--fix", "--verify", "--unsafe-fixes", "--format", "json",
+              cwd=tmp_path)
+    import json
+
+    fixes = {f["rule"]: f["fix"] for f in json.loads(res.stdout)["findings"]}
+    assert "fix verified: DD302 overlap_fraction - -> not found (static analysis on the fixed copy)" in fixes["DD302"]
+    for rule in ("DD101", "DD104", "DD401"):
+        assert "fix verified:" in fixes[rule]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.ddpdoctor-fixed.py", "train.py"]
+
+
+def test_a_fix_that_leaves_the_symptom_demotes_the_finding(tmp_path: Path, cli,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A patch that changes nothing the analysis sees (a comment) stands for a wrong diagnosis: the finding is
+    demoted one severity and confidence level and says the diagnosis is in doubt."""
+    import json
+
+    from ddpdoctor.fixes.engine import Patch
+    from ddpdoctor.rules.dd301_sampler_not_reshuffled import fix as dd301_fix
+
+    def comment_only(finding, code):  # noqa: ANN001, ANN202
+        return Patch(rule="DD301", line=finding.line, edits=(code.insert_at(1, 0, "# touched\n"),), summary="x")
+
+    monkeypatch.setattr(dd301_fix, "fix", comment_only)
+    shutil.copy(STATIC / "DD301" / "bad_no_set_epoch.py", tmp_path / "train.py")
+    before = json.loads(cli("check", "--static", "train.py", "--select", "DD301", "--format", "json",
+                            cwd=tmp_path).stdout)["findings"][0]
+    res = cli("check", "--static", "train.py", "--select", "DD301", "--fix", "--verify", "--format", "json",
+              cwd=tmp_path)
+    (after,) = json.loads(res.stdout)["findings"]
+    assert "fix did not remove the symptom" in after["fix"]
+    assert "diagnosis in doubt" in after["message"]
+    order = ["info", "low", "medium", "high", "critical"]
+    assert order.index(after["severity"]) == order.index(before["severity"]) - 1
+
+
 @pytest.mark.parametrize("args", [("--diff", "--fix"), ("--verify",), ("--diff", "--verify"), ("--unsafe-fixes",)])
 def test_bad_option_combinations_are_refused(args: tuple[str, ...], cli) -> None:
     res = cli("check", "--static", "fixtures/demo/train.py", *args)

@@ -157,8 +157,7 @@ def run_fix(report, cfg, *, verify: bool, unsafe: bool = False):  # noqa: ANN001
                     notes[f] = f"{notes[f]}; fix verified: {verdict[1]}"
                     new.append(f)
                 else:
-                    notes[f] = f"{notes[f]}; fix did not remove the symptom: {verdict[1]}"
-                    new.append(_demoted(f))
+                    new.append(_demoted(_annotated(f, f"{notes.pop(f)}; fix did not remove the symptom: {verdict[1]}")))
             findings = new
     findings = [_annotated(f, notes[f]) if f in notes else f for f in findings]
     return replace(report, findings=tuple(findings), notes=(*report.notes, *extra))
