@@ -56,6 +56,23 @@ RULE = Rule(
         loader = DataLoader(train_set, batch_size=32, sampler=sampler)
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        ...
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        """
+    ),
     fix=(
         "Shard the data: DataLoader(dataset, sampler=DistributedSampler(dataset), ...) instead of "
         "shuffle=True, and call sampler.set_epoch(epoch) every epoch."

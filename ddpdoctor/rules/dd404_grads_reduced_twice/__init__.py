@@ -51,5 +51,22 @@ RULE = Rule(
         optimizer.step()
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            ...
+        """
+    ),
     fix="Remove the manual all_reduce of gradients; DDP already averages them during backward.",
 )
