@@ -14,6 +14,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ddpdoctor"
 # neutral ddpdoctor.torchnames).
 PENDING_ARROWS: set[tuple[str, str]] = set()
 
+# Modules outside the rule packages that still import one (a rule's constant or helper), with the reason.
+PENDING_RULE_IMPORTS = {
+    "ddpdoctor.triage.measures": "triage's own thresholds are DD202/203/204/214's and it reuses DD203's fixed_batch; "
+    "triage is being changed elsewhere (issue 24 leaves it to that change: read them with rules.setting)",
+}
+
 # A module longer than this says at its top why it is one module (a paragraph starting "Size:" in its docstring).
 LONG = 600
 # Long modules whose split or reason is in flight (issue 10: the event list).
@@ -39,14 +45,36 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _dynamic_target(node: ast.Call) -> str | None:
+    """The module an `importlib.import_module(...)` / `__import__(...)` call names: a literal, or an f-string's
+    literal head (`f"ddpdoctor.rules.{name}"` is at least `ddpdoctor.rules`)."""
+    fn = node.func
+    name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+    if name not in ("import_module", "__import__") or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rstrip(".") or None
+    return None
+
+
 def _imports(module: str) -> set[str]:
-    """The ddpdoctor modules `module` imports, anywhere in its body."""
+    """The ddpdoctor modules `module` imports, anywhere in its body, importlib's imports of a named module
+    included."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    # a module-level `__getattr__` (PEP 562) is a facade's lazy attribute: it runs after the module was imported,
+    # from the package's public names down to the API (`ddpdoctor.check`), so it is no dependency of the module
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             targets = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)):
+            targets = [target]
         else:
             continue
         out.update(t for t in map(_resolve, targets) if t and t != module)
@@ -120,3 +148,26 @@ def test_a_long_module_says_why_it_is_one_module():
             unexplained.append(m)
     assert unexplained == []
     assert all(m in MODULES for m in PENDING_LONG), "a pending module is gone: take it off PENDING_LONG"
+
+
+def test_importlib_imports_are_in_the_graph():
+    # `importlib.import_module("ddpdoctor.x")` is an import like any other
+    call = ast.parse('importlib.import_module("ddpdoctor.rules.dd202_small_bn_batch")').body[0].value
+    assert _dynamic_target(call) == "ddpdoctor.rules.dd202_small_bn_batch"
+    call = ast.parse('importlib.import_module(f"ddpdoctor.rules.{x}")').body[0].value
+    assert _dynamic_target(call) == "ddpdoctor.rules"
+
+
+def test_nothing_outside_the_rules_imports_a_rule_package():
+    """A rule's threshold reaches the analyses, bn/, the probe, the options and the reports through the catalog
+    (`ddpdoctor.rules.setting`), never by importing the rule: the layers below the rules stay below them."""
+    def is_rule_package(m: str) -> bool:
+        return m.startswith("ddpdoctor.rules.dd")
+
+    arrows = {
+        m: sorted(t for t in GRAPH[m] if is_rule_package(t))
+        for m in MODULES
+        if not m.startswith("ddpdoctor.rules") and any(is_rule_package(t) for t in GRAPH[m])
+    }
+    assert set(arrows) == set(PENDING_RULE_IMPORTS), arrows
+    assert all(m in MODULES for m in PENDING_RULE_IMPORTS)

@@ -80,6 +80,28 @@ def snippet(text: str) -> str:
     return "\n".join(line[len(margin) :] for line in lines).strip("\n")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A rule's parameter (a threshold, a tunable), declared once by the rule that owns it (`Rule.settings`).
+
+    `name` is its one name everywhere (unique in the catalog; for an `option`, the `[tool.ddpdoctor]` key, the
+    `--name` option, the run's meta.json key and the analyses' `Settings` field). `default` is the module constant
+    the rule's code uses, `unit` what it counts, `meaning` what crossing it means. Code outside the rule packages
+    reads it through the catalog (`ddpdoctor.rules.setting(name)`), never by importing a rule package.
+    """
+
+    name: str
+    default: int | float
+    unit: str
+    meaning: str
+    option: bool = False  # the user can change it (`[tool.ddpdoctor]`, the command line, the run records it)
+
+    def line(self) -> str:
+        """One line of a rule's documentation: `name = default unit: meaning`."""
+        where = f" (`[tool.ddpdoctor] {self.name}`)" if self.option else ""
+        return f"{self.name} = {self.default:g} {self.unit}: {self.meaning}{where}"
+
+
 @lru_cache(maxsize=None)
 def has_hook(package: str, hook: str) -> bool:
     """Whether the rule package has the module `hook` ("static" or "probe"), without importing it."""
@@ -121,6 +143,8 @@ class Rule:
     # example shows a case only the probe can find (the rule's probe.py documents it; the static half's own cases
     # are in its fixtures).
     example_context: str | None = field(default="", hash=False, compare=False)
+    # the rule's parameters (thresholds), each declared once here with its default, unit and meaning
+    settings: tuple[Setting, ...] = field(default=(), hash=False, compare=False)
 
     @property
     def static(self) -> bool:
@@ -215,6 +239,7 @@ class Rule:
             f"Example\n{textwrap.indent(self.example, '    ')}\n\n"
             f"Fix\n{wrap(self.fix)}\n"
             + (f"\nKnown limits (static analysis stays silent on)\n{wrap(limits)}\n" if limits else "")
+            + ("\nSettings\n" + "\n".join(wrap(s.line()) for s in self.settings) + "\n" if self.settings else "")
             + (f"\nIn triage\n{wrap(self._run_only_text)}\n" if self.run_only else "")
         )
 
@@ -235,6 +260,7 @@ class Rule:
             f"### Example\n\n```python\n{self.example}\n```\n\n"
             f"### Fix\n\n{self.fix}\n"
             + (f"\n### Known limits (static analysis stays silent on)\n\n{limits}\n" if limits else "")
+            + ("\n### Settings\n\n" + "".join(f"- {s.line()}\n" for s in self.settings) if self.settings else "")
             + (f"\n### In triage\n\n{self._run_only_text}\n" if self.run_only else "")
         )
 

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD302"
 
@@ -18,6 +18,12 @@ HIGH_OVERLAP = 0.5  # from this shared fraction (or identical batches) the findi
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("shared_samples", THRESHOLD, "fraction of a rank's samples",
+                "also seen by another rank: a finding"),
+        Setting("shared_samples_high", HIGH_OVERLAP, "fraction of a rank's samples",
+                "from this shared fraction (or identical batches) the finding is high; below it, medium"),
+    ),
     name="missing-distributed-sampler",
     severity=Severity.HIGH,
     summary="ranks iterate overlapping samples (no DistributedSampler or equivalent sharding)",

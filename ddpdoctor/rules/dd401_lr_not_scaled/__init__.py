@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd402_no_warmup import SCALE_THRESHOLD
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD401"
 
@@ -19,6 +19,12 @@ CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("lr_tolerance", TOLERANCE, "factor",
+                "an lr within this factor of the scaled reference is not a finding"),
+        Setting("lr_clear_within", CLEAR_WITHIN, "factor",
+                "an lr this close to the scaled reference clears the static finding (a measured match)"),
+    ),
     name="lr-not-scaled",
     severity=Severity.HIGH,
     summary="lr does not follow the global batch vs the reference recipe (linear/sqrt rule)",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD402"
 
@@ -20,6 +20,12 @@ RAMP = 1e-6  # relative increase that counts as the lr going up
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("warmup_lr_scale", SCALE_THRESHOLD, "times the recipe's lr",
+                "an lr scaled this much needs a warmup"),
+        Setting("lr_ramp", RAMP, "relative",
+                "an increase of the lr above this counts as the lr going up"),
+    ),
     name="no-warmup",
     severity=Severity.LOW,
     summary=f"lr scaled up by >= {SCALE_THRESHOLD:g}x with no warmup schedule",

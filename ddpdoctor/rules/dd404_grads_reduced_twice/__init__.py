@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD404"
 
@@ -17,6 +17,10 @@ UNCHANGED = 0.05  # |ratio - 1| below this: the script divided again, only the c
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("reduced_twice_unchanged", UNCHANGED, "|ratio - 1|",
+                "below this the script divided again: only the communication is doubled"),
+    ),
     name="grads-reduced-twice",
     severity=Severity.HIGH,
     summary="gradients all-reduced by hand on top of DDP",
