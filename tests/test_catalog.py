@@ -252,8 +252,10 @@ def test_get_rule_is_case_insensitive_and_rejects_unknown_codes():
 
 
 def test_select_codes_prefix_match():
-    assert select_codes(["DD3"]) == {"DD301", "DD302", "DD303", "DD304", "DD305", "DD306"}
-    assert select_codes(["dd501", "DD9"]) == {"DD501", "DD901", "DD902", "DD903", "DD904"}
+    # derived from the contract, so that a new rule is one row to add (not a set of codes per test)
+    data_rules = {code for code, *_ in EXPECTED if code.startswith("DD3")}
+    assert len(data_rules) >= 6 and select_codes(["DD3"]) == data_rules
+    assert select_codes(["dd501", "DD9"]) == {"DD501"} | {code for code, *_ in EXPECTED if code.startswith("DD9")}
     assert select_codes(["DD"]) == {r.code for r in RULES}
     with pytest.raises(ValueError):
         select_codes(["DD7"])

@@ -14,8 +14,9 @@ Creates, in the checkout that holds this file:
     tests/test_rule_ddNNN.py                     (--probe) the probe fires on bad_*, is silent on good_*
 
 and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), `tests/test_catalog.py` (the
-contract row: moved from PENDING to EXPECTED, or added), `tests/test_static.py` (SPEC_STATIC, for a static half),
-the rule table of `docs/contract.md` (no longer pending) and the README rule table.
+contract row: moved from PENDING to EXPECTED, or added; the other tests read the codes from there), the rule table
+of `docs/contract.md` (no longer pending) and the README rule table. The templates follow CONTRIBUTING and the
+fixtures trip no other rule (tests/test_new_rule.py runs every static rule over them).
 
 What it writes is a start that fails the tests until it is filled in — the documentation says TODO (the catalog
 test rejects that), the bad static fixture expects a finding the generated check() never yields, the probe test
@@ -72,6 +73,16 @@ def _init(r: NewRule) -> str:
     if r.probe:
         what.append("The probe records TODO: what it measures on the ranks, and fires when TODO.")
     paragraphs = "\n\n".join(f"        {p}" for p in what)
+    context = '''
+    # what the example assumes and does not show, `...` where each half goes (tests/test_rule_examples.py runs
+    # static analysis on both halves: the Bad one must trigger the rule, the Good one must not)
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        ...
+        """
+    ),''' if r.static else ""
     return f'''"""{r.code} {r.name}: the rule's catalog entry, its documentation and its parameters.
 
 How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
@@ -84,6 +95,10 @@ from ddpdoctor.levels import Severity
 from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "{r.code}"
+
+# The rule's thresholds: a module constant each, declared in `settings=(Setting(name, CONSTANT, unit, meaning),)`
+# below (import Setting from ddpdoctor.rules.rule); code outside this package reads them with
+# ddpdoctor.rules.setting(name).
 
 RULE = Rule(
     package=__name__,
@@ -107,7 +122,7 @@ RULE = Rule(
 
         # Good: TODO
         """
-    ),
+    ),{context}
     fix="TODO: a short imperative (a finding's fix and the SARIF fix title).",
 )
 '''
@@ -136,10 +151,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     for ev in script.of("TODO: the event kinds of the semantic model this rule reads"):
         yield script.finding(
             CODE,
-            line=ev.line,
-            message="TODO: one sentence, with what the source says",
+            line=ev,  # the event, not its .line: it may be in a module the script imports
+            message="TODO: one sentence, with what the source says (another place: script.place(other, near=ev))",
             confidence=Confidence.CERTAIN,
-            evidence={{"line": ev.line}},
+            evidence={{}},
         )
 '''
 
@@ -187,19 +202,30 @@ def analyze(ctx: RunContext) -> list[Finding]:
 def _static_fixture(r: NewRule, bad: bool) -> str:
     doc = f"TODO: the pattern this fixture reproduces ({r.code} must {'fire on' if bad else 'stay silent on'} it)."
     mark = f"  # expect: {r.code}" if bad else ""
+    todo = "the rule flags; keep the expect comment on the offending line" if bad else "that is right"
     return f'''"""{doc}"""
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main():
     dist.init_process_group("gloo")
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    sampler = DistributedSampler(data)
+    # the global batch stays the single-process recipe's 32, so its lr stays right (DD401)
+    loader = DataLoader(data, batch_size=32 // dist.get_world_size(), sampler=sampler)
     model = DDP(torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO: write the code {"the rule flags; keep the expect comment on the offending line" if bad else "that is right"}
-    opt.step(){mark}
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            # TODO: write the code {todo}
+            opt.step(){mark}
 
 
 if __name__ == "__main__":
@@ -221,10 +247,10 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
 sampler = DistributedSampler(data, shuffle=True)
-loader = DataLoader(data, batch_size=8, sampler=sampler)
+loader = DataLoader(data, batch_size=16 // dist.get_world_size(), sampler=sampler)
 net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 model = DDP(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)  # the recipe's lr: the global batch is the recipe's 16 (DD401)
 # TODO: write {what} ({r.code})
 for epoch in range(2):
     sampler.set_epoch(epoch)
@@ -301,16 +327,6 @@ def _contract(text: str, r: NewRule) -> str:
 
     kept = "\n".join(line for line in text.split("\n") if other(line))
     return _insert_sorted(kept, "EXPECTED = [", "]", r.row, _ROW)
-
-
-def _static_set(text: str, r: NewRule) -> str:
-    """tests/test_static.py's SPEC_STATIC (the codes SPEC's table marks static) with the new code."""
-    m = re.search(r"^SPEC_STATIC = \{\n(.*?)\n\}", text, re.S | re.M)
-    if m is None:
-        raise UsageError("cannot find SPEC_STATIC in tests/test_static.py")
-    codes = sorted(set(re.findall(r"DD\d{3}", m.group(1))) | {r.code})
-    rows = [", ".join(f'"{c}"' for c in codes[i : i + 11]) + "," for i in range(0, len(codes), 11)]
-    return text[: m.start(1)] + "\n".join(f"    {row}" for row in rows) + text[m.end(1) :]
 
 
 def _contract_page(text: str, r: NewRule) -> str:
@@ -399,16 +415,13 @@ def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: st
         files[root / "tests" / f"test_rule_{code.lower()}.py"] = _probe_test(r)
     registry = root / "ddpdoctor" / "rules" / "__init__.py"
     readme = root / "README.md"
-    static_test = root / "tests" / "test_static.py"
     page = root / "docs" / "contract.md"
     files[registry] = _registry(registry.read_text(encoding="utf-8"), r)
     files[contract_path] = _contract(contract, r)
     files[readme] = _readme(readme.read_text(encoding="utf-8"), r)
     files[page] = _contract_page(page.read_text(encoding="utf-8"), r)
-    if static:
-        files[static_test] = _static_set(static_test.read_text(encoding="utf-8"), r)
     for path in files:
-        if path not in (registry, contract_path, readme, static_test, page) and path.exists():
+        if path not in (registry, contract_path, readme, page) and path.exists():
             raise UsageError(f"{path.relative_to(root)} exists already")
     return r, files, warnings
 
