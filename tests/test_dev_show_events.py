@@ -36,3 +36,4 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path: Path):
     assert main([str(DEMO)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and all(line.startswith("show_events: error: ") for line in err)
+    assert "unknown rule code 'DD999'" in err[1]

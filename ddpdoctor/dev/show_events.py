@@ -34,7 +34,7 @@ def kinds_read(code: str, hook: str) -> list[str]:
     try:
         rule = get_rule(code)
     except KeyError as exc:
-        raise UsageError(str(exc).strip("'\"")) from None
+        raise UsageError(str(exc.args[0])) from None
     if not getattr(rule, hook):
         return []
     if hook == "static":
