@@ -280,7 +280,7 @@ def report(
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
     from ddpdoctor.errors import require_analysis_packages
-    from ddpdoctor.events import find_run_dirs
+    from ddpdoctor.rundata import find_run_dirs
 
     require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.probe.rundir import ensure_finished

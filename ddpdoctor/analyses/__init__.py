@@ -20,10 +20,11 @@ from typing import Any, Mapping, Sequence
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs, read_text_bounded
+from ddpdoctor.events import STATIC_FILE
 from ddpdoctor.findings import Clearance, Finding, Measurement, resolve_measurements
 from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
+from ddpdoctor.rundata import find_run_dirs, read_runs, read_text_bounded
 
 
 def analyses() -> list[ModuleType]:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
-from ddpdoctor.events import RunData
 from ddpdoctor.rules import setting
+from ddpdoctor.rundata import RunData
 
 # the rules' thresholds (DD204, DD213), read through the catalog
 LARGE_SYNC_BATCH = setting("large_sync_batch").default

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.context import PEER_ERROR_MARKERS, RunContext
-from ddpdoctor.events import ProcessLog, parse_stack_dump, read_text_bounded
+from ddpdoctor.rundata import ProcessLog, parse_stack_dump, read_text_bounded
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPAWN_EXIT = re.compile(r"process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")

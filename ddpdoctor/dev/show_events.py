@@ -78,7 +78,7 @@ def static_lines(script: Path, kinds: Iterable[str] | None) -> list[str]:
 
 def probe_lines(run: Path, kinds: Iterable[str] | None) -> list[str]:
     """One line per recorded event of `kinds` (None: all) in the run directory, process by process."""
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     data = read_run(run)
     wanted = None if kinds is None else set(kinds)
