@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ddpdoctor.findings import Consequence, Finding, rank_findings
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules import setting
 
 Check = Callable[[Finding, Finding, Sequence[Finding]], "str | None"]
 
@@ -149,7 +149,7 @@ def _small_batches_noisy(cause: Finding, consequence: Finding, findings: Sequenc
     b = _ev(cause, "per_rank_samples")
     if not _favours_syncbn(consequence) or _ev(cause, "triage_favours") != "syncbn":
         return None
-    if not isinstance(b, (int, float)) or b >= SMALL_BN_BATCH:
+    if not isinstance(b, (int, float)) or b >= setting("small_bn_batch").default:
         return None
     return (f"per-rank batches of {b:g} give noisy batch statistics, and running statistics averaged from them "
             "follow the population less well without SyncBN")

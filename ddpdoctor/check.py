@@ -123,7 +123,8 @@ def run_dir_files(run_dir: Path) -> list[tuple[Path, str]]:
     """The user's files a recorded run names (its script, the sources it copied): `report --output` spares them."""
     import json
 
-    from ddpdoctor.events import META_FILE, read_text_bounded
+    from ddpdoctor.events import META_FILE
+    from ddpdoctor.rundata import read_text_bounded
 
     try:
         meta = json.loads(read_text_bounded(Path(run_dir) / META_FILE, "strict"))
@@ -223,7 +224,8 @@ def run_project(run_dir: Path | list[Path] | tuple[Path, ...]) -> Path:
     machine, else from the current directory. Several directories (one per node): the first that names it."""
     import json
 
-    from ddpdoctor.events import META_FILE, find_run_dirs, read_text_bounded
+    from ddpdoctor.events import META_FILE
+    from ddpdoctor.rundata import find_run_dirs, read_text_bounded
 
     try:
         dirs = find_run_dirs([Path(run_dir)] if isinstance(run_dir, (str, Path)) else list(run_dir))

@@ -223,7 +223,7 @@ def triage(
     from ddpdoctor.config import DEVICES, OUTPUT_FORMATS, CheckConfig, resolve_options, validate_config
     from ddpdoctor.errors import require_analysis_packages
     from ddpdoctor.output import check_output
-    from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+    from ddpdoctor.rules import setting
 
     require_analysis_packages("triage")
     from ddpdoctor.triage.run import DEFAULT_EPOCHS, DEFAULT_STEPS, TriageConfig, parse_arms, run_triage
@@ -252,7 +252,7 @@ def triage(
         ignore=opts.ignore,
         keep_run=keep_run,
         quiet=quiet,
-        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else setting("small_bn_batch").default,
     )
     if group_size is not None and (group_size < 2 or cfg.nproc % group_size or group_size >= cfg.nproc):
         raise UsageError(f"--group-size {group_size}: needs 2 <= G < --nproc ({cfg.nproc}) with --nproc a multiple "
@@ -301,7 +301,7 @@ def report(
     if output is not None:
         check_output(output, protected=protect, run_dirs=run_dirs)  # refused before anything is read
     from ddpdoctor.errors import require_analysis_packages
-    from ddpdoctor.events import find_run_dirs
+    from ddpdoctor.rundata import find_run_dirs
 
     require_analysis_packages("`ddpdoctor report`")
     from ddpdoctor.probe.rundir import ensure_finished

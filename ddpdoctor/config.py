@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules import SETTINGS, setting
 
 OUTPUT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,7 +29,8 @@ _TABLE_TYPES: dict[str, tuple[type, ...]] = {
     "base_lr": (int, float),
     "base_batch": (int,),
     "nproc": (int,),
-    "small_bn_batch": (int,),
+    # the rules' settings the user can change (`Setting.option`)
+    **{s.name: (int,) if isinstance(s.default, int) else (int, float) for s in SETTINGS.values() if s.option},
 }
 PYPROJECT_KEYS = {
     "select",
@@ -39,8 +40,8 @@ PYPROJECT_KEYS = {
     "base_batch",
     "lr_scaling",
     "nproc",
-    "small_bn_batch",
     "exclude",
+    *(s.name for s in SETTINGS.values() if s.option),
 }
 
 
@@ -82,7 +83,7 @@ class CheckConfig:
     ignore: tuple[str, ...] = ()
     keep_run: Path | None = None
     quiet: bool = False  # no progress display on stderr while probing
-    small_bn_batch: int = SMALL_BN_BATCH
+    small_bn_batch: int = setting("small_bn_batch").default
     # `check --static PATH...`: the paths after the first (files or directories), the globs that drop files, and
     # the directory the globs are relative to
     paths: tuple[Path, ...] = ()
@@ -332,7 +333,7 @@ def check_config(
         ignore=opts.ignore,
         keep_run=Path(keep_run) if keep_run is not None else None,
         quiet=quiet,
-        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else SMALL_BN_BATCH,
+        small_bn_batch=opts.small_bn_batch if opts.small_bn_batch is not None else setting("small_bn_batch").default,
         paths=tuple(Path(p) for p in paths),
         exclude=opts.exclude,
         exclude_base=opts.pyproject.parent if opts.pyproject is not None else None,

@@ -13,9 +13,10 @@ import pytest
 
 from ddpdoctor.analyses import analyze_run
 from ddpdoctor.analyses import bn_common as bc
-from ddpdoctor.events import SCHEMA, read_run
+from ddpdoctor.events import SCHEMA
 from ddpdoctor.findings import Severity
 from ddpdoctor.rules.dd206_collective_on_subset import probe as dd206
+from ddpdoctor.rundata import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "fixtures" / "runs"

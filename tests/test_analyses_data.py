@@ -94,7 +94,7 @@ def test_dd303_drop_last_counts_dropped_samples(tmp_path: Path) -> None:
 def test_dd301_training_sampler_of_a_helper_is_not_mixed_with_the_validation_one() -> None:
     """`get_ddp_loader(ds, shuffle)` builds the training (shuffle=True) and the validation (shuffle=False) sampler at
     one line; the validation loader's worker prefetches its order before the iteration's own event."""
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     (f,) = probe_findings("data_sampler_helper", "DD301")
     assert f.line == 14 and f.ranks == (0, 1) and f.severity == Severity.HIGH

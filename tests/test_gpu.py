@@ -122,7 +122,7 @@ def test_recorders_make_no_host_synchronisation_per_step(tmp_path: Path) -> None
     for line in probe_lines:
         assert line["sync_calls_ddpdoctor"] == 0, line["sync_sites_ddpdoctor"]
     # what was recorded was read back later, not lost: every step has its digest and BN moments
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     run = read_run(tmp_path / "run")
     for p in run.rank_processes.values():

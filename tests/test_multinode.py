@@ -19,8 +19,8 @@ import pytest
 
 from ddpdoctor.check import report_run
 from ddpdoctor.cli import main
-from ddpdoctor.events import find_run_dirs, read_runs
 from ddpdoctor.probe.launcher import free_port
+from ddpdoctor.rundata import find_run_dirs, read_runs
 from ddpdoctor.world import place_from_env, tasks_on_node
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.bn.stats import relative_error, replay_running_stats
-from ddpdoctor.events import read_run
 from ddpdoctor.findings import Severity
 from ddpdoctor.probe.recorders import batchnorm
 from ddpdoctor.probe.session import Probe
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.rundata import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 BN_SCRIPTS = ROOT / "fixtures" / "probe" / "bn"

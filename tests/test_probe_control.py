@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.events import read_run
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.rundata import read_run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "fixtures/probe/control/loops.py"

@@ -293,7 +293,7 @@ def test_syncbn_backward_all_reduce_is_no_hand_reduction(tmp_path: Path, monkeyp
     land in freshly freed gradient memory (the recorder that matched addresses reported DD404 in 5 of 5 runs)."""
     from ddpdoctor.check import run_check
     from ddpdoctor.config import CheckConfig
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analyses.context import fmt_num, fmt_ranks, pct
-from ddpdoctor.events import BASE_FIELDS, EVENT_KINDS, parse_stack_dump, read_run, rle_expand
+from ddpdoctor.events import BASE_FIELDS, EVENT_KINDS
 from ddpdoctor.probe.patching import Patcher, wrap_everywhere
 from ddpdoctor.probe.plan import plan_launch
 from ddpdoctor.probe.procs import kill_run, run_processes
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
+from ddpdoctor.rundata import parse_stack_dump, read_run, rle_expand
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "probe"
 

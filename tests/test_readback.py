@@ -84,7 +84,7 @@ def _events(run: Path, kind: str) -> dict[int, list[dict]]:
 @pytest.mark.slow
 def test_deferred_recording_writes_the_same_events(tmp_path: Path) -> None:
     from ddpdoctor.check import report_run
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     _attach_run(tmp_path / "now", defer=False)
     _attach_run(tmp_path / "later", defer=True)

@@ -246,7 +246,7 @@ def conversion_probe(tmp_path):
 
 
 def _conversions(probe, run_dir):
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     for hook in probe.end_hooks:
         hook()

@@ -48,7 +48,7 @@ SPEC_CAUSE_KEYS = {"cause", "rule", "verdict", "favours", "measured", "message",
 def applied_verdicts(run_dir: Path):
     from ddpdoctor.analyses.bn_checks import applied
     from ddpdoctor.analyses.bn_checks import applied_verdicts as verdicts
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     run = read_run(run_dir)
     return verdicts(applied(run), sorted(run.rank_processes))

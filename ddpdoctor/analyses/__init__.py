@@ -20,10 +20,11 @@ from typing import Any, Mapping, Sequence
 from ddpdoctor.analyses import summary
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
-from ddpdoctor.events import STATIC_FILE, find_run_dirs, read_runs, read_text_bounded
+from ddpdoctor.events import STATIC_FILE
 from ddpdoctor.findings import Clearance, Finding, Measurement, resolve_measurements
 from ddpdoctor.records import StaticRecord
 from ddpdoctor.rules import hooks
+from ddpdoctor.rundata import find_run_dirs, read_runs, read_text_bounded
 
 
 def analyses() -> list[ModuleType]:
@@ -64,15 +65,15 @@ def build_context(run_dir: Path | Sequence[Path], overrides: Mapping[str, Any] |
     if not meta and not run.processes:
         raise UsageError(f"{run.path}: the run directory holds no events")
     start = next((p.first("script_start") for p in run.processes if p.first("script_start")), None) or {}
-    script_abs = meta.get("script_abs") or start.get("script") or ""
-    script = meta.get("script") or (os.path.basename(script_abs) if script_abs else "")
-    base_dir = Path(meta.get("cwd") or (run.processes[0].start.get("cwd") if run.processes else "") or ".")
+    script_abs = meta.script_abs or start.get("script") or ""
+    script = meta.script or (os.path.basename(script_abs) if script_abs else "")
+    base_dir = Path(meta.cwd or (run.processes[0].start.get("cwd") if run.processes else "") or ".")
     return RunContext(
         run=run,
         settings=Settings.of_run(meta, overrides),
         script=script,
         script_abs=script_abs,
-        args=list(meta.get("args") or []),
+        args=list(meta.args),
         base_dir=base_dir,
     )
 

@@ -21,14 +21,13 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
-from ddpdoctor.events import RunData
-from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
-from ddpdoctor.rules.dd213_stale_running_stats import (
-    LAG_LIKELY,
-    LAG_POSSIBLE,
-    VAR_LAG_LIKELY,
-    VAR_LAG_POSSIBLE,
-)
+from ddpdoctor.rules import setting
+from ddpdoctor.rundata import RunData
+
+# the rules' thresholds (DD204, DD213), read through the catalog
+LARGE_SYNC_BATCH = setting("large_sync_batch").default
+LAG_LIKELY, LAG_POSSIBLE = setting("mean_lag_likely").default, setting("mean_lag_possible").default
+VAR_LAG_LIKELY, VAR_LAG_POSSIBLE = setting("var_lag_likely").default, setting("var_lag_possible").default
 
 # unit roundoff of the output dtype
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.bn.stats import RunningStats, combine_moments, relative_error, replay_running_stats
-from ddpdoctor.events import RunData
+from ddpdoctor.rundata import RunData
 
 
 @dataclass

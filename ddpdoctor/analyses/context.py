@@ -1,6 +1,6 @@
 """What every analysis needs from a recorded run: the events by rank, the settings, and how to name places.
 
-Pure: reads `ddpdoctor.events.RunData`; no torch. `fmt_num`, `fmt_ranks` and `pct` are
+Pure: reads `ddpdoctor.rundata.RunData`; no torch. `fmt_num`, `fmt_ranks` and `pct` are
 `ddpdoctor.formatting`'s, re-exported for the analyses.
 """
 
@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ddpdoctor.errors import PEER_ERROR_MARKERS
-from ddpdoctor.events import SOURCE_DIR, ProcessLog, RunData, read_text_bounded
+from ddpdoctor.events import SOURCE_DIR
 from ddpdoctor.findings import Clearance, Confidence, Finding, Measurement, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
 from ddpdoctor.records import LaunchRecord
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules import setting
+from ddpdoctor.rundata import ProcessLog, RunData, read_text_bounded
 from ddpdoctor.world import Place, place_from_env
 
 __all__ = ["PEER_ERROR_MARKERS", "RunContext", "Settings", "fmt_num", "fmt_ranks", "pct"]
@@ -32,7 +33,7 @@ class Settings:
     base_lr: float | None = None
     base_batch: int | None = None
     lr_scaling: str = "auto"
-    small_bn_batch: int = SMALL_BN_BATCH
+    small_bn_batch: int = setting("small_bn_batch").default
 
     @classmethod
     def of_run(cls, meta: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> "Settings":

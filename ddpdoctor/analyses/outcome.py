@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.context import PEER_ERROR_MARKERS, RunContext
-from ddpdoctor.events import ProcessLog, parse_stack_dump, read_text_bounded
+from ddpdoctor.rundata import ProcessLog, parse_stack_dump, read_text_bounded
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPAWN_EXIT = re.compile(r"process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
@@ -441,7 +441,7 @@ def _timeout_moment(ctx: RunContext) -> tuple[float, float | None, float]:
     ended = float(launcher.get("ended") or last)
     started = launcher.get("started")
     before = float((launcher.get("first_launch") or {}).get("wall_seconds") or 0.0)
-    timeout = launcher.get("timeout") or ctx.run.meta.get("timeout")
+    timeout = launcher.get("timeout") or ctx.run.meta.timeout
     if started is None or not timeout:
         return ended, None, before
     return min(ended, float(started) + float(timeout) - before), float(started), before
@@ -471,7 +471,7 @@ def timeout_view(ctx: RunContext) -> TimeoutView | None:
     if "timeout_view" in ctx.memo:
         return ctx.memo["timeout_view"]
     at, launched, before = _timeout_moment(ctx)
-    timeout = float(ctx.launcher.get("timeout") or ctx.run.meta.get("timeout") or 0.0)
+    timeout = float(ctx.launcher.get("timeout") or ctx.run.meta.timeout or 0.0)
     floor = min(MIN_ALLOWANCE, MIN_ALLOWANCE_SHARE * timeout) if timeout > 0 else MIN_ALLOWANCE
     pace = _pace(ctx)
     ranks: dict[int, RankAtTimeout] = {}

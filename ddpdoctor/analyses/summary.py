@@ -58,12 +58,12 @@ def environment(ctx: RunContext) -> dict[str, Any]:
     ready = next((e for _, e in ctx.run.events("torch_ready")), {})
     start = next((p.start for p in ctx.run.processes if p.start), {})
     backend = next((e.get("backend") for _, e in ctx.run.events("pg_init") if e.get("ok")), None)
-    nproc = ctx.run.meta.get("nproc") or len(ctx.ranks) or ctx.settings.nproc
+    nproc = ctx.run.meta.nproc or len(ctx.ranks) or ctx.settings.nproc
     if ctx.run.meta.get("mode") == "single":
         nproc = 1  # one process drove every (emulated) GPU; the emulation note says how many
     env = {
         "torch": ready.get("torch"),
-        "python": start.get("python") or ctx.run.meta.get("python"),
+        "python": start.get("python") or ctx.run.meta.python,
         "nproc": nproc,
         "backend": backend,
         "device": ready.get("device") or ctx.run.meta.get("device"),

@@ -17,9 +17,12 @@ from typing import Any, Iterable
 from ddpdoctor import __version__
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding, rank_findings
 from ddpdoctor.formatting import fmt_err, fmt_p
-from ddpdoctor.rules.dd201_bn_stats_diverge import LOCAL_ERROR_ALARM
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
-from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
+from ddpdoctor.rules import setting
+
+# the rules' thresholds (DD201, DD202, DD204), read through the catalog
+LOCAL_ERROR_ALARM = setting("local_error_alarm").default
+SMALL_BN_BATCH = setting("small_bn_batch").default
+LARGE_SYNC_BATCH = setting("large_sync_batch").default
 
 COMPARE_SCHEMA = "ddpdoctor.compare-bn/1"
 MODES = ("local", "local_no_broadcast", "local_reduce", "sync")

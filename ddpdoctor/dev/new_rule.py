@@ -10,16 +10,18 @@ Creates, in the checkout that holds this file:
     ddpdoctor/rules/ddNNN_<name>/static.py       (--static) check(script) to write
     ddpdoctor/rules/ddNNN_<name>/probe.py        (--probe) analyze(ctx) to write
     fixtures/static/DDNNN/{bad,good}_<name>.py   (--static) the bad one carries `# expect: DDNNN`
-    fixtures/probe/ddNNN/{bad,good}_<name>.py    (--probe) 2-rank scripts for the probe
-    tests/test_rule_ddNNN.py                     (--probe) the probe fires on bad_*, is silent on good_*
+    fixtures/probe/ddNNN/{bad,good}_<name>.py    (--probe) 2-rank scripts: tests/test_probe_rule_fixtures.py
+                                                 holds the probe to firing on bad_*, silent on good_*
 
-and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), `tests/test_catalog.py` (the
-contract row: moved from PENDING to EXPECTED, or added), `tests/test_static.py` (SPEC_STATIC, for a static half),
-the rule table of `docs/contract.md` (no longer pending) and the README rule table.
+and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), the contract's rule table in
+`docs/contract.md` (the row no longer pending, or added: the tests read the contract from there) and the README
+rule table. The templates follow CONTRIBUTING and the
+fixtures trip no other rule (tests/test_new_rule.py runs every static rule over them).
 
 What it writes is a start that fails the tests until it is filled in — the documentation says TODO (the catalog
-test rejects that), the bad static fixture expects a finding the generated check() never yields, the probe test
-expects a finding on the bad script — so a half-written rule cannot land green.
+test rejects that), the bad static fixture expects a finding the generated check() never yields,
+tests/test_probe_rule_fixtures.py expects a finding on the bad probe script — so a half-written rule cannot land
+green.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from ddpdoctor.levels import Severity
 from ddpdoctor.rules.rule import CATEGORIES
 
 REPO = Path(__file__).resolve().parents[2]
-_ROW = re.compile(r'^    \("(DD\d{3})", "([a-z0-9-]+)", "(\w+)", (True|False), (True|False)\),$')
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,6 @@ class NewRule:
     def stem(self) -> str:
         return self.name.replace("-", "_")
 
-    @property
-    def row(self) -> str:
-        return f'    ("{self.code}", "{self.name}", "{self.severity.label}", {self.static}, {self.probe}),'
-
 
 # ------------------------------------------------------------------------------------------------ templates
 
@@ -72,6 +69,16 @@ def _init(r: NewRule) -> str:
     if r.probe:
         what.append("The probe records TODO: what it measures on the ranks, and fires when TODO.")
     paragraphs = "\n\n".join(f"        {p}" for p in what)
+    context = '''
+    # what the example assumes and does not show, `...` where each half goes (tests/test_rule_examples.py runs
+    # static analysis on both halves: the Bad one must trigger the rule, the Good one must not)
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        ...
+        """
+    ),''' if r.static else ""
     return f'''"""{r.code} {r.name}: the rule's catalog entry, its documentation and its parameters.
 
 How it is found lives beside this file: static.py (from the source) and probe.py (from a recorded run),
@@ -84,6 +91,10 @@ from ddpdoctor.levels import Severity
 from ddpdoctor.rules.rule import Rule, prose, snippet
 
 CODE = "{r.code}"
+
+# The rule's thresholds: a module constant each, declared in `settings=(Setting(name, CONSTANT, unit, meaning),)`
+# below (import Setting from ddpdoctor.rules.rule); code outside this package reads them with
+# ddpdoctor.rules.setting(name).
 
 RULE = Rule(
     package=__name__,
@@ -107,7 +118,7 @@ RULE = Rule(
 
         # Good: TODO
         """
-    ),
+    ),{context}
     fix="TODO: a short imperative (a finding's fix and the SARIF fix title).",
 )
 '''
@@ -136,10 +147,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     for ev in script.of("TODO: the event kinds of the semantic model this rule reads"):
         yield script.finding(
             CODE,
-            line=ev.line,
-            message="TODO: one sentence, with what the source says",
+            line=ev,  # the event, not its .line: it may be in a module the script imports
+            message="TODO: one sentence, with what the source says (another place: script.place(other, near=ev))",
             confidence=Confidence.CERTAIN,
-            evidence={{"line": ev.line}},
+            evidence={{}},
         )
 '''
 
@@ -187,19 +198,30 @@ def analyze(ctx: RunContext) -> list[Finding]:
 def _static_fixture(r: NewRule, bad: bool) -> str:
     doc = f"TODO: the pattern this fixture reproduces ({r.code} must {'fire on' if bad else 'stay silent on'} it)."
     mark = f"  # expect: {r.code}" if bad else ""
+    todo = "the rule flags; keep the expect comment on the offending line" if bad else "that is right"
     return f'''"""{doc}"""
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main():
     dist.init_process_group("gloo")
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    sampler = DistributedSampler(data)
+    # the global batch stays the single-process recipe's 32, so its lr stays right (DD401)
+    loader = DataLoader(data, batch_size=32 // dist.get_world_size(), sampler=sampler)
     model = DDP(torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO: write the code {"the rule flags; keep the expect comment on the offending line" if bad else "that is right"}
-    opt.step(){mark}
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            # TODO: write the code {todo}
+            opt.step(){mark}
 
 
 if __name__ == "__main__":
@@ -221,10 +243,10 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
 sampler = DistributedSampler(data, shuffle=True)
-loader = DataLoader(data, batch_size=8, sampler=sampler)
+loader = DataLoader(data, batch_size=16 // dist.get_world_size(), sampler=sampler)
 net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 model = DDP(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)  # the recipe's lr: the global batch is the recipe's 16 (DD401)
 # TODO: write {what} ({r.code})
 for epoch in range(2):
     sampler.set_epoch(epoch)
@@ -233,33 +255,6 @@ for epoch in range(2):
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 dist.destroy_process_group()
-'''
-
-
-def _probe_test(r: NewRule) -> str:
-    return f'''"""{r.code} {r.name} on the probe: 2 real gloo ranks over fixtures/probe/{r.code.lower()}/; the rule
-fires on every bad_* script and stays silent on every good_* one."""
-
-from __future__ import annotations
-
-from pathlib import Path
-
-import pytest
-
-from ddpdoctor.check import run_check
-from ddpdoctor.config import CheckConfig
-
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "fixtures" / "probe" / "{r.code.lower()}"
-pytestmark = pytest.mark.slow
-
-
-@pytest.mark.parametrize("script", sorted(FIXTURES.glob("*.py")), ids=lambda p: p.name)
-def test_probe_finds_{r.code.lower()}_on_bad_scripts_only(script: Path, tmp_path: Path, monkeypatch):
-    monkeypatch.chdir(REPO)
-    cfg = CheckConfig(script=script.relative_to(REPO), nproc=2, timeout=90.0, keep_run=tmp_path / "run")
-    found = {{f.rule for f in run_check(cfg).findings if "probe" in f.sources}}
-    assert ("{r.code}" in found) == script.name.startswith("bad_"), sorted(found)
 '''
 
 
@@ -292,27 +287,6 @@ def _registry(text: str, r: NewRule) -> str:
     return _insert_sorted(text, "PACKAGES: tuple[ModuleType, ...] = (", ")", f"    {r.package},", key)
 
 
-def _contract(text: str, r: NewRule) -> str:
-    """The rule's row in EXPECTED, in code order, and out of PENDING."""
-
-    def other(line: str) -> bool:
-        m = _ROW.match(line)
-        return m is None or m.group(1) != r.code
-
-    kept = "\n".join(line for line in text.split("\n") if other(line))
-    return _insert_sorted(kept, "EXPECTED = [", "]", r.row, _ROW)
-
-
-def _static_set(text: str, r: NewRule) -> str:
-    """tests/test_static.py's SPEC_STATIC (the codes SPEC's table marks static) with the new code."""
-    m = re.search(r"^SPEC_STATIC = \{\n(.*?)\n\}", text, re.S | re.M)
-    if m is None:
-        raise UsageError("cannot find SPEC_STATIC in tests/test_static.py")
-    codes = sorted(set(re.findall(r"DD\d{3}", m.group(1))) | {r.code})
-    rows = [", ".join(f'"{c}"' for c in codes[i : i + 11]) + "," for i in range(0, len(codes), 11)]
-    return text[: m.start(1)] + "\n".join(f"    {row}" for row in rows) + text[m.end(1) :]
-
-
 def _contract_page(text: str, r: NewRule) -> str:
     """docs/contract.md: the rule's row no longer pending (a half SPEC lists and the rule lacks stays pending)."""
     yes = {True: "yes", False: "–"}
@@ -338,13 +312,13 @@ def _readme(text: str, r: NewRule) -> str:
 
 
 def _pending(contract: str) -> dict[str, tuple[str, str, bool, bool]]:
-    """The rows of PENDING in tests/test_catalog.py: code -> (name, severity, static, probe)."""
-    block = contract.split("PENDING = [", 1)[1].split("\n]", 1)[0] if "PENDING = [" in contract else ""
+    """The rows of docs/contract.md's rule table whose status is `pending`: code -> (name, severity, static,
+    probe)."""
     out = {}
-    for line in block.split("\n"):
-        m = _ROW.match(line)
-        if m:
-            out[m.group(1)] = (m.group(2), m.group(3), m.group(4) == "True", m.group(5) == "True")
+    for line in contract.split("\n"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"DD\d{3}", cells[0]) and cells[5] == "pending":
+            out[cells[0]] = (cells[1], cells[2], cells[3] == "yes", cells[4] == "yes")
     return out
 
 
@@ -359,18 +333,19 @@ def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: st
         raise UsageError(f"{code}: a rule code is DD + 3 digits, first digit one of {', '.join(sorted(CATEGORIES))}")
     if not (static or probe):
         raise UsageError("say which halves the rule has: --static, --probe or both")
-    contract_path = root / "tests" / "test_catalog.py"
-    contract = contract_path.read_text(encoding="utf-8")
+    page = root / "docs" / "contract.md"
+    contract = page.read_text(encoding="utf-8")
     warnings: list[str] = []
     pending = _pending(contract).get(code)
     if pending is not None:
         if name is not None and name != pending[0]:
-            raise UsageError(f"{code} is {pending[0]!r} in the contract (tests/test_catalog.py PENDING), not {name!r}")
+            raise UsageError(f"{code} is {pending[0]!r} in the contract (docs/contract.md, pending), not {name!r}")
         name = pending[0]
         severity = severity or pending[1]
         if (static, probe) != pending[2:]:
             warnings.append(f"the contract gives {code} static={pending[2]} probe={pending[3]}: the catalog test will "
-                            "say so until the halves match (or list the missing one in PENDING_HALVES)")
+                            "say so until the halves match (or mark the missing one `<half> half pending` in "
+                            "docs/contract.md)")
     elif name is None:
         raise UsageError(f"{code} is not a pending row of the contract: give its name")
     else:
@@ -396,19 +371,13 @@ def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: st
         for bad in (True, False):
             path = root / "fixtures" / "probe" / code.lower() / f"{'bad' if bad else 'good'}_{r.stem}.py"
             files[path] = _probe_fixture(r, bad)
-        files[root / "tests" / f"test_rule_{code.lower()}.py"] = _probe_test(r)
     registry = root / "ddpdoctor" / "rules" / "__init__.py"
     readme = root / "README.md"
-    static_test = root / "tests" / "test_static.py"
-    page = root / "docs" / "contract.md"
     files[registry] = _registry(registry.read_text(encoding="utf-8"), r)
-    files[contract_path] = _contract(contract, r)
     files[readme] = _readme(readme.read_text(encoding="utf-8"), r)
-    files[page] = _contract_page(page.read_text(encoding="utf-8"), r)
-    if static:
-        files[static_test] = _static_set(static_test.read_text(encoding="utf-8"), r)
+    files[page] = _contract_page(contract, r)
     for path in files:
-        if path not in (registry, contract_path, readme, static_test, page) and path.exists():
+        if path not in (registry, readme, page) and path.exists():
             raise UsageError(f"{path.relative_to(root)} exists already")
     return r, files, warnings
 

@@ -29,7 +29,7 @@ from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
 from ddpdoctor.records import RunMeta, StaticRecord
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
+from ddpdoctor.rules import setting
 from ddpdoctor.sourcefile import check_source_path
 from ddpdoctor.world import place_from_env
 
@@ -144,7 +144,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
             timeout=ns.timeout,
             device=ns.device,
             lr_scaling="auto",
-            small_bn_batch=SMALL_BN_BATCH,
+            small_bn_batch=setting("small_bn_batch").default,
             plan=plan.to_json(),
             sources=sources,
             python=sys.version.split()[0],

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ddpdoctor.probe.session import Probe
+from ddpdoctor.probe.session import Probe, kill_children
 
 RELAUNCH_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" (under torchrun)
 LAUNCHER_VARIABLES = frozenset(
@@ -77,15 +77,5 @@ def relaunch_under_launcher(probe: Probe, reason: str, site: dict[str, Any] | No
     probe.launch_decided = "torchrun"
     probe.ending = True
     probe.emit("launch_decision", mode="torchrun", reason=reason, site=site)
-    probe.safely("children", _kill_children)
+    probe.safely("children", kill_children)
     probe.leave(RELAUNCH_EXIT_CODE)
-
-
-def _kill_children() -> None:
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        try:
-            child.kill()
-        except Exception:
-            pass

@@ -29,7 +29,9 @@ class DDPRecord:
         return self.module_ref()
 
 
-class Registry:
+class TrackedObjects:
+    """The DDP models, the modules they own and the optimizers this process built, each with its probe id."""
+
     def __init__(self) -> None:
         self._next = 0
         self.ddps: list[DDPRecord] = []

@@ -13,7 +13,6 @@ functions here, and nothing outside the probe imports them separately.
 from __future__ import annotations
 
 import faulthandler
-import hashlib
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from typing import Any, Callable
 
 from ddpdoctor.events import EVENTS_DIR, SCHEMA, default_host, file_name_for
 from ddpdoctor.probe.patching import Patcher
-from ddpdoctor.probe.registry import Registry
+from ddpdoctor.probe.registry import TrackedObjects
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.world import WORLD_ENV
 
@@ -424,7 +423,7 @@ class Probe:
         # the rendezvous the launcher gave this process, before the script could change it (process_group)
         self.launcher_rendezvous = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
         self.patcher = Patcher()
-        self.registry = Registry()
+        self.registry = TrackedObjects()
         self.signatures: dict[str, Any] = {}  # taken before other layers wrap the functions
         self.stacks = StackTimer(self)
         self.writer = EventWriter(self, Path(settings.run_dir) / EVENTS_DIR)
@@ -575,7 +574,7 @@ class Probe:
         if run_atexit:
             self.safely("atexit", _run_atexit)
         else:
-            self.safely("children", _kill_children)
+            self.safely("children", kill_children)
         self.leave(code)
 
     def _let_writes_finish(self) -> tuple[float, list[str]]:
@@ -622,7 +621,7 @@ def _run_atexit() -> None:
     atexit._run_exitfuncs()
 
 
-def _kill_children() -> None:
+def kill_children() -> None:
     """The run ends mid-script: DataLoader workers and other children of this process go with it."""
     import multiprocessing
 
@@ -631,10 +630,6 @@ def _kill_children() -> None:
             child.kill()
         except Exception:
             pass
-
-
-def digest_bytes(data: bytes | memoryview) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 _PROBE: Probe | None = None

@@ -19,7 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ddpdoctor.events import EVENTS_DIR, LOGS_DIR, SOURCE_DIR, parse_stack_dump
+from ddpdoctor.events import EVENTS_DIR, LOGS_DIR, SOURCE_DIR
+from ddpdoctor.rundata import parse_stack_dump
 
 MAX_FILES = 64
 MAX_FILE_BYTES = 1 << 20

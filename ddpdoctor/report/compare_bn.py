@@ -13,7 +13,9 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import rank_findings
 from ddpdoctor.formatting import fmt_err, fmt_p
 from ddpdoctor.report.layout import layout, report_width
-from ddpdoctor.rules.dd201_bn_stats_diverge import LOCAL_ERROR_ALARM
+from ddpdoctor.rules import setting
+
+ALARM = setting("local_error_alarm").default  # DD201's: a local error shown red
 
 PLAIN_WIDTH = 100
 
@@ -135,7 +137,7 @@ def _render_text(result: CompareResult, *, color: bool) -> str:
                 ("SyncBN", "sync"))
         for i, (label, key) in enumerate(bars):
             x = layer.running_var_rel_err.get(key)
-            style = "green" if key == "sync" else ("red" if (x or 0) >= LOCAL_ERROR_ALARM else "yellow")
+            style = "green" if key == "sync" else ("red" if (x or 0) >= ALARM else "yellow")
             console.print(
                 Text.assemble(
                     f"  {layer.layer if i == 0 else '':<{name_w}}  {label:<8} ",
@@ -184,4 +186,4 @@ def _styled(x: float | None) -> tuple[str, str]:
     """A running-statistics error and its style: red at the alarm, green where it matches the reference."""
     if x is None:
         return "-", ""
-    return fmt_err(x), "red" if x >= LOCAL_ERROR_ALARM else ("green" if x <= SYNC_MATCH else "")
+    return fmt_err(x), "red" if x >= ALARM else ("green" if x <= SYNC_MATCH else "")

@@ -33,6 +33,29 @@ CATEGORIES = {
 HOOKS = ("static", "probe")
 _CODE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
+# What every rule's example may use without writing it: the imports (and a small BatchNorm network, `Net`) that a
+# DDP training script has. `Rule.example_script` puts them before the example's context.
+EXAMPLE_PRELUDE = """\
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+"""
+
 
 def _blank_lines_emptied(text: str) -> list[str]:
     """The lines of `text`, those of spaces and tabs only made empty (as `textwrap.dedent` does first)."""
@@ -55,6 +78,28 @@ def snippet(text: str) -> str:
     lines = _blank_lines_emptied(text)
     margin = os.path.commonprefix([line[: len(line) - len(line.lstrip(" \t"))] for line in lines if line])
     return "\n".join(line[len(margin) :] for line in lines).strip("\n")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A rule's parameter (a threshold, a tunable), declared once by the rule that owns it (`Rule.settings`).
+
+    `name` is its one name everywhere (unique in the catalog; for an `option`, the `[tool.ddpdoctor]` key, the
+    `--name` option, the run's meta.json key and the analyses' `Settings` field). `default` is the module constant
+    the rule's code uses, `unit` what it counts, `meaning` what crossing it means. Code outside the rule packages
+    reads it through the catalog (`ddpdoctor.rules.setting(name)`), never by importing a rule package.
+    """
+
+    name: str
+    default: int | float
+    unit: str
+    meaning: str
+    option: bool = False  # the user can change it (`[tool.ddpdoctor]`, the command line, the run records it)
+
+    def line(self) -> str:
+        """One line of a rule's documentation: `name = default unit: meaning`."""
+        where = f" (`[tool.ddpdoctor] {self.name}`)" if self.option else ""
+        return f"{self.name} = {self.default:g} {self.unit}: {self.meaning}{where}"
 
 
 @lru_cache(maxsize=None)
@@ -91,6 +136,15 @@ class Rule:
     # in a finding whose evidence says the wrapper is `model` (see `named`).
     fix_names: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     run_only: str | None = None
+    # The lines the example assumes and does not show (the names it uses, the training around it), written after
+    # EXAMPLE_PRELUDE: each half of the example takes the place of the context's `...` line (indented as that
+    # line), or follows the context where it has none. tests/test_rule_examples.py holds a static rule to its
+    # example: static analysis of the Bad half's script finds the rule, of the Good half's does not. None: the
+    # example shows a case only the probe can find (the rule's probe.py documents it; the static half's own cases
+    # are in its fixtures).
+    example_context: str | None = field(default="", hash=False, compare=False)
+    # the rule's parameters (thresholds), each declared once here with its default, unit and meaning
+    settings: tuple[Setting, ...] = field(default=(), hash=False, compare=False)
 
     @property
     def static(self) -> bool:
@@ -125,6 +179,38 @@ class Rule:
                 text = re.sub(rf"(?<![\w.]){re.escape(name)}(?=[.(\[,)])", value, text)
         return text
 
+    def example_script(self, half: str) -> str:
+        """The example's `half` ("bad" or "good") as a script: EXAMPLE_PRELUDE, the example's context with the
+        half in place of its `...` line, the lines before the example's `# Bad` (imports both halves use) first."""
+        bad = re.search(r"^# Bad", self.example, re.M)
+        good = re.search(r"^# Good", self.example, re.M)
+        if bad is None or good is None or half not in ("bad", "good"):
+            raise ValueError(f"{self.code}: no {half!r} half in the example")
+        shared = self.example[: bad.start()]
+        body = self.example[bad.start() : good.start()] if half == "bad" else self.example[good.start() :]
+        body = (shared + body).strip("\n")
+        lines = (self.example_context or "").splitlines()
+        at = next((i for i, line in enumerate(lines) if line.strip() == "..."), len(lines))
+        indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())] if at < len(lines) else ""
+        body = "\n".join(indent + line if line.strip() else line for line in body.splitlines())
+        return "\n".join([EXAMPLE_PRELUDE, *lines[:at], body, *lines[at + 1 :]]) + "\n"
+
+    @property
+    def known_limits(self) -> str | None:
+        """What the static half deliberately leaves silent: the "What stays silent:" paragraph of its `static.py`
+        docstring (read from the file, not imported), re-flowed to one line; None without a static half."""
+        if not self.static:
+            return None
+        import ast  # here, not at the top: the catalog is imported by every command, this only by `explain`
+
+        spec = importlib.util.find_spec(f"{self.package}.static")
+        with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr, arg-type]
+            doc = ast.get_docstring(ast.parse(f.read())) or ""
+        for paragraph in doc.split("\n\n"):
+            if paragraph.startswith("What stays silent:"):
+                return prose(paragraph.removeprefix("What stays silent:"))
+        return None
+
     @property
     def automatic_fix(self) -> bool:
         """`check --diff` / `--fix` can patch its findings: the package has a `fix.py` hook (where the code has the
@@ -155,6 +241,7 @@ class Rule:
                 for p in text.split("\n\n")
             )
 
+        limits = self.known_limits
         return (
             f"{self.code} {self.name}\n"
             f"default severity: {self.severity.label}; category: {self.category}; found by: {self.found_by}\n\n"
@@ -163,6 +250,8 @@ class Rule:
             f"Why it hurts accuracy\n{wrap(self.why)}\n\n"
             f"Example\n{textwrap.indent(self.example, '    ')}\n\n"
             f"Fix\n{wrap(self.fix)}\n{wrap(self._automatic_text)}\n"
+            + (f"\nKnown limits (static analysis stays silent on)\n{wrap(limits)}\n" if limits else "")
+            + ("\nSettings\n" + "\n".join(wrap(s.line()) for s in self.settings) + "\n" if self.settings else "")
             + (f"\nIn triage\n{wrap(self._run_only_text)}\n" if self.run_only else "")
         )
 
@@ -173,6 +262,7 @@ class Rule:
 
     def markdown(self) -> str:
         """The same documentation as Markdown (SARIF `help.markdown`)."""
+        limits = self.known_limits
         return (
             f"**{self.code} {self.name}** (default severity: {self.severity.label}; category: {self.category}; "
             f"found by: {self.found_by})\n\n"
@@ -181,6 +271,8 @@ class Rule:
             f"### Why it hurts accuracy\n\n{self.why}\n\n"
             f"### Example\n\n```python\n{self.example}\n```\n\n"
             f"### Fix\n\n{self.fix}\n\n{self._automatic_text}\n"
+            + (f"\n### Known limits (static analysis stays silent on)\n\n{limits}\n" if limits else "")
+            + ("\n### Settings\n\n" + "".join(f"- {s.line()}\n" for s in self.settings) if self.settings else "")
             + (f"\n### In triage\n\n{self._run_only_text}\n" if self.run_only else "")
         )
 

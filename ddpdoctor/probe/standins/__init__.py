@@ -110,13 +110,3 @@ def install_finder() -> StandinFinder:
 
 def remove_finder() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, StandinFinder)]
-
-
-def is_standin(module: Any) -> bool:
-    """Is this module (or class/function) one of ddpdoctor's stand-ins?"""
-    path = getattr(module, "__file__", None)
-    if path is None:
-        mod = sys.modules.get(getattr(module, "__module__", "") or "")
-        path = getattr(mod, "__file__", None)
-    return bool(path) and os.path.abspath(path).startswith(HERE + os.sep)
-

@@ -54,6 +54,11 @@ RULE = Rule(
         ddp = DDP(model, device_ids=[local_rank])
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        """
+    ),
     fix=(
         "Call torch.cuda.set_device(local_rank) before any CUDA work, and wrap with "
         "DDP(model.cuda(local_rank), device_ids=[local_rank])."

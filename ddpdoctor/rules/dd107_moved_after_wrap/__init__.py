@@ -45,6 +45,23 @@ RULE = Rule(
         ddp = DDP(model, device_ids=[device.index])
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net()
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        ...
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        """
+    ),
     fix=(
         "Move and cast the model to its device and dtype before wrapping it in DistributedDataParallel; do not "
         "call .to()/.cuda() on it afterwards."

@@ -48,6 +48,13 @@ RULE = Rule(
         sampler = DistributedSampler(dataset)  # num_replicas and rank from the process group
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        dataset = TensorDataset(torch.randn(64, 8))
+        """
+    ),
     fix=(
         "Use dist.get_world_size() (or WORLD_SIZE from the launcher) for the world size, not "
         "torch.cuda.device_count()."

@@ -58,6 +58,19 @@ RULE = Rule(
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
         """
     ),
+    example_context=snippet(
+        """
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        ...
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        """
+    ),
     fix=(
         "Wrap the model in DistributedDataParallel (or FSDP) on every path that trains inside the process "
         "group, before building the optimizer."

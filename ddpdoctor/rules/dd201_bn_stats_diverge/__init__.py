@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD201"
 
@@ -22,6 +22,16 @@ ALIGNED = 1e-4  # statistics before the last update agree to float32 round-off a
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("local_error_alarm", LOCAL_ERROR_ALARM, "relative error",
+                "local running statistics this far from the global-batch value are a compare-bn finding; below it "
+                "the gap is a per-rank batch's sampling noise"),
+        Setting("bn_divergence_material", MATERIAL, "std (means) or relative (variances)",
+                "a difference between ranks' statistics below this is harmless"),
+        Setting("bn_stats_aligned", ALIGNED, "relative",
+                "statistics before the last update agree within this (float32 round-off amplified by "
+                "1 / (1 - momentum))"),
+    ),
     name="bn-stats-diverge",
     severity=Severity.MEDIUM,
     summary="local BN running stats differ across ranks at the end (broadcast_buffers=False)",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD202"
 
@@ -21,6 +21,12 @@ VERY_SMALL = 4  # samples per rank at or below which the finding is high (27.3% 
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("small_bn_batch", SMALL_BN_BATCH, "samples per rank",
+                "per-GPU BatchNorm normalising over fewer samples than this is a finding", option=True),
+        Setting("very_small_bn_batch", VERY_SMALL, "samples per rank",
+                "at or below this the finding is high (27.3% vs 23.6% error, `why`)"),
+    ),
     name="small-bn-batch",
     severity=Severity.MEDIUM,
     summary=f"local BN normalises over a per-rank batch below {SMALL_BN_BATCH} samples",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD203"
 
@@ -18,6 +18,12 @@ MATERIAL_EFFECT = 0.1  # ranks' channel means at least this many within-batch st
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("non_iid_certain_p", SURE, "p-value",
+                "below this the non-i.i.d. test is certain (else likely)"),
+        Setting("non_iid_effect", MATERIAL_EFFECT, "within-batch standard deviations",
+                "ranks' channel means at least this far apart are a finding"),
+    ),
     name="non-iid-shards",
     severity=Severity.HIGH,
     summary="per-rank BN input statistics differ beyond i.i.d. sampling noise (scipy test, p < 1e-3)",

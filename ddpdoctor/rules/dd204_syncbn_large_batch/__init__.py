@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD204"
 
@@ -17,6 +17,10 @@ LARGE_SYNC_BATCH = 32
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("large_sync_batch", LARGE_SYNC_BATCH, "samples per rank",
+                "local BatchNorm statistics from this many samples are already good: syncing them gains nothing"),
+    ),
     name="syncbn-large-batch",
     severity=Severity.LOW,
     summary=(

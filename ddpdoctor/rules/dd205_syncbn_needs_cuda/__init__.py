@@ -51,6 +51,11 @@ RULE = Rule(
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda(local_rank)
         """
     ),
+    example_context=snippet(
+        """
+        local_rank = int(os.environ["LOCAL_RANK"])
+        """
+    ),
     fix=(
         "Run SyncBatchNorm on CUDA with the NCCL backend; for CPU/gloo runs keep nn.BatchNorm, or let "
         "ddpdoctor's CPU emulation stand in for it."

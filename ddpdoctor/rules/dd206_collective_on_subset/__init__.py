@@ -58,6 +58,27 @@ RULE = Rule(
         dist.barrier()
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        rank = dist.get_rank()
+        ddp = DDP(Net().to(device), device_ids=[local_rank])
+        val_loader = []
+
+
+        @torch.no_grad()
+        def evaluate(model, loader):
+            model.eval()
+            correct = count = 0
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+                count += len(y)
+            return correct, count
+        """
+    ),
     fix=(
         "Call collectives and DDP/SyncBN training forwards on every rank; for rank-0-only work use "
         "model.module in eval mode under torch.no_grad(), and keep barriers outside the branch."

@@ -53,5 +53,24 @@ RULE = Rule(
         ddp.train()
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        val_loader = loader
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        correct = 0
+        """
+    ),
     fix="Call model.eval() before evaluation and model.train() after it.",
 )

@@ -42,7 +42,7 @@ def _pair(values: list[Any]) -> str:
 
 def analyze(ctx: RunContext) -> list[Finding]:
     convs = bn_checks.lowest_rank_conversions(ctx.run)
-    if convs and ctx.run.meta.get("arm") is None:
+    if convs and ctx.run.meta.arm is None:
         for site in ctx.static_sites(CODE):
             ctx.not_measured(CODE, site=site, reason=(
                 f"{len(convs)} layers were converted, but whether code selecting them by exact class changes what "

@@ -7,7 +7,7 @@ where the rule has that half; `ddpdoctor triage` (ddpdoctor/triage/) also decide
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD213"
 
@@ -20,6 +20,16 @@ VAR_LAG_LIKELY, VAR_LAG_POSSIBLE = 0.2, 0.1
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("mean_lag_likely", LAG_LIKELY, "population standard deviations",
+                "running mean this far from the population mean (median over layers, past 3 standard errors): likely"),
+        Setting("mean_lag_possible", LAG_POSSIBLE, "population standard deviations",
+                "the same, beyond 2 standard errors: possible"),
+        Setting("var_lag_likely", VAR_LAG_LIKELY, "relative",
+                "running variance this far from the population variance (median over channels and layers): likely"),
+        Setting("var_lag_possible", VAR_LAG_POSSIBLE, "relative",
+                "the same: possible"),
+    ),
     name="stale-running-stats",
     severity=Severity.INFO,
     summary=(

@@ -7,7 +7,7 @@ where the rule has that half; `ddpdoctor triage` (ddpdoctor/triage/) also decide
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD214"
 
@@ -17,6 +17,12 @@ SHIFT_LIKELY, SHIFT_POSSIBLE = 0.05, 0.01
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("eval_shift_likely", SHIFT_LIKELY, "relative L2",
+                "eval-mode output changed this much between running and population statistics: likely"),
+        Setting("eval_shift_possible", SHIFT_POSSIBLE, "relative L2",
+                "the same: possible"),
+    ),
     name="bn-train-test-inconsistency",
     severity=Severity.LOW,
     summary=(

@@ -54,5 +54,28 @@ RULE = Rule(
                 train_step(x, y)
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        epochs = 3
+
+
+        def train_step(x, y):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+
+
+        sampler = DistributedSampler(train_set, shuffle=True)
+        loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+        """
+    ),
     fix="Call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader.",
 )

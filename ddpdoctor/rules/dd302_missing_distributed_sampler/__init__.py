@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD302"
 
@@ -18,6 +18,12 @@ HIGH_OVERLAP = 0.5  # from this shared fraction (or identical batches) the findi
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("shared_samples", THRESHOLD, "fraction of a rank's samples",
+                "also seen by another rank: a finding"),
+        Setting("shared_samples_high", HIGH_OVERLAP, "fraction of a rank's samples",
+                "from this shared fraction (or identical batches) the finding is high; below it, medium"),
+    ),
     name="missing-distributed-sampler",
     severity=Severity.HIGH,
     summary="ranks iterate overlapping samples (no DistributedSampler or equivalent sharding)",
@@ -54,6 +60,23 @@ RULE = Rule(
         # Good: each rank reads its own 1/N of every epoch
         sampler = DistributedSampler(train_set, shuffle=True)
         loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+        """
+    ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        ...
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
         """
     ),
     fix=(

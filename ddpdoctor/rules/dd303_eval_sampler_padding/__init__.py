@@ -51,6 +51,31 @@ RULE = Rule(
         accuracy = (totals[0] / totals[1]).item()
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        ddp = DDP(Net().to(device), device_ids=[local_rank])
+        val_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+
+
+        @torch.no_grad()
+        def evaluate(model, loader):
+            model.eval()
+            correct = count = 0
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+                count += len(y)
+            return correct, count
+
+
+        ...
+        print(evaluate(ddp.module, val_loader))
+        """
+    ),
     fix=(
         "Evaluate without padding: shard with range(rank, len(dataset), world_size) and all-reduce the "
         "(correct, count) sums, or evaluate the full set on one rank."

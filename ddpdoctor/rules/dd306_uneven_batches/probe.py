@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext
-from ddpdoctor.events import rle_expand
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd306_uneven_batches import CODE
+from ddpdoctor.rundata import rle_expand
 
 
 def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:

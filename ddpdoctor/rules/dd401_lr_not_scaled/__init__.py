@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd402_no_warmup import SCALE_THRESHOLD
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD401"
 
@@ -19,6 +19,12 @@ CLEAR_WITHIN = 1.1  # an lr this close to the scaled reference clears the static
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("lr_tolerance", TOLERANCE, "factor",
+                "an lr within this factor of the scaled reference is not a finding"),
+        Setting("lr_clear_within", CLEAR_WITHIN, "factor",
+                "an lr this close to the scaled reference clears the static finding (a measured match)"),
+    ),
     name="lr-not-scaled",
     severity=Severity.HIGH,
     summary="lr does not follow the global batch vs the reference recipe (linear/sqrt rule)",
@@ -59,6 +65,23 @@ RULE = Rule(
         # Good: linear scaling for SGD (square root of the ratio for Adam-family optimisers)
         global_batch = 128 * dist.get_world_size()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * global_batch / 256, momentum=0.9)
+        """
+    ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=128, sampler=DistributedSampler(train_set))
+        ...
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
         """
     ),
     fix=(

@@ -22,9 +22,9 @@ from collections import Counter
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
-from ddpdoctor.events import rle_expand
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd401_lr_not_scaled import CLEAR_WITHIN, CODE, TOLERANCE
+from ddpdoctor.rundata import rle_expand
 
 MEASURES = Measures(
     scope="site",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD402"
 
@@ -20,6 +20,12 @@ RAMP = 1e-6  # relative increase that counts as the lr going up
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("warmup_lr_scale", SCALE_THRESHOLD, "times the recipe's lr",
+                "an lr scaled this much needs a warmup"),
+        Setting("lr_ramp", RAMP, "relative",
+                "an increase of the lr above this counts as the lr going up"),
+    ),
     name="no-warmup",
     severity=Severity.LOW,
     summary=f"lr scaled up by >= {SCALE_THRESHOLD:g}x with no warmup schedule",
@@ -46,15 +52,36 @@ RULE = Rule(
         """
         from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
-        # Bad: 8x the recipe's lr from the first step
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.8, momentum=0.9)
+        # Bad: the recipe's lr of 0.1 scaled to 8 GPUs (0.8) from the first step
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * dist.get_world_size(), momentum=0.9)
         scheduler = CosineAnnealingLR(optimizer, T_max=total_steps)
 
         # Good: 5 epochs of linear warmup from the recipe's lr (0.1), then the schedule
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * dist.get_world_size(), momentum=0.9)
         warmup_steps = 5 * steps_per_epoch
-        warmup = LinearLR(optimizer, start_factor=0.125, total_iters=warmup_steps)
+        warmup = LinearLR(optimizer, start_factor=1 / dist.get_world_size(), total_iters=warmup_steps)
         cosine = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
         scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
+        """
+    ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=128, sampler=DistributedSampler(train_set))
+        steps_per_epoch = len(loader)
+        total_steps = 90 * steps_per_epoch
+        ...
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+            scheduler.step()
         """
     ),
     fix="Warm up: ramp the lr linearly from the recipe's value to the scaled value over the first ~5 epochs.",

@@ -56,6 +56,21 @@ RULE = Rule(
                 optimizer.zero_grad()
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        criterion = nn.CrossEntropyLoss()
+        accum = 4
+        """
+    ),
     fix="Run the forward and backward of every micro-step except the last under ddp.no_sync().",
     fix_names={"ddp": "wrapper"},
     run_only="all-reducing on every micro-step only costs time",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD404"
 
@@ -17,6 +17,10 @@ UNCHANGED = 0.05  # |ratio - 1| below this: the script divided again, only the c
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("reduced_twice_unchanged", UNCHANGED, "|ratio - 1|",
+                "below this the script divided again: only the communication is doubled"),
+    ),
     name="grads-reduced-twice",
     severity=Severity.HIGH,
     summary="gradients all-reduced by hand on top of DDP",
@@ -49,6 +53,23 @@ RULE = Rule(
         # Good
         loss.backward()
         optimizer.step()
+        """
+    ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        model = Net().to(device)
+        ddp = DDP(model, device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            ...
         """
     ),
     fix="Remove the manual all_reduce of gradients; DDP already averages them during backward.",

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
 
 CODE = "DD405"
 
@@ -18,6 +18,12 @@ MIN_LOSSES = 3  # backward passes with a bit-identical loss before it fires
 RULE = Rule(
     package=__name__,
     code=CODE,
+    settings=(
+        Setting("no_signal_steps", MIN_STEPS, "optimizer steps",
+                "steps without any non-zero gradient before the rule fires"),
+        Setting("no_signal_losses", MIN_LOSSES, "backward passes",
+                "passes with a bit-identical loss before the rule fires"),
+    ),
     name="no-learning-signal",
     severity=Severity.HIGH,
     summary="all gradients exactly zero, or loss constant, across the probe's steps",

@@ -52,5 +52,23 @@ RULE = Rule(
             print(f"val acc {(totals[0] / totals[1]).item():.4f}")
         """
     ),
+    example_context=snippet(
+        """
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        rank = dist.get_rank()
+        ddp = DDP(Net().to(device), device_ids=[local_rank])
+        train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
+        val_loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set, shuffle=False))
+        ddp.eval()
+        correct = total = 0
+        with torch.no_grad():
+            for x, y in val_loader:
+                correct += (ddp(x).argmax(1) == y).sum().item()
+                total += len(y)
+        """
+    ),
     fix="All-reduce the metric's sums (e.g. correct and count) across ranks before dividing, logging or comparing.",
 )

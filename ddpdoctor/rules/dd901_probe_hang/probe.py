@@ -208,7 +208,7 @@ def out_of_time_note(ctx: RunContext, view: TimeoutView) -> str:
 
 def _advice(ctx: RunContext, view: TimeoutView) -> str:
     meta = ctx.run.meta
-    epochs, per_epoch = int(meta.get("epochs") or 0), int(meta.get("steps") or 0)
+    epochs, per_epoch = int(meta.epochs or 0), int(meta.steps or 0)
     if not epochs or not per_epoch or view.pace is None or view.launched is None:
         return "rerun with a longer --timeout to observe more"
     firsts = [float(p.of("optimizer_step")[0]["t"]) for p in ctx.ranks.values() if p.of("optimizer_step")]

@@ -59,6 +59,9 @@ RULE = Rule(
             train_one_epoch(model, loader, optimizer)
         """
     ),
+    # the example is the probe's case (a resumed run with nothing left to train): static analysis cannot know
+    # what ckpt/last.pt holds; the static half's cases are in fixtures/static/DD904/
+    example_context=None,
     fix="Give the script the arguments that make it train (after `--`): the probe needs optimizer steps to measure.",
     fix_variants={
         "resumed": (

@@ -1,7 +1,7 @@
 """Models of the library APIs a training script calls, plugged into the generic interpreter (`engine`).
 
 One module per area, each declaring its handlers keyed by canonical name (`CALLS`, `PATTERNS`) and by method name
-(`METHOD_EVENTS`, `METHODS`, `LATE_METHODS`, `MODULE_METHODS`, `BUILTINS`), merged by `registry.Registry` in the
+(`METHOD_EVENTS`, `METHODS`, `LATE_METHODS`, `MODULE_METHODS`, `BUILTINS`), merged by `registry.ApiModels` in the
 order `interpreter.API_MODULES` lists them:
 
     nn           modules, model families, DDP/DataParallel, SyncBatchNorm, model factories

@@ -2,7 +2,7 @@
 
 Each hook of `engine.hooks.Hooks` is answered here in a few lines, by the API module that owns the question
 (ranks, nn, data, optim, distributed, environ, cli, tensors); library calls are dispatched through the
-`Registry` built from those modules' tables.
+`ApiModels` built from those modules' tables.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from ddpdoctor.static.apis import (
     ranks,
     tensors,
 )
-from ddpdoctor.static.apis.registry import Call, Registry
+from ddpdoctor.static.apis.registry import ApiModels, Call
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args, SourceFile
 from ddpdoctor.static.project import Project
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, WORLD_TAGS, Ctx, Family, Obj, Value
 
-# The API modules, in the order their name patterns are tried (`Registry.call`).
+# The API modules, in the order their name patterns are tried (`ApiModels.call`).
 API_MODULES = (nn, optim, data, distributed, horovod, frameworks, environ, cli, tensors, paths)
-REGISTRY = Registry(API_MODULES)
+REGISTRY = ApiModels(API_MODULES)
 
 
 class TorchInterpreter(TorchState):

@@ -56,7 +56,7 @@ def method(handler: MethodHandler, *kinds: str) -> Method:
     return Method(handler, frozenset(kinds) if kinds else None)
 
 
-class Registry:
+class ApiModels:
     """The models of every API module, merged (see the module docstring)."""
 
     def __init__(self, modules: Iterable[ModuleType]) -> None:

@@ -24,7 +24,7 @@ class TorchState(Interpreter):
         project: Project | None = None,
     ) -> None:
         super().__init__(source, project)
-        self.registry = registry  # apis.registry.Registry
+        self.registry = registry  # apis.registry.ApiModels
         self.assume: dict[str, Any] = dict(assume or {})
         self.cli_args: dict[str, Any] = {}  # dest → apis.cli.CliArg
         self._forward_depth = 0
