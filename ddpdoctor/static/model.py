@@ -104,6 +104,17 @@ class ScriptModel:
             or any(ev.data["obj"].props.get("distributed") for ev in self.of("sampler"))
         )
 
+    @cached_property
+    def _setup_events(self) -> list[Event]:
+        return self.of("init_pg", "spawn") + self.ddp_wraps
+
+    def single_process_path(self, event: Event) -> bool:
+        """True when `event` runs only where the script sets up no distribution: every process-group init, spawn
+        and DDP wrap sits on the other side of a branch the event sits in (`if args.nodes > 1: mp.spawn(main, ...)
+        else: main(0, args)` walks main twice, and the second walk is a single-process run)."""
+        setup = self._setup_events
+        return bool(setup) and all(ev.exclusive_with(event) for ev in setup)
+
     def wrap_event_before(self, obj: Obj, event: Event) -> Event | None:
         """The DDP wrap that put `obj`'s model inside a wrapper on the way to `event`, if any (a wrap on the
         other side of an `if` does not count)."""
