@@ -315,6 +315,16 @@ def test_dd304_silent_when_nothing_draws(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ DD305
 
 
+def test_dd302_names_the_per_rank_sampler_seeds() -> None:
+    """A DistributedSampler seeded per process (KAIR's `random.randint` when the config sets no seed): the
+    finding says so and fixes the seed, not the sampler the loader already has (issue 20, KAIR trial)."""
+    (f,) = probe_findings("data_sampler_seed_per_rank", "DD302")
+    assert "different seed on each rank" in f.message
+    seeds = f.evidence["shuffle_seed_epoch"]
+    assert seeds["0"][0] != seeds["1"][0]
+    assert f.fix.startswith("Give every rank's DistributedSampler the same seed")
+
+
 def test_dd305_unseeded_synthetic_data() -> None:
     (f,) = probe_findings("data_synthetic_unseeded", "DD305")
     assert f.severity == Severity.HIGH and f.ranks == (0, 1)

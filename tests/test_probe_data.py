@@ -189,6 +189,7 @@ DATA_FIXTURES = {
     # fixture: (rules the probe must report, rules it must not)
     "synthetic_unseeded": ({"DD305"}, {"DD303", "DD304", "DD306"}),
     "seeded_augment": ({"DD303", "DD304"}, {"DD305", "DD306"}),
+    "sampler_seed_per_rank": ({"DD302"}, {"DD305", "DD306"}),
     "uneven_shards": ({"DD304", "DD306"}, {"DD302", "DD303", "DD305"}),
     "sampler_helper": ({"DD301"}, {"DD302", "DD303", "DD305", "DD306"}),
 }

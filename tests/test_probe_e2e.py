@@ -411,6 +411,21 @@ def test_a_rank_stuck_in_a_collective_is_a_hang_with_stacks(probe) -> None:
     assert "DD902" not in _by_rule(report)
 
 
+def test_a_stall_after_the_probe_ended_the_peers_is_not_called_the_scripts_hang(probe) -> None:
+    """Rank 0's rank-only eval forward through DDP pairs, in the script's own run, with the other ranks' next
+    training forward; the probe's epoch limit ends rank 1 first, so rank 0 waits in the last one until the
+    timeout (issue 20: DD901 critical, first, on KAIR's trainer, above the run's real sampler finding)."""
+    report, _, _, _ = _once_the_ranks_stepped(probe, "rank0_eval_through_ddp", (15, 45, 135))
+    found = _by_rule(report)
+    assert "DD902" not in found
+    # the last observed step (4 per epoch) is an evaluation step on rank 0: it waits until the timeout
+    assert found["DD901"]["severity"] == "medium" and found["DD901"]["confidence"] == "possible"
+    # that the forward runs on rank 0 alone stays certain (static and probe agree); that it hangs is not shown
+    assert found["DD206"]["severity"] == "medium"
+    for code in ("DD901", "DD206"):
+        assert "ended by the probe" in found[code]["message"]
+
+
 def test_a_slow_run_that_runs_out_of_time_is_not_a_hang(probe, monkeypatch: pytest.MonkeyPatch) -> None:
     """Steps of 0.15 × the timeout (1.5 s at 10 s): the 8 planned steps never fit, so both ranks are still training
     when it hits. Not DD901: a note with the steps observed and the timeout that would cover the run; the other

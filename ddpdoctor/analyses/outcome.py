@@ -532,3 +532,21 @@ def _in_rendezvous(ctx: RunContext, r: RankAtTimeout) -> bool:
         return r.waiting_in.get("kind") == "rendezvous"
     p = ctx.ranks[r.rank]
     return bool(p.of("pg_init_begin")) and not p.of("pg_init")
+
+
+PROBE_LIMIT_REASONS = ("epochs observed", "steps observed")
+
+
+def ended_by_probe_limit(ctx: RunContext, ranks: list[int]) -> bool:
+    """Did every one of these ranks finish because the probe's --epochs/--steps limit ended it, not because the
+    script returned? Such a rank stops where the probe cut it (at its next epoch or step); in the script's own run
+    it goes on, and its next collective may pair with the one a peer still waits in: a peer blocked after the cut
+    (a rank-0-only evaluation forward through DDP, whose buffer broadcast pairs with the others' next training
+    forward) shows as a stall that the script itself never has."""
+    if not ranks:
+        return False
+    for r in ranks:
+        p = ctx.ranks.get(r)
+        if p is None or p.done is None or p.done.get("reason") not in PROBE_LIMIT_REASONS:
+            return False
+    return True

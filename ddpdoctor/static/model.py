@@ -104,6 +104,31 @@ class ScriptModel:
             or any(ev.data["obj"].props.get("distributed") for ev in self.of("sampler"))
         )
 
+    @cached_property
+    def _setup_events(self) -> list[Event]:
+        return self.of("init_pg", "spawn") or self.ddp_wraps
+
+    def single_process_path(self, event: Event) -> bool:
+        """True when `event` runs only where the script starts no processes: every process-group init and spawn
+        (without any, every DDP wrap) sits on the other side of a test the event sits in, the same `if` or one
+        with the same text (`if args.nodes > 1: mp.spawn(main, ...) else: main(0, args)` walks main twice, the
+        second walk a single-process run; `if opt['dist']: init_dist()` then `if opt['dist']: loader = ...
+        else: loader = DataLoader(..., shuffle=True)`)."""
+        setup = self._setup_events
+        if not setup:
+            return False
+        return all(self.on_other_side(ev, event) for ev in setup)
+
+    @staticmethod
+    def on_other_side(a: Event, b: Event) -> bool:
+        """True when one run never executes both events: they sit on different sides of the same `if`
+        (`Event.exclusive_with`), or of two tests with the same text, in any calls (`if self.opt['dist']: DDP(net)
+        else: DataParallel(net)` in a helper called once per network)."""
+        if a.exclusive_with(b):
+            return True
+        mine = _cond_texts(b)
+        return any((t, 1 - side) in mine for t, side in _cond_texts(a))
+
     def wrap_event_before(self, obj: Obj, event: Event) -> Event | None:
         """The DDP wrap that put `obj`'s model inside a wrapper on the way to `event`, if any (a wrap on the
         other side of an `if` does not count)."""
@@ -366,6 +391,20 @@ class ScriptModel:
         line = at.line if not isinstance(at, Ctx) else getattr(at.node, "lineno", 0)
         here = (near.file or self.filename) if near is not None else self.filename
         return f"line {line}" if file == here else f"{file}:{line}"
+
+
+def _cond_texts(event: Event) -> set[tuple[str, int]]:
+    """The plain conditions an event sits under, as (test text, side) with `not` folded in: the body of `if x:`
+    and the else side of `if not x:` are both ("x", 0)."""
+    out = set()
+    for c in event.ctx:
+        if c.kind != "cond" or not isinstance(c.info, str):
+            continue
+        text, side = c.info, 0
+        while text.startswith("not "):
+            text, side = text[4:], 1 - side
+        out.add((text.strip("()") if text.startswith("(") and text.endswith(")") else text, side))
+    return out
 
 
 def lower(confidence: Confidence, steps: int = 1) -> Confidence:

@@ -6,6 +6,8 @@ normalises each replica's slice and only replica 0's running statistics survive,
 What stays silent: nothing is silent, but a DataParallel that sits on the non-distributed path of a script that
 also builds DDP (`if args.distributed: DDP(...) else: DataParallel(...)`, as in the ImageNet example) is reported
 at low severity and possible confidence: it only matters when the script is launched without distributed mode.
+The paths are told apart by the test itself, or by its text when the wrap sits in a helper called once per network
+(`if self.opt['dist']: DDP(net) else: DataParallel(net)`, also under another test such as a loss weight).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         conds = (
             [c for c in ev.ctx if c.kind == "cond" and c.frame == ev.frame] or [c for c in ev.ctx if c.kind == "cond"]
         )
-        branch = next((c for c in conds if _DISTRIBUTED_WORDS.search(str(c.info))), conds[-1] if conds else None)
+        branch = next((c for c in conds if _DISTRIBUTED_WORDS.search(str(c.info))), None) or next(
+            (c for c in reversed(conds) if any(script.on_other_side(w, ev) for w in script.ddp_wraps)),
+            conds[-1] if conds else None,
+        )
         other_path = (
-            all(w.exclusive_with(ev) for w in script.ddp_wraps)
+            all(script.on_other_side(w, ev) for w in script.ddp_wraps)
             or _DISTRIBUTED_WORDS.search(str(branch.info if branch else ""))
         )
         if has_ddp and branch is not None and other_path:

@@ -15,6 +15,10 @@ the branch, with the branch's condition and what blocked in evidence.
 Measured at each collective static analysis suspected of running on a subset: every rank of a run that did not
 hang called it (the probe records the first calls of each collective per call site), so the branch admitted all
 ranks; a collective no rank reached stays, with a note.
+
+When the ranks outside the branch were all ended by the probe's own --epochs/--steps limit, the hang is not the
+script's (they would go on to a next step whose first collective may pair with the stuck one): medium, and the
+message says so.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from functools import lru_cache
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.analyses.outcome import is_user_path, main_stack, timeout_view
-from ddpdoctor.findings import Finding, Measures
+from ddpdoctor.analyses.outcome import ended_by_probe_limit, is_user_path, main_stack, timeout_view
+from ddpdoctor.findings import Confidence, Finding, Measures, Severity
 from ddpdoctor.rules.dd206_collective_on_subset import CODE
 from ddpdoctor.torchnames import env_tags, name_tags
 
@@ -76,9 +80,10 @@ def analyze(ctx: RunContext) -> list[Finding]:
         return []  # the run ran out of time while still making progress: nothing hung
     stuck: list[dict[str, Any]] = []
     others: dict[int, str] = {}  # rank -> where it was instead
+    cut = ended_by_probe_limit(ctx, [r for r, p in ctx.ranks.items() if p.done is not None])
     for rank, p in ctx.ranks.items():
         if p.done is not None:
-            others[rank] = "had finished"
+            others[rank] = "had been ended by the probe's --epochs/--steps limit" if cut else "had finished"
             continue
         if at_timeout is not None and at_timeout.ranks[rank].state == "running":
             others[rank] = "was still making progress"
@@ -104,6 +109,16 @@ def analyze(ctx: RunContext) -> list[Finding]:
         f"{ctx.at(first['frame'])}, blocked in {first['blocked']['what']}, which waits for every rank, while "
         f"{elsewhere}"
     )
+    severity, confidence = None, Confidence.CERTAIN
+    if cut and all(what.startswith("had been ended") for what in others.values()):
+        # the others did not leave the script: the probe stopped them before their next step, whose first
+        # collective (the next training forward's buffer broadcast) may be what this call pairs with
+        message += (
+            ", not by the script: in the script's own run they go on to their next step, whose first collective "
+            "may pair with this one (harmless when it is the same buffer broadcast), so this run does not show "
+            "a hang; rerun with --epochs/--steps that stop the run outside that branch to see past it"
+        )
+        severity, confidence = Severity.MEDIUM, Confidence.POSSIBLE
     evidence = {
         "stuck": [
             {
@@ -123,7 +138,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
         "sites_in_branch": len(in_branch),
     }
     return [
-        ctx.finding(CODE, message=message, site=first["frame"],
+        ctx.finding(CODE, message=message, site=first["frame"], severity=severity, confidence=confidence,
                     ranks=[h["rank"] for h in stuck], evidence=evidence, magnitude=float(len(stuck)))
     ]
 

@@ -88,6 +88,10 @@ RULE = Rule(
             "Give the training DataLoader sampler=DistributedSampler(dataset) (shuffle in the sampler, not the "
             "loader) and call sampler.set_epoch(epoch) every epoch."
         ),
+        "seed": (
+            "Give every rank's DistributedSampler the same seed (broadcast one drawn per process from rank 0) and "
+            "pass the same epoch to sampler.set_epoch(epoch) on every rank."
+        ),
         "split": (
             "Split with a seeded generator (random_split(..., generator=torch.Generator().manual_seed(s)), the "
             "same s on every rank) so every rank holds the same split and the DistributedSampler partitions it."

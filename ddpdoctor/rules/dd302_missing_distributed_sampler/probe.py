@@ -41,6 +41,21 @@ def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # n
     return out
 
 
+def _shuffle_streams(ctx: RunContext, per_rank: dict[int, tuple[dict[str, Any], dict[str, Any]]]) -> dict[int, tuple]:
+    """Rank -> (seed, epoch) its shuffling DistributedSampler drew the first training iteration with: the
+    permutation is torch.randperm under manual_seed(seed + epoch), so ranks that differ in either do not
+    permute alike, and their rank::world slices of different permutations overlap."""
+    out: dict[int, tuple] = {}
+    for r, (start, _) in per_rank.items():
+        sid, after = start.get("sampler"), start.get("seq", 0)
+        it = next((e for e in ctx.ranks[r].of("sampler_iter")
+                   if e.get("sampler") == sid and e.get("seq", 0) >= after), None)
+        if it is None or not it.get("shuffle") or it.get("seed") is None:
+            return {}
+        out[r] = (it.get("seed"), it.get("epoch"))
+    return out
+
+
 def _key(start: dict[str, Any]) -> tuple:
     site = start.get("created_site") or start.get("site") or {}
     return site.get("file"), site.get("line")
@@ -156,6 +171,18 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 f"a rank sees are also seen by another rank "
                 f"({', '.join(f'rank {r}: {n}' for r, n in sizes.items())} distinct samples)"
             )
+        streams = _shuffle_streams(ctx, per_rank) if distributed and not split_differs else {}
+        seeds_differ = len({seed for seed, _ in streams.values()}) > 1
+        epochs_differ = len({epoch for _, epoch in streams.values()}) > 1
+        if seeds_differ or epochs_differ:
+            what = "seed" if seeds_differ else "epoch"
+            lead = (
+                f"the DistributedSampler of the training DataLoader at {ctx.at(site)} shuffles with a different "
+                f"{what} on each rank ("
+                + ", ".join(f"rank {r}: seed {sd}, epoch {ep}" for r, (sd, ep) in sorted(streams.items()))
+                + "), so the ranks permute the dataset differently and the slices they take of their own "
+                f"permutations overlap: {pct(overlap)} of the samples a rank sees are also seen by another rank"
+            )
         elif distributed:
             lead = (
                 f"the DistributedSampler of the training DataLoader at {ctx.at(site)} gives {fmt_ranks(sets)} "
@@ -185,7 +212,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 CODE,
                 message=lead,
                 **({"severity": severity} if severity is not None else {}),
-                fix_variant="split" if split_differs else "probe",
+                fix_variant="split" if split_differs else "seed" if streams and (seeds_differ or epochs_differ)
+                else "probe",
                 site=site,
                 ranks=list(sets),
                 evidence={
@@ -196,6 +224,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                     "identical_batches_fraction": identical,
                     "consistent_sample_mod": k,
                     "splits_differ_across_ranks": split_differs,
+                    **({"shuffle_seed_epoch": {str(r): list(v) for r, v in sorted(streams.items())}}
+                       if seeds_differ or epochs_differ else {}),
                 },
                 magnitude=overlap,
             )

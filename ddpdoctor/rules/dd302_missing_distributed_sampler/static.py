@@ -7,7 +7,9 @@ SequentialSampler…), over a dataset that is not split by rank. Every rank then
 
 What stays silent: DistributedSampler or any custom/unknown sampler or batch_sampler; iterable datasets;
 datasets built with the rank or world size (`Subset(ds, range(rank, n, world))`, a Dataset class of the file
-that reads the rank); evaluation loaders (no training in their loop).
+that reads the rank); evaluation loaders (no training in their loop); a loader built only on a path that sets up
+no distribution (`if args.nodes > 1: mp.spawn(main, ...) else: main(0, args)`: main's direct call is a
+single-process run).
 
 Confidence: likely when the loader shuffles or the dataset is a known map-style dataset; possible (at medium
 severity) when the dataset comes from elsewhere and may shard itself.
@@ -52,7 +54,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     iterations = script.of("iterate")
     for lev in script.of("loader"):
         loader = lev.data["obj"]
-        if loader.fields.get("batch_sampler"):
+        if loader.fields.get("batch_sampler") or script.single_process_path(lev):
             continue
         samplers = [s for s in loader.fields.get("sampler", ()) if not (s.kind == "const" and s.value is None)]
         if samplers and not all(

@@ -34,7 +34,8 @@ RULE = Rule(
         argparse default or the optimizer's default while nothing in the file scales it by the world size:
         `possible` at low severity, since the value may already be tuned for this world size; `likely` and
         high where the file itself shows the single-process recipe (the lr scaled with the per-process batch
-        only, or the same lr also training the script's non-DDP run).
+        only). The same lr also training the script's non-DDP run is said in the message but stays low: nothing
+        says which of the two runs it was tuned for.
 
         The probe, given the single-process recipe the script was ported from (`--base-lr` and
         `--base-batch`, or `base_lr`/`base_batch` in `[tool.ddpdoctor]`), measures the real global batch (per-rank

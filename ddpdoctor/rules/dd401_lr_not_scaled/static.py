@@ -14,11 +14,13 @@ batch stays the single-process one); lr from a config object the walk cannot see
 Confidence: without the reference recipe nobody can tell from the source that a literal lr is wrong — it may
 already be the value tuned for this world size — so a literal, a command-line default or the optimizer's default
 is `possible` at low severity (it must not fail a CI gate on correct code). It is `likely` (high) only where the
-file itself shows the single-process recipe:
-- the lr is scaled with the per-process batch size but not with the world size (`lr = 0.1 * batch_size / 256`
-  with `DataLoader(batch_size=batch_size)`): the author applied the scaling rule to a batch DDP multiplies;
-- the same lr also trains the script's own single-process run (`if args.distributed: model = DDP(model)` with the
-  optimizer built for both): one lr serves two global batches that differ by the world size.
+file itself shows the single-process recipe: the lr is scaled with the per-process batch size but not with the
+world size (`lr = 0.1 * batch_size / 256` with `DataLoader(batch_size=batch_size)`): the author applied the
+scaling rule to a batch DDP multiplies. When the same lr also trains the script's own single-process run
+(`if args.distributed: model = DDP(model)` with the optimizer built for both), one lr serves two global batches
+that differ by the world size, and the message says so; but nothing says which of the two it was tuned for, and
+a recipe published for N GPUs (DETR, the torchvision references) keeps its single-process path for debugging:
+that stays `possible`, low.
 The probe settles it: with --base-lr/--base-batch it measures the global batch and the lr, and clears this
 finding when the lr matches the scaled reference.
 """
@@ -183,7 +185,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         single = _also_single_process(script, ev, wrapped) if kind != "batch" else None
         # Without a sign of the single-process recipe in the file, a literal lr may be the value tuned for this
         # world size: heuristic. The probe with --base-lr/--base-batch measures it.
-        if kind == "batch" or single is not None:
+        if kind == "batch":
             confidence, severity = Confidence.LIKELY, None
         else:
             confidence, severity = Confidence.POSSIBLE, Severity.LOW

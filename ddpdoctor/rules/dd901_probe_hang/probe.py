@@ -2,13 +2,16 @@
 
 What it does: when the probe's timeout ended the run, decides for every rank that had not finished whether it had
 stalled or was still working (outcome.timeout_view). A rank that recorded events within its own pace before the
-timeout (three typical steps, at least 5 s or a fifth of a shorter timeout) was still making progress; one
-silent for longer whose main thread sat in a call that waits for the other ranks (a collective, DDP's buffer
-broadcast, or DDP's backward once a step has been timed) had stalled. Only stalls are findings: for each stalled
-rank, where its main thread was blocked (the innermost frame and the user's file:line that called it), how long
-it had been silent, and its last recorded event; ranks that had finished and were waiting for their peers, ranks
-still running and ranks busy elsewhere are named as such. A slow run that ran out of time is not a hang: it gets
-a note with the steps observed and the --timeout or --steps that would cover the run, and every analysis still
+timeout (three typical steps, at least 5 s or a fifth of a shorter timeout) was still making progress; one silent
+for longer whose main thread sat in a call that waits for the other ranks (a collective, DDP's buffer broadcast, or
+DDP's backward once a step has been timed) had stalled. Only stalls are findings: for each stalled rank, where its
+main thread was blocked (the innermost frame and the user's file:line that called it), how long it had been silent,
+and its last recorded event; ranks that had finished and were waiting for their peers, ranks still running and
+ranks busy elsewhere are named as such. When every rank that had finished was ended by the probe's own
+--epochs/--steps limit (not by the script) and none was still running, the stall is medium/possible and says so: in
+the script's own run those ranks go on to their next step, whose first collective may pair with the one the stalled
+ranks wait in (a rank-0-only evaluation forward through DDP). A slow run that ran out of time is not a hang: it
+gets a note with the steps observed and the --timeout or --steps that would cover the run, and every analysis still
 runs on what was recorded. So is a run slow to start: ranks waiting in the rendezvous for a peer still starting
 (outcome._peers_still_starting), or no rank started when the timeout hit. In attach mode (no timeout of ours), a
 stall-watchdog dump (no optimizer step for --stall-timeout) is the stall. Stacks come from faulthandler dumps the
@@ -22,8 +25,8 @@ import os
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
-from ddpdoctor.analyses.outcome import RankAtTimeout, TimeoutView, main_stack, timeout_view
-from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.analyses.outcome import RankAtTimeout, TimeoutView, ended_by_probe_limit, main_stack, timeout_view
+from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.rules.dd901_probe_hang import CODE
 
 RUN_FIRST = True  # how the run ended: analysed first, so its notes lead the report
@@ -134,11 +137,24 @@ def _stall_finding(
             f"{fmt_num(round(min(r.silent for r in busy), 1))} s ({where}): either that work never ends, or it "
             "needs more than the timeout"
         )
-    if waiting:
+    severity = None
+    if waiting and not running and not busy and ended_by_probe_limit(ctx, waiting):
+        # the peers did not finish: the probe's limit ended them before their next step, whose first collective
+        # the script would have run and that may be the partner of the one the stalled ranks wait in
+        verb = "was" if len(waiting) == 1 else "were"
+        message += (
+            f" ({fmt_ranks(waiting)} {verb} ended by the probe's --epochs/--steps limit, not by the script, and "
+            "waited for the others: in the script's own run they go on to their next step, whose first collective "
+            "may pair with this one, so this run does not show the script hanging; rerun with a larger --epochs "
+            "or --steps to see past it)"
+        )
+        confidence, severity = Confidence.POSSIBLE, Severity.MEDIUM
+    elif waiting:
         verb = "was" if len(waiting) == 1 else "were"
         message += f" ({fmt_ranks(waiting)} had finished and {verb} waiting for the others)"
     first_user = next((s["user_frame"] for s in stuck if s["user_frame"]), None)
-    evidence: dict[str, Any] = {"timeout": timeout, "stuck": stuck, "waiting_for_peers": waiting}
+    evidence: dict[str, Any] = {"timeout": timeout, "stuck": stuck, "waiting_for_peers": waiting,
+                                **({"peers_ended_by_probe_limit": True} if severity is not None else {})}
     if view is not None:
         evidence.update(
             still_running=[{"rank": r.rank, "silent_seconds": r.silent, "steps": r.steps} for r in running],
@@ -150,6 +166,7 @@ def _stall_finding(
         message=message,
         fix_variant=fix_for(stuck),
         confidence=confidence,
+        severity=severity,
         site=first_user,
         ranks=[s["rank"] for s in stuck],
         evidence=evidence,

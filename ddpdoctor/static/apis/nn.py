@@ -405,6 +405,28 @@ def _wrapper_classes(value: Value, depth: int = 0) -> bool:
     return False
 
 
+def _named_wrapper_kinds(value: Value, depth: int = 0) -> frozenset[str] | None:
+    """The wrapper kinds ("ddp", "dp") an isinstance class argument admits; None when it may admit any (a class
+    of the project, something unknown). DistributedDataParallel is not a DataParallel subclass: SimCLR's
+    `isinstance(model, DataParallel)` unwraps the DataParallel wrapper, never the DDP one."""
+    kinds: set[str] = set()
+    for o in value:
+        qual = N.canonical(o.qual or "") if o.kind == "qual" else None
+        if qual in (N.DDP, N.APEX_DDP):
+            kinds.add("ddp")
+        elif qual == N.DATA_PARALLEL:
+            kinds.add("dp")
+        elif o.kind == "tuple" and depth < 2:
+            for v in o.items or ():
+                inner = _named_wrapper_kinds(v, depth + 1)
+                if inner is None:
+                    return None
+                kinds |= inner
+        elif o.kind != "qual" or qual is None:
+            return None
+    return frozenset(kinds)
+
+
 def _wrapper_check(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
     """`isinstance(model, DDP)`, `hasattr(model, "module")`: a test of whether a variable holds the wrapper, which
     the branches it decides narrow (`model.module if wrapped else model`, pycls's and timm's unwrap helpers)."""
@@ -414,7 +436,8 @@ def _wrapper_check(w: TorchState, name: str, node: ast.Call, args: Args) -> Valu
         return None
     if name == "hasattr" and not (isinstance(node.args[1], ast.Constant) and node.args[1].value == "module"):
         return None
-    test = w.new("value", node, props={"builtin": name, "wrapper_test": (w.frame.id, node.args[0].id)})
+    kinds = _named_wrapper_kinds(args.pos[1]) if name == "isinstance" else None
+    test = w.new("value", node, props={"builtin": name, "wrapper_test": (w.frame.id, node.args[0].id, kinds)})
     w._wrapper_tests[id(node)] = test.props["wrapper_test"]
     return (test,)
 
@@ -437,13 +460,17 @@ def wrapper_narrowing(w: TorchState, node: ast.expr) -> tuple[str, object, bool]
         found = marks.pop() if len(marks) == 1 else None
     if found is None or found[0] != w.frame.id:
         return None
-    return found[1], _is_wrapper, positive
+    kinds = found[2] if len(found) > 2 else None
+    if kinds is None:
+        return found[1], _is_wrapper, positive
+    return found[1], lambda o: _is_wrapper(o, kinds), positive
 
 
-def _is_wrapper(o: Obj) -> bool | None:
-    """True for a DDP/DataParallel wrapper, False for what is known not to be one, None when it cannot be told."""
+def _is_wrapper(o: Obj, kinds: frozenset[str] | None = None) -> bool | None:
+    """True for a DDP/DataParallel wrapper (of one of `kinds` when the test names them), False for what is known
+    not to be one, None when it cannot be told."""
     if o.kind == "wrapper":
-        return True
+        return kinds is None or o.props.get("wrapper") in kinds
     if o.kind in ("module", "const", "optimizer", "loader", "dataset", "sampler", "tensor"):
         return False
     return None

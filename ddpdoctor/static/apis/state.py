@@ -31,4 +31,4 @@ class TorchState(Interpreter):
         self._has_bn_memo: dict[ast.AST, bool] = {}
         self._detached_calls: set[int] = set()  # calls whose result is `.detach()`ed right away
         self._sibling_forwards: dict[tuple, Value] = {}  # nn._own_forward: what a layer's forward returned
-        self._wrapper_tests: dict[int, tuple[int, str]] = {}  # nn._wrapper_check: isinstance(x, DDP) call → x
+        self._wrapper_tests: dict[int, tuple] = {}  # nn._wrapper_check: isinstance(x, DDP) call → x

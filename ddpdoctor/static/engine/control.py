@@ -27,6 +27,10 @@ class ControlMixin:
             kind, info, else_info = None, None, None
         else:
             kind, info, else_info, scope = self.classify_branch(test, st.test)
+            if kind == "cond":
+                decided = self._decided_by_path(st, test)
+                if decided is not None:
+                    return self.block(st.body if decided else st.orelse)
         frame = self.frame
         before = dict(frame.locals)
         narrowing = self.narrowing(st.test)
@@ -79,6 +83,24 @@ class ControlMixin:
                 # ranks have left, and without distribution there is one process (detectron2's evaluators)
                 self._guard = body_guard
         return False
+
+    def _decided_by_path(self, st: ast.If, test: Value) -> bool | None:
+        """The side of a test that an enclosing branch on the same test (by its text, `not x` folded into x)
+        already decided: `if args.nodes > 1: mp.spawn(main) else: main(0, args)` walks main's own
+        `if args.nodes > 1: init_process_group(...)` only on its false side in the direct call. Objects made on the
+        other side are already dropped there (`_on_path`); walking that side anyway would record a process group
+        and a DDP wrap in a run that has neither."""
+        if not self.ctx:
+            return None
+        key = self._cond_key(Ctx("cond", st, None, self.frame.id, 0, None, test, file=self.frame.file))
+        if key is None:
+            return None
+        path = set(self._path())
+        if key in path:
+            return True
+        if (key[0], 1 - key[1]) in path:
+            return False
+        return None
 
     def _leave_other_side(self, env: dict[str, Value]) -> None:
         """At the end of an `else` side (written or not), the variables hold no object made on the body side of
