@@ -3,10 +3,10 @@
 What it does: reads the `bn_conversion` events of the lowest rank and compares each original layer's momentum and
 eps with its replacement's when it was registered. Code elsewhere that stops recognising converted layers (weight
 decay exclusions, momentum schedules, freezing, precise-BN helpers that select by exact class) only shows against a
-run without the conversion: `ddpdoctor triage` reports it from arm A against arm P, and static analysis from the
-source. So a static suspicion of an exact-class test is never settled by `check`'s single run: it stays, with a note
-saying so (when the run converted layers at all).
-"""
+run without the conversion: `ddpdoctor triage` reports it from arm A against arm P, `check` from its own two short
+arms (ddpdoctor.conversion, which also settles the static suspicions), and static analysis from the source. In a
+single run a static suspicion of an exact-class test is noted as not measured (when the run converted layers at
+all); the conversion check replaces that note with its measurement."""
 
 from __future__ import annotations
 
