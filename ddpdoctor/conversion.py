@@ -53,13 +53,20 @@ class ConversionCheck:
 
 
 def syncbn_seen(run_dir: Path) -> int:
-    """SyncBN-like layers the check's run used (0: no conversion check)."""
+    """SyncBN-like layers the check's run used, when every rank took an optimizer step (0: no conversion check —
+    a run that failed or never stepped has its own finding, and the arms would stop where it did)."""
+    from ddpdoctor.events import read_run
     from ddpdoctor.triage.run import syncbn_layers
 
     try:
-        return syncbn_layers(run_dir)[0]
+        sync = syncbn_layers(run_dir)[0]
+        if not sync:
+            return 0
+        procs = read_run(run_dir).rank_processes
+        stepped = bool(procs) and all(p.of("optimizer_step") for p in procs.values())
     except (OSError, ValueError):
         return 0
+    return sync if stepped else 0
 
 
 def run_conversion_check(cfg: Any, run_dir: Path) -> ConversionCheck | None:

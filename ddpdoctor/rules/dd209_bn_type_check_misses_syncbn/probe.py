@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn import CODE
@@ -22,6 +23,10 @@ MEASURES = Measures(
     what="each BatchNorm layer a converter replaced: whether its momentum and eps carried over (code that selects "
     "layers by exact class is measured only by `ddpdoctor triage`, against a run without the conversion)",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the converted layers measured with a lost momentum/eps",
+    measure=key("changed_layers"))
 
 ATTRIBUTES = ("momentum", "eps")
 

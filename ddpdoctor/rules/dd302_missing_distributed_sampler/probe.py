@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
 from ddpdoctor.findings import Finding, Measures, Severity
@@ -30,6 +31,10 @@ MEASURES = Measures(
     scope="site",
     what="the samples each rank drew from every training DataLoader, and how much of them other ranks drew too",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the share of a rank's samples measured also seen by another rank",
+    measure=key("overlap_fraction"))
 
 
 def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001
