@@ -292,8 +292,8 @@ def fold_into(conv: ConversionCheck | None, probe: list[Finding], clearances: tu
         clearances = (*clearances, Clearance(
             rule="DD209",
             reason=(f"the conversion check ran the script with and without the conversion and compared its "
-                    f"{conv.layers} BatchNorm layers at each of {conv.steps} optimizer steps (momentum, eps, mode, "
-                    "requires_grad, optimizer group, no-grad recalibration forwards): no layer was treated "
-                    "differently once converted"),
+                    f"{conv.layers} BatchNorm layer{'s' if conv.layers != 1 else ''} at each of {conv.steps} "
+                    "optimizer steps (momentum, eps, mode, requires_grad, optimizer group, no-grad recalibration "
+                    "forwards): no layer was treated differently once converted"),
             evidence={"measured_by": MEASURED_BY, "layers": conv.layers, "steps": conv.steps}))
     return [*probe, *added], clearances, unmeasured, list(conv.notes)
