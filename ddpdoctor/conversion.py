@@ -3,7 +3,8 @@ whenever its probe saw SyncBatchNorm layers (converted or built directly).
 
 What a conversion does to the user's own code shows only against a run without it: code that picks norm layers by
 exact class (a weight-decay exemption, a BN-momentum schedule, freezing, a precise-BN helper) treats the converted
-layers differently. So `check` runs two short arms through triage's arm machinery (ddpdoctor.triage.run.run_arms):
+layers differently. So `check` runs two short arms through triage's arm machinery (ddpdoctor.probe.arms; launched
+here as ddpdoctor.triage.run launches its arms, which imports `check`):
 A, the script as written, and P, the conversion undone, each with the same seed and SHORT_STEPS optimizer steps per
 epoch, and folds triage's deterministic checks (ddpdoctor.triage.checks: conversion_causes, attribute_causes,
 class_test_site) into its findings, with the measured evidence and the file:line of the class test. A script without
@@ -53,20 +54,43 @@ class ConversionCheck:
 
 
 def syncbn_seen(run_dir: Path) -> int:
-    """SyncBN-like layers the check's run used, when every rank took an optimizer step (0: no conversion check —
-    a run that failed or never stepped has its own finding, and the arms would stop where it did)."""
+    """SyncBN-like layers the check's run used (counted as triage counts them: torch's, apex's, emulated, or the
+    layers a conversion made), when every rank took an optimizer step (0: no conversion check — a run that failed
+    or never stepped has its own finding, and the arms would stop where it did)."""
     from ddpdoctor.events import read_run
-    from ddpdoctor.triage.run import syncbn_layers
 
     try:
-        sync = syncbn_layers(run_dir)[0]
-        if not sync:
-            return 0
         procs = read_run(run_dir).rank_processes
-        stepped = bool(procs) and all(p.of("optimizer_step") for p in procs.values())
     except (OSError, ValueError):
         return 0
-    return sync if stepped else 0
+    if not procs or not all(p.of("optimizer_step") for p in procs.values()):
+        return 0
+    proc = procs[min(procs)]
+    sync = sum(1 for e in proc.of("bn_layer")
+               if e.get("bn_kind") in ("sync", "emulated_sync") or "sync" in str(e.get("cls", "")).lower())
+    if not sync:
+        sync = max((int(e.get("syncbn_layers") or 0) for e in proc.of("sync_bn_convert")), default=0)
+        sync = max(sync, len(proc.of("bn_conversion")))
+    return sync
+
+
+def run_arms(cfg: Any, arms: list[dict[str, Any]], base: Path) -> list[Path]:
+    """Each arm (ProbeSettings fields of a triage arm, ddpdoctor.probe.arms) as a probe run into base/arm-<name>/,
+    with check's progress display unless quiet. (ddpdoctor.triage.run launches its arms the same way; it imports
+    `check`, so `check` cannot import it.)"""
+    from ddpdoctor.probe.launcher import run_probe
+    from ddpdoctor.probe.progress import ProgressDisplay, showing
+
+    dirs = []
+    for arm in arms:
+        d = Path(base) / f"arm-{arm['arm']}"
+        progress = None if cfg.quiet else ProgressDisplay(
+            d, script=f"{cfg.script} (conversion check, arm {arm['arm']})", nproc=cfg.nproc, epochs=cfg.epochs,
+            steps=cfg.steps, timeout=cfg.timeout)
+        with showing(progress):
+            run_probe(cfg, d, arm=arm, progress=progress)
+        dirs.append(d)
+    return dirs
 
 
 def run_conversion_check(cfg: Any, run_dir: Path) -> ConversionCheck | None:
@@ -77,7 +101,6 @@ def run_conversion_check(cfg: Any, run_dir: Path) -> ConversionCheck | None:
     if not sync:
         return None
     from ddpdoctor.probe.supervisor import Supervisor
-    from ddpdoctor.triage.run import run_arms
 
     if not cfg.quiet:
         import sys

@@ -175,17 +175,6 @@ def _run_arm(check: CheckConfig, run_dir: Path, static: list[Finding], arm: dict
         run_probe(check, run_dir, static_findings=static, arm=arm, progress=progress)
 
 
-def run_arms(check_cfg: CheckConfig, arm_settings: list[dict[str, Any]], base_dir: Path) -> list[Path]:
-    """Run each arm (ProbeSettings fields, as `_arm_settings` gives them) with `check_cfg`'s limits into
-    base_dir/arm-<name>/; the run directories, in order. For callers outside triage (`check`'s conversion check)."""
-    dirs = []
-    for i, arm in enumerate(arm_settings, start=1):
-        d = Path(base_dir) / f"arm-{arm.get('arm', i)}"
-        _run_arm(check_cfg, d, [], arm, f"arm {arm.get('arm', '?')} {i}/{len(arm_settings)}")
-        dirs.append(d)
-    return dirs
-
-
 def is_triage_dir(path: Path) -> bool:
     return (Path(path) / TRIAGE_FILE).is_file()
 
