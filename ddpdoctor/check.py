@@ -167,6 +167,7 @@ def run_check(cfg: CheckConfig) -> Report:
         require_torch("the probe")
         require_analysis_packages("the probe")
         from ddpdoctor.analyses import analyze_run
+        from ddpdoctor.conversion import fold_into, run_conversion_check
         from ddpdoctor.probe.launcher import run_probe
         from ddpdoctor.probe.progress import showing
         from ddpdoctor.probe.rundir import claim_for_check
@@ -184,15 +185,17 @@ def run_check(cfg: CheckConfig) -> Report:
                 with showing(progress):
                     run_probe(cfg, run_dir, static_findings=static, claim=claim, progress=progress)
                 analysis = analyze_run(run_dir)
+                # SyncBN layers seen: the deterministic conversion checks of triage, on two short arms
+                conversion = run_conversion_check(cfg, run_dir)
         finally:
             if guard is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 guard.stop()
-        probe = list(analysis.findings)
-        clearances = analysis.clearances
-        unmeasured = analysis.unmeasured
+        probe, clearances, unmeasured, conversion_notes = fold_into(
+            conversion, list(analysis.findings), analysis.clearances, analysis.unmeasured)
         environment = analysis.environment
         notes.extend(analysis.notes)
+        notes.extend(conversion_notes)
         tables.update(analysis.tables)
     else:
         environment = {"nproc": cfg.nproc, "static_only": True}
@@ -279,9 +282,12 @@ def report_run(
     }
     analysis = analyze_run(dirs, overrides=overrides)
     static = load_static(dirs)
+    from ddpdoctor.conversion import fold_into, load_conversion_check
+
+    probe, clearances, unmeasured, conversion_notes = fold_into(
+        load_conversion_check(dirs), list(analysis.findings), analysis.clearances, analysis.unmeasured)
     merged, cleared = merge_static_and_probe(
-        list(static.findings), list(analysis.findings), analysis.clearances, unmeasured=analysis.unmeasured,
-        select=select, ignore=ignore,
+        list(static.findings), probe, clearances, unmeasured=unmeasured, select=select, ignore=ignore,
     )
     kept = fold_consequences(
         filter_findings(merged, select=select, ignore=ignore, base_dir=analysis.base_dir, sources=analysis.sources)
@@ -291,7 +297,7 @@ def report_run(
         args=tuple(analysis.args),
         environment=analysis.environment,
         findings=tuple(kept),
-        notes=(*static.notes, *analysis.notes, *cleared),
+        notes=(*static.notes, *analysis.notes, *conversion_notes, *cleared),
         tables=analysis.tables,
         base_dir=analysis.base_dir,
     )

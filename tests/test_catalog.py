@@ -243,3 +243,77 @@ def test_readme_rule_table_is_generated_from_the_catalog():
     assert section.strip("\n") == catalog_markdown_table().strip("\n"), (
         "README rule table is stale: regenerate it from ddpdoctor.rules.catalog_markdown_table()"
     )
+
+
+# ------------------------------------------------------------------------------------------------ measured consequence
+# A probe finding's own measurement may never contradict it (issue 20): a probe half declares the measured quantity
+# its finding is about (`CONSEQUENCE`, ddpdoctor.analyses.consequence) and `analyze_context` drops a finding of it
+# whose value is absent or not above the floor. Probe halves without a declaration, and why. Empty these, don't grow
+# them: a new probe half declares its consequence or says here why its finding is the observation itself.
+OBSERVATION_ITSELF = {code: "the finding is the event the run recorded (a hang, a crash, no process group, nothing "
+                      "observed): there is no separate quantity to contradict it"
+                      for code in ("DD901", "DD902", "DD903", "DD904")}
+CONSEQUENCE_PENDING = {code: "not declared yet: its finding's severity is decided in its analysis" for code in (
+    "DD101", "DD102", "DD103", "DD104", "DD106", "DD108", "DD109", "DD110", "DD201", "DD202", "DD203", "DD204",
+    "DD205", "DD206", "DD207", "DD211", "DD212", "DD213", "DD214", "DD215", "DD301", "DD303", "DD304", "DD305",
+    "DD306", "DD401", "DD402", "DD403", "DD404", "DD405", "DD406", "DD501", "DD502", "DD503", "DD504",
+)}
+# declaring rules whose finding no recorded run under fixtures/runs holds yet (the declared field is then checked on
+# a finding made from the rule's own evidence only)
+NO_RECORDED_FINDING = {"DD209": "momentum/eps lost by a converter: no recorded run holds it",
+                       "DD210": "frozen BN unfrozen: no recorded run holds it"}
+
+
+def _probe_modules() -> dict[str, object]:
+    return {m.__name__.split(".")[-2].split("_")[0].upper(): m for m in hooks("probe")}
+
+
+def test_every_probe_half_declares_the_consequence_it_measures_or_says_why_not() -> None:
+    from ddpdoctor.analyses.consequence import Consequence
+
+    modules = _probe_modules()
+    declared = {code for code, m in modules.items() if isinstance(getattr(m, "CONSEQUENCE", None), Consequence)}
+    excused = set(OBSERVATION_ITSELF) | set(CONSEQUENCE_PENDING)
+    assert not declared & excused, f"declared and excused: {sorted(declared & excused)}"
+    assert set(modules) == declared | excused, f"undeclared: {sorted(set(modules) - declared - excused)}"
+    assert declared >= {"DD105", "DD208", "DD209", "DD210", "DD216", "DD302"}
+
+
+def test_a_finding_its_own_measurement_contradicts_is_never_reported() -> None:
+    """For every declaring rule: a finding whose evidence holds no value, or the floor, is dropped with a note; the
+    mechanism sits in analyze_context, so no probe half can raise one."""
+    from ddpdoctor.analyses.consequence import Consequence, keep_consistent
+    from ddpdoctor.findings import Confidence, new_finding
+
+    for code, module in _probe_modules().items():
+        declared = getattr(module, "CONSEQUENCE", None)
+        if not isinstance(declared, Consequence):
+            continue
+        bare = new_finding(code, sources=("probe",), message="m", confidence=Confidence.CERTAIN, evidence={})
+        notes: list[str] = []
+        assert keep_consistent(module, [bare], notes) == [], code
+        assert notes and notes[0].startswith(f"{code} not reported: its own measurement contradicts it"), notes
+
+
+def test_recorded_findings_carry_the_consequence_their_rule_declares() -> None:
+    """Over every recorded run: each probe finding of a declaring rule has its measured value above the floor
+    (so the declaration names a field the rule really fills), and each declaring rule has such a finding somewhere
+    unless NO_RECORDED_FINDING says why."""
+    from ddpdoctor.analyses import analyze_run
+    from ddpdoctor.analyses.consequence import Consequence, contradiction
+    from ddpdoctor.causes import flatten
+    from ddpdoctor.events import find_run_dirs
+
+    modules = _probe_modules()
+    declaring = {c for c, m in modules.items() if isinstance(getattr(m, "CONSEQUENCE", None), Consequence)}
+    seen: set[str] = set()
+    runs = sorted(p for p in (REPO / "fixtures" / "runs").iterdir() if p.is_dir())
+    for run in runs:
+        for d in find_run_dirs([run]) if not (run / "meta.json").is_file() else [run]:
+            for f in flatten(analyze_run(d).findings):
+                if f.rule in declaring and "probe" in f.sources:
+                    assert contradiction(modules[f.rule], f) is None, (d, f.rule, f.evidence)
+                    seen.add(f.rule)
+    missing = declaring - seen - set(NO_RECORDED_FINDING)
+    assert not missing, f"declaring rules with no recorded finding: {sorted(missing)}"
+    assert not seen & set(NO_RECORDED_FINDING), "a recorded finding exists now: remove it from NO_RECORDED_FINDING"

@@ -34,6 +34,7 @@ CLEARED: dict[str, str] = {
     "DD108": "probe_legacy_local_rank_device_from_rank",
     "DD110": "measured_dd110_wrap_under_launcher_condition",
     "DD207": "probe_precise_bn",
+    "DD209": "measured_dd209_exact_class_before_conversion",
     "DD303": "data_synthetic_unseeded",
     "DD401": "measured_dd401_optimizer_branch_not_taken",
     "DD402": "measured_dd402_lr_scaled_down",
@@ -55,6 +56,7 @@ CONFIRMED: dict[str, str] = {
     "DD205": "bn_syncbn_cpu",
     "DD206": "bn_rank0_eval_hang",
     "DD207": "probe_momentum_encoder_eval_bug",
+    "DD209": "measured_dd209_exact_class_after_conversion",
     "DD216": "measured_dd216_converter_clones_parameters",
     "DD301": "probe_missing_set_epoch",
     "DD302": "probe_no_distributed_sampler",
@@ -81,10 +83,8 @@ PENDING_CLEARED["DD904"] = ("static DD904 fires below certain on an unknown trai
                             "test extra")
 PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
                             "wrong; a clearance needs a world size passed that is not the device count")
-PENDING_CLEARED["DD209"] = "check's single run cannot measure an exact-class test; triage's arms do (not_measured)"
 PENDING_CONFIRMED: dict[str, str] = {
     "DD109": "a confirmation needs a launch across nodes or --nproc unlike the GPU count (tests/test_rule_dd109.py)",
-    "DD209": "probe DD209 (momentum/eps lost) and static DD209 (exact-class tests) flag different lines",
     "DD904": "static DD904 names an engine not modelled (DeepSpeed); none is installed with the test extra to run "
     "under the probe without a step",
 }

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from ddpdoctor.analyses import summary
+from ddpdoctor.analyses.consequence import keep_consistent
 from ddpdoctor.analyses.context import RunContext, Settings
 from ddpdoctor.errors import UsageError
 from ddpdoctor.events import STATIC_FILE
@@ -91,7 +92,7 @@ def analyze_context(ctx: RunContext) -> AnalysisResult:
     findings: list[Finding] = []
     for module in analyses():
         try:
-            findings.extend(module.analyze(ctx))
+            findings.extend(keep_consistent(module, list(module.analyze(ctx)), ctx.notes))
         except Exception as exc:  # one broken analysis must not hide the others' findings
             ctx.notes.append(f"analysis {module.CODE} failed: {type(exc).__name__}: {exc}")
     summary.add_notes_and_tables(ctx, findings)

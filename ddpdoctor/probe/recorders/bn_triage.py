@@ -11,6 +11,8 @@
 - Layer attributes (`bn_attrs`): at every optimizer step, each BatchNorm layer's class, mode, momentum, eps,
   requires_grad and the optimizer group (lr, weight decay) holding its weight and bias; the full list at the first
   step, then only the layers that changed.
+- User modules (`user_modules`, at the end): the user's own source files the process imported, so that their copies
+  are kept with the run (a class test in a helper module is named from them).
 - Population statistics (`bn_population`, at the end): PreciseBN-style, on a copy of the model at the final weights
   — the running statistics reset, then accumulated as a cumulative average over the last HELD_BATCHES training
   batches in train mode (per-rank statistics, no collectives) — next to the running statistics the layers hold,
@@ -95,8 +97,29 @@ def install(probe: Probe) -> None:
     def on_end() -> None:
         _flush_samples(probe, state, torch)
         probe.safely("bn population", _population, probe, state, torch, _BatchNorm)
+        probe.safely("user modules", _user_modules, probe)
 
     probe.end_hooks.append(on_end)
+
+
+USER_MODULES = 64  # user source files named per process
+
+
+def _user_modules(probe: Probe) -> None:
+    """The user's own modules the run imported (`user_modules`, sites with line 0): their source is kept with the
+    run, so an exact-class test in a helper module the script imports can be named (ddpdoctor.conversion)."""
+    import sys
+
+    from ddpdoctor.probe.session import is_user_file
+
+    files = []
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py") and is_user_file(file):
+            files.append(file)
+    files = sorted(set(files))[:USER_MODULES]
+    if files:
+        probe.emit("user_modules", modules=[{"file": f, "line": 0} for f in files])
 
 
 # ------------------------------------------------------------------------------------------------ setters

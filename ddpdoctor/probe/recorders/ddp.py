@@ -93,11 +93,14 @@ def _install_sharded(probe: Probe) -> None:
 
             return __init__
 
+        state = {"depth": 0, "digests": {}}
+
         def make_fully_shard(orig):
             def fully_shard(*args: Any, **kwargs: Any) -> Any:
                 site = probe.site()
                 out = orig(*args, **kwargs)
                 probe.safely("sharded_init", probe.emit, "sharded_init", wrapper="fully_shard", site=site)
+                probe.safely("sharded inputs", _digest_sharded_inputs, probe, state, out)
                 return out
 
             return fully_shard
@@ -178,6 +181,34 @@ def node_device(device: Any) -> str:
     return f"cuda:{visible[device.index]}"
 
 
+def _digest_sharded_inputs(probe: Probe, state: dict[str, Any], modules: Any) -> None:
+    """The inputs of an FSDP2 model's first training forwards digested as DDP's are (`ddp_input_digest`): the
+    outermost `fully_shard` module's call only (nested ones run inside it), so the ranks' batches can be compared
+    whatever feeds them (a loader, indices drawn in the loop)."""
+    import torch
+
+    for module in modules if isinstance(modules, (list, tuple)) else [modules]:
+        if not isinstance(module, torch.nn.Module):
+            continue
+
+        def pre(mod: Any, args: Any, kwargs: Any) -> None:
+            state["depth"] += 1
+            n = state["digests"].get(id(mod), 0)
+            if (state["depth"] == 1 and mod.training and torch.is_grad_enabled() and not probe.ending
+                    and not probe.quiet and n < INPUT_DIGESTS):
+                state["digests"][id(mod)] = n + 1
+                probe.safely("ddp_input_digest", _input_digest, probe, mod, args, kwargs or {}, n + 1,
+                             wrapper="fully_shard")
+
+        def post(mod: Any, args: Any, kwargs: Any, out: Any) -> None:
+            state["depth"] = max(0, state["depth"] - 1)
+
+        h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
+        h2 = module.register_forward_hook(post, with_kwargs=True, always_call=True)
+        probe.patcher.add_undo(h1.remove)
+        probe.patcher.add_undo(h2.remove)
+
+
 def _first_tensor(value: Any, depth: int = 0) -> Any:
     import torch
 
@@ -196,7 +227,7 @@ INPUT_DIGESTS = 4  # training forwards per DDP whose input is digested (a fixed 
 DIGEST_VALUES = 4096  # values of the input sampled (evenly strided) into the digest
 
 
-def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int) -> None:
+def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, wrapper: str = "ddp") -> None:
     """A digest of the first input tensor of the n-th training forward: equal digests at every step mean the model
     is fed one fixed batch (a synthetic benchmark), not batches drawn from data."""
     import hashlib
@@ -209,7 +240,8 @@ def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int) -
     h = hashlib.blake2b(digest_size=12)
     h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
     h.update(flat.float().numpy().tobytes() if flat.numel() else b"")
-    probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest())
+    probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest(),
+               **({"wrapper": wrapper} if wrapper != "ddp" else {}))
 
 
 def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:

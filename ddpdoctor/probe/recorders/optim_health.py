@@ -307,6 +307,9 @@ def _max_abs(tensors: list[Any]) -> tuple[list[list[int]], list[Any]]:
     values back in order."""
     import torch
 
+    from ddpdoctor.probe.recorders.params import local
+
+    tensors = [local(t) for t in tensors]  # a DTensor's shard: no collective inside a hook
     groups: dict[tuple[Any, Any], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
@@ -332,8 +335,10 @@ def _l2_parts(tensors: list[Any]) -> list[Any]:
     """Per device/dtype group, the sum of the squared L2 norms (float64, on the device); `_l2` adds them up."""
     import torch
 
+    from ddpdoctor.probe.recorders.params import local
+
     groups: dict[tuple[Any, Any], list[Any]] = {}
-    for t in tensors:
+    for t in map(local, tensors):
         groups.setdefault((t.device, t.dtype), []).append(t.detach())
     parts = []
     for ts in groups.values():
@@ -356,6 +361,8 @@ def _l2(host: list[Any]) -> float:
 
 
 def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
+    from ddpdoctor.probe.recorders.params import local
+
     step = probe.steps + 1  # the optimizer recorder counts this step in its post-hook
     params = _optimizer_params(probe, st, optimizer)
     with_grad = [(n, p.grad) for n, p in params if p.grad is not None]
@@ -370,7 +377,7 @@ def _before_step(probe: Probe, st: _State, optimizer: Any) -> None:
             p = by_id.get(pid)
             if p is None or p.grad is None or not h["before"]:
                 continue
-            after = float(p.grad.detach().float().norm())
+            after = float(local(p.grad).detach().float().norm())
             ratios.append(after / h["before"])
         ratios.sort()
         hand = {

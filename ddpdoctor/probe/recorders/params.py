@@ -23,14 +23,31 @@ SAMPLE_TENSORS = 64  # tensors contributing sampled values per step
 FINAL_CAP = 1 << 20  # float32 values kept at the end
 
 
+def local(t: Any) -> Any:
+    """A DTensor (FSDP2 `fully_shard`, tensor parallel) as the part this rank holds, without communication; any other
+    tensor as it is. A recorder never reduces across ranks: it reads what the rank holds."""
+    if hasattr(t, "placements") and callable(getattr(t, "to_local", None)):
+        return t.to_local()
+    return t
+
+
+def sharded(t: Any) -> bool:
+    """A DTensor sharded across ranks (a Shard placement): the ranks hold different parts, never replicas."""
+    return any(type(pl).__name__ == "Shard" or getattr(pl, "is_shard", lambda: False)()
+               for pl in getattr(t, "placements", ()) or ())
+
+
 def _model_params(probe: Probe, optimizer: Any) -> tuple[list[tuple[str, Any]], str]:
+    """The parameters the step is recorded on, and their source: "ddp" (the DDP replica: compared across ranks),
+    "optimizer", or "sharded" (DTensor shards of FSDP2: each rank's part, recorded, never compared as replicas)."""
     for rec in probe.registry.live_ddps():
         return list(rec.module.named_parameters()), "ddp"
     if optimizer is not None:
         named = [
             (f"group{gi}.{pi}", p) for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])
         ]
-        return named, "optimizer"
+        source = "sharded" if any(sharded(p) for _, p in named) else "optimizer"
+        return [(n, local(p)) for n, p in named], source
     return [], "none"
 
 

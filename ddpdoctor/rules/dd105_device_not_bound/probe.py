@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd105_device_not_bound import CODE
@@ -22,6 +23,10 @@ MEASURES = Measures(
     scope="run",
     what="the (emulated) GPU each rank's DDP replica and first batch were on",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured holding their replica on one device",
+    measure=key("ranks_sharing"), floor=1)
 
 
 def placements(ctx: RunContext) -> dict[int, dict[str, Any]]:

@@ -42,6 +42,14 @@ def analyze(ctx: RunContext) -> list[Finding]:
     table = bn_table(ctx)
     if table is not None:
         ctx.tables["batchnorm"] = table
+    alone = _syncbn_without_group(bn)
+    if alone and (len(bn.ranks) < 2 or not bc.distributed(ctx.run)):
+        ctx.notes.append(
+            f"{len(alone)} SyncBatchNorm layer{'s' if len(alone) != 1 else ''} (first: `{alone[0]}`) never "
+            "synchronised: the run has no process group across processes (one process: nn.DataParallel or a "
+            "single-process run), so SyncBatchNorm normalises each replica's own batch, as plain BatchNorm does "
+            "— the conversion changes nothing here; synchronised statistics need one process per GPU "
+            "(DistributedDataParallel)")
     if len(bn.ranks) < 2 or not bc.distributed(ctx.run):
         return []  # processes that never formed a group each train their own model
     ddps = bc.ddp_inits(ctx.run)
@@ -194,6 +202,11 @@ def _noniid_decision(test: Any) -> str:
             "non-i.i.d. shards (one small p among many layers is expected by chance).")
 
 
+def _syncbn_without_group(bn: Any) -> list[str]:
+    """SyncBatchNorm layers (torch's, apex's, emulated) none of whose forwards synchronised."""
+    return [layer.name for layer in bn.layers if layer.kind in ("sync", "emulated_sync") and not layer.synced]
+
+
 def bn_table(ctx: RunContext) -> dict[str, Any] | None:
     """The BN table of the text report: per layer, what it normalised over, how far each rank's running
     statistics are from what SyncBN would have accumulated from the same batches (the compare-bn card's
@@ -219,7 +232,8 @@ def bn_table(ctx: RunContext) -> dict[str, Any] | None:
         p = layer_p.get(layer.name)
         rows.append([
             layer.name,
-            {"plain": "BN", "sync": "SyncBN", "emulated_sync": "SyncBN*"}.get(layer.kind, layer.kind),
+            "SyncBN (local)" if layer.kind in ("sync", "emulated_sync") and not layer.synced
+            else {"plain": "BN", "sync": "SyncBN", "emulated_sync": "SyncBN*"}.get(layer.kind, layer.kind),
             local,
             norm,
             fmt_sig(cmp["max_mean_std"]) if cmp else "n/a",
@@ -237,8 +251,11 @@ def bn_table(ctx: RunContext) -> dict[str, Any] | None:
     )
     if test is not None and test.p_value is not None:
         caption += _noniid_decision(test)
-    if any(layer.kind == "emulated_sync" for layer in bn.layers):
+    if any(layer.kind == "emulated_sync" and layer.synced for layer in bn.layers):
         caption += " SyncBN*: SyncBatchNorm computed by ddpdoctor's CPU emulation (exact global statistics)."
+    if _syncbn_without_group(bn):
+        caption += (" SyncBN (local): SyncBatchNorm that never synchronised (no process group across processes), "
+                    "normalising each replica's own batch.")
     if len(rows) > TABLE_ROWS:
         keep = sorted(sorted(range(len(rows)), key=lambda i: -scores[i])[:TABLE_ROWS])
         caption += f" {len(rows) - TABLE_ROWS} of {len(rows)} layers with the smallest errors not shown."

@@ -14,9 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, pct
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd208_conversion_changed_function import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the converted layers measured computing a different function",
+    measure=key("changed"))
 
 
 def changed_layers(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,12 +27,16 @@ RULE = Rule(
         nn.BatchNorm2d`, `isinstance(m, nn.BatchNorm2d)` (1d/3d alike), `m.__class__.__name__ ==
         "BatchNorm2d"`.
 
-        The probe compares every BatchNorm layer between the arms of `ddpdoctor triage`, at the same
-        optimizer step: with the conversion (A) and without it (P), the layer's momentum, eps, training mode,
+        The probe compares every BatchNorm layer between two arms, at the same optimizer step (the arms of
+        `ddpdoctor triage`; `check` runs two short ones itself whenever its run used SyncBatchNorm): with the
+        conversion (A) and without it (P), the layer's momentum, eps, training mode,
         requires_grad, the lr and weight decay of the optimizer group holding its parameters, and how many
         train-mode forwards without gradients (precise-BN recalibration) it ran. A difference the conversion
-        itself did not make is code that stopped recognising the layer. Within one run, a converter that
-        did not carry momentum or eps over to the new layer is reported too.
+        itself did not make is code that stopped recognising the layer, reported at its class test: the
+        `if` around the line that set the attribute, or the exact-class test in the user code that built the
+        optimizer's groups or changed the layers only without the conversion. A static suspicion the arms
+        found harmless is cleared. Within one run, a converter that did not carry momentum or eps over to the
+        new layer is reported too.
         """
     ),
     why=prose(

@@ -3,16 +3,17 @@
 What it does: reads the `bn_conversion` events of the lowest rank and compares each original layer's momentum and
 eps with its replacement's when it was registered. Code elsewhere that stops recognising converted layers (weight
 decay exclusions, momentum schedules, freezing, precise-BN helpers that select by exact class) only shows against a
-run without the conversion: `ddpdoctor triage` reports it from arm A against arm P, and static analysis from the
-source. So a static suspicion of an exact-class test is never settled by `check`'s single run: it stays, with a note
-saying so (when the run converted layers at all).
-"""
+run without the conversion: `ddpdoctor triage` reports it from arm A against arm P, `check` from its own two short
+arms (ddpdoctor.conversion, which also settles the static suspicions), and static analysis from the source. In a
+single run a static suspicion of an exact-class test is noted as not measured (when the run converted layers at
+all); the conversion check replaces that note with its measurement."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn import CODE
@@ -22,6 +23,10 @@ MEASURES = Measures(
     what="each BatchNorm layer a converter replaced: whether its momentum and eps carried over (code that selects "
     "layers by exact class is measured only by `ddpdoctor triage`, against a run without the conversion)",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the converted layers measured with a lost momentum/eps",
+    measure=key("changed_layers"))
 
 ATTRIBUTES = ("momentum", "eps")
 

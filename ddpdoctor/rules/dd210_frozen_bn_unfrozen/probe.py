@@ -12,9 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd210_frozen_bn_unfrozen import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the frozen layers measured training after the conversion",
+    measure=key("unfrozen_layers"))
 
 
 def unfrozen(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd216_bn_params_not_trained import CODE
@@ -25,6 +26,11 @@ MEASURES = Measures(
     what="at the first optimizer step after each BatchNorm conversion: whether an optimizer holds the weight and bias "
     "the converted layers use",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the BN layers measured with parameters the optimizer does not update",
+    measure=key("untrained_layers"))
+
 
 def untrained(convs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []

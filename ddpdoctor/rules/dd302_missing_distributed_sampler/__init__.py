@@ -39,7 +39,10 @@ RULE = Rule(
         batches, medium below that. Repeated augmentation is recognised by
         measurement, not by name: the ranks' samplers share one pass over the dataset, each drawn sample recurs
         on several ranks, and the dataset augments it with a random stream that differs from rank to rank (each
-        copy a different view): no finding.
+        copy a different view): no finding. Batches not drawn through a loader (indices drawn in the loop
+        from a generator seeded alike on every rank) are found from the digests of the model's first training
+        inputs (a DDP or an FSDP2 `fully_shard` model): equal on every rank at each forward while they change
+        from forward to forward (a fixed synthetic batch is a benchmark: no finding).
         """
     ),
     why=prose(

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import consistent, order, position_identity, shared_fraction, subsets_differ
 from ddpdoctor.findings import Finding, Measures, Severity
@@ -30,6 +31,10 @@ MEASURES = Measures(
     scope="site",
     what="the samples each rank drew from every training DataLoader, and how much of them other ranks drew too",
 )
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the share of a rank's samples measured also seen by another rank",
+    measure=key("overlap_fraction"))
 
 
 def _training_iterations(p) -> list[tuple[dict[str, Any], dict[str, Any]]]:  # noqa: ANN001
@@ -230,7 +235,48 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 magnitude=overlap,
             )
         )
+    if not findings:
+        findings.extend(_identical_inputs(ctx))
     return findings
+
+
+def _identical_inputs(ctx: RunContext) -> list[Finding]:
+    """Identical batches however they are produced (a loader, indices drawn in the loop from a generator seeded
+    alike on every rank): the digests of the first training forwards' inputs (DDP or FSDP2 `fully_shard`,
+    `ddp_input_digest`) equal on every rank at each forward, while they change from forward to forward (a fixed
+    synthetic batch reused every step is a benchmark, not a data pipeline: no finding)."""
+    per_rank: dict[int, dict[int, str]] = {}
+    for r, p in ctx.ranks.items():
+        seen: dict[int, str] = {}
+        for e in p.of("ddp_input_digest"):
+            if int(e.get("ddp") or 0) == int(next(iter(p.of("ddp_input_digest")), {}).get("ddp") or 0):
+                seen.setdefault(int(e.get("n") or 0), str(e.get("digest")))
+        per_rank[r] = seen
+    if len(per_rank) < 2:
+        return []
+    common = sorted(set.intersection(*(set(d) for d in per_rank.values())))
+    if len(common) < 2:
+        return []
+    same = [n for n in common if len({d[n] for d in per_rank.values()}) == 1]
+    ref = next(iter(per_rank.values()))
+    if len(same) != len(common) or len({ref[n] for n in common}) < 2:
+        return []
+    start = next((e for _, e in ctx.run.events("sharded_init")), None) or next(
+        (e for _, e in ctx.run.events("ddp_init")), None) or {}
+    wrapper = next((e.get("wrapper") for _, e in ctx.run.events("ddp_input_digest") if e.get("wrapper")), "DDP")
+    nranks = len(per_rank)
+    message = (
+        f"the first {len(common)} training batches were identical on {fmt_ranks(per_rank)}: the inputs of the "
+        f"{wrapper} model's training forwards have equal digests on every rank at each forward, and differ from "
+        f"forward to forward — the ranks draw the same samples (a generator seeded alike on every rank), so each "
+        f"global batch holds every sample {nranks}× and the {nranks} ranks repeat each other's work"
+    )
+    return [ctx.finding(
+        CODE, message=message, fix_variant="probe", site=start.get("site"), ranks=list(per_rank),
+        evidence={"overlap_fraction": 1.0, "identical_batches_fraction": 1.0, "compared_forwards": len(common),
+                  "index_source": "digests of the inputs of the model's training forwards"},
+        magnitude=1.0,
+    )]
 
 
 def _repeated_augmentation(ctx: RunContext, per_rank: dict[int, tuple[dict[str, Any], dict[str, Any]]],

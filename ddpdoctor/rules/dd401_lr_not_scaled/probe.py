@@ -22,7 +22,8 @@ from collections import Counter
 from typing import Any
 
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
-from ddpdoctor.findings import Finding, Measures
+from ddpdoctor.findings import Confidence, Finding, Measures
+from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd401_lr_not_scaled import CLEAR_WITHIN, CODE, TOLERANCE
 from ddpdoctor.rundata import rle_expand
 
@@ -163,6 +164,36 @@ def _constructors_not_run(ctx: RunContext, opt: dict[str, Any] | None) -> None:
         ))
 
 
+def _default_quoted_under_schedule(ctx: RunContext, opt: dict[str, Any]) -> list[Finding]:
+    """A static suspicion that quotes the optimizer's default lr where a schedule drives the lr the ranks stepped
+    with: the default is not the lr the run used, the measurement is. The static finding is replaced by the same
+    low suspicion, quoting the measured lr (still not judged without --base-lr/--base-batch)."""
+    used = opt.get("used") or []
+    if len(used) < 2 or max(used) - min(used) <= 1e-12 * max(1.0, abs(max(used))):
+        return []
+    file, line = ctx.where(opt["site"])
+    quoted = [site for site in ctx.static_sites(CODE) if site["evidence"].get("lr_source") == "default"
+              and site["file"] == file and (site["evidence"].get("optimizer_line") or site["line"]) == line]
+    if not quoted:
+        return []
+    for site in quoted:
+        ctx.clear(CODE, site=site, reason=(
+            f"the {opt['cls']} default lr it quotes is not what the ranks stepped with: a schedule drives the lr "
+            f"({used_lr_text(opt)})"
+        ))
+    message = (
+        f"{opt['cls']} at {ctx.at(opt['site'])} steps with {used_lr_text(opt)} (a schedule drives it; the "
+        f"optimizer's default lr {fmt_num(opt['constructed_lr'])} is what it was built with) and nothing scales "
+        "it by world_size, while DDP averages gradients over world_size × the per-process batch: if the schedule "
+        "is the single-GPU one, the global batch is world_size times the one it was tuned for (pass "
+        "--base-lr/--base-batch to measure it)"
+    )
+    return [ctx.finding(CODE, message=message, severity=Severity.LOW, confidence=Confidence.POSSIBLE,
+                        site=opt["site"], ranks=sorted(ctx.ranks),
+                        evidence={"optimizer": opt["cls"], "constructed_lr": opt["constructed_lr"],
+                                  "used_lr": used[:20], "lr_source": "measured"})]
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
     batch = measured_batch(ctx)
     opt = main_optimizer(ctx)
@@ -189,6 +220,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
             f"global batch {batch['global_batch']} ({breakdown}); {opt['cls']} {used_lr_text(opt)} — pass "
             "--base-lr/--base-batch (the single-process recipe) to check lr scaling"
         )
+        scheduled = [] if _set_at_run_time(opt) else _default_quoted_under_schedule(ctx, opt)
+        if scheduled:
+            return scheduled
         if not _set_at_run_time(opt):
             ctx.not_measured(CODE, site=opt["site"], reason=(
                 "it needs --base-lr/--base-batch (the single-process recipe) to judge the lr the ranks stepped with"
