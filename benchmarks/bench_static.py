@@ -14,7 +14,7 @@ The processes run with compiled bytecode (a temporary PYTHONPYCACHEPREFIX, warme
 runs: with PYTHONDONTWRITEBYTECODE set, every run would recompile ddpdoctor's own modules first. The benchmark also
 checks, in this process, that static analysis never imports torch.
 
-    python benchmarks/bench_static.py [--lines 4000] [--files 25] [--project-lines 10000] [--runs 7]
+    python benchmarks/bench_static.py [--lines 4000] [--files 25] [--project-lines 10000] [--runs 11]
 """
 
 from __future__ import annotations
@@ -458,6 +458,8 @@ def _report(label: str, target: float, floor: tuple[float, float, float], run: t
         f"target <= {target:.1f} s: {'met' if ok else 'NOT met'}"
     )
     print(f"  floor: python + ast.parse best {floor[0]:6.3f} s  median {floor[1]:6.3f} s  (CPU {floor[2]:6.3f} s)")
+    print(f"  over the floor: best +{run[0] - floor[0]:6.3f} s ({run[0] / floor[0]:4.1f}x)  "
+          f"room under the target: {target - run[0]:+6.3f} s")
     return ok
 
 
@@ -466,10 +468,12 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=4000, help="lines of the single script")
     parser.add_argument("--files", type=int, default=25, help="files of the project")
     parser.add_argument("--project-lines", type=int, default=10000, help="lines of the project, all files together")
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=11, help="runs per timing (the target: best of 11)")
     parser.add_argument("--keep", type=Path, default=None, help="also write the generated inputs under this directory")
     args = parser.parse_args()
 
+    print("load average at start: {:.2f} {:.2f} {:.2f} (wall times are only comparable on a quiet machine)".format(
+        *os.getloadavg()))
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-bench-") as tmp:
         root = Path(tmp)
         pycache = root / "pycache"
@@ -529,6 +533,7 @@ def main() -> int:
             f"  project findings: {len(result.findings)} ({', '.join(f'{r}x{n}' for r, n in sorted(by_rule.items()))}) "
             f"in {len({f.file for f in result.findings})} files"
         )
+    print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     imported = "torch" in sys.modules
     print(f"torch imported by static analysis: {imported}")
     return 1 if imported else (0 if ok else 3)

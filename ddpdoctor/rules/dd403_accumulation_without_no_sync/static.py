@@ -73,9 +73,16 @@ def _accumulations(script: ScriptModel) -> Iterator[tuple[int, Event, Event, Ctx
         for bw in script.backward_events
         if not (bw.in_ctx("no_sync") or bw.in_ctx("accumulate"))
     ]
+    # a pair needs a loop around both: each step meets only the backwards inside one of its loops (indexed by
+    # loop, in their order), not every backward of the script
+    by_loop: dict[int, list[int]] = {}
+    for i, (_, _, _, loop_nodes) in enumerate(backwards):
+        for node_id in loop_nodes:
+            by_loop.setdefault(node_id, []).append(i)
     for step in script.of("opt_step"):
         step_loops, step_frame, step_frames = step.loops, step.frame, step.frames
-        for bw, bw_frame, bw_frames, bw_loop_nodes in backwards:
+        near = sorted({i for c in step_loops for i in by_loop.get(id(c.node), ())})
+        for bw, bw_frame, bw_frames, bw_loop_nodes in (backwards[i] for i in near):
             # the backward in the stepping function or in one it calls (DeepLearningExamples' Trainer.train_step
             # steps, its Executor's method runs backward), or the step in one the backward's function calls
             if not (step_frame in bw_frames or bw_frame in step_frames):

@@ -247,10 +247,16 @@ class SourceFile:
 
 
 def merge_env(a: dict[str, Value], b: dict[str, Value], cap: Any) -> dict[str, Value]:
-    """The variables after two paths join: each name holds what either path left in it."""
+    """The variables after two paths join: each name holds what either path left in it.
+
+    Both paths usually start from the same variables and change a few (a long function holds thousands at every
+    `if`), so the names whose values differ are picked out first in one comprehension, and only those are
+    joined; a name in `b` alone is appended in `b`'s order, as before."""
     out = dict(a)
-    for k, v in b.items():
-        out[k] = cap(union(out[k], v)) if k in out and out[k] is not v else v
+    get = a.get
+    for k in [k for k, v in b.items() if get(k) is not v]:
+        v = b[k]
+        out[k] = cap(union(a[k], v)) if k in a else v
     return out
 
 
