@@ -198,7 +198,7 @@ def _user_files(ctx: Any) -> dict[str, Path]:
 def exact_class_sites(ctx: Any) -> list[dict[str, Any]]:
     """Every BatchNorm test by exact class (the static DD209 detector, converters excluded) in the user files the
     run executed: {"file", "line", "function", "how", "span"} each."""
-    from ddpdoctor.rules.dd209_bn_type_check_misses_syncbn.static import exact_class_tests
+    from ddpdoctor.rules import hook
     from ddpdoctor.static.engine.support import SourceIndex
 
     out = []
@@ -209,7 +209,7 @@ def exact_class_sites(ctx: Any) -> list[dict[str, Any]]:
             continue
         index = SourceIndex(tree)
         seen = set()
-        for line, how in exact_class_tests(tree, index):
+        for line, how in hook("DD209", "static").exact_class_tests(tree, index):
             if line in seen:
                 continue
             seen.add(line)

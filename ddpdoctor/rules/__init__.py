@@ -165,6 +165,16 @@ def hooks(kind: str) -> tuple[ModuleType, ...]:
     return tuple(importlib.import_module(f"{r.package}.{kind}") for r in RULES if getattr(r, kind))
 
 
+def hook(code: str, kind: str) -> ModuleType:
+    """One rule's `static` or `probe` hook module (ValueError when the rule has none): how code outside the rules
+    reuses a rule's own detector (the conversion check locates DD209's class tests with DD209's static detector)
+    without importing the rule package."""
+    rule = get_rule(code)
+    if kind not in HOOKS or not getattr(rule, kind):
+        raise ValueError(f"{rule.code} has no {kind} hook")
+    return importlib.import_module(f"{rule.package}.{kind}")
+
+
 def select_codes(patterns: list[str] | tuple[str, ...]) -> set[str]:
     """Codes matched by prefix patterns (`DD3` = all data rules). Raises ValueError on a pattern matching none."""
     chosen: set[str] = set()
