@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 STATIC = REPO / "fixtures" / "static"
@@ -21,10 +22,8 @@ FRAMEWORK_MODULES = ("lightning", "pytorch_lightning", "accelerate", "transforme
 
 
 def _check_static(path: Path) -> tuple[int, dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "check", "--static", str(path), "--format", "json"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )
+    """`ddpdoctor check --static` in this process (conftest's run_cli): no launch is under test here."""
+    proc = run_cli("check", "--static", str(path), "--format", "json", cwd=REPO)
     return proc.returncode, json.loads(proc.stdout)
 
 
