@@ -91,8 +91,8 @@ def _check(name: str, *options: str, tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "ddpdoctor", "check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2",
-         "--timeout", "240", "--format", "json", "-o", str(out), *options],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+         "--timeout", "600", "--format", "json", "-o", str(out), *options],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )
     assert out.is_file(), proc.stderr[-2000:]
     return proc.returncode, json.loads(out.read_text(encoding="utf-8"))
