@@ -57,3 +57,47 @@ def _interruptible() -> None:
     would never see the SIGINT a test sends it."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which marks each grouped test's node id with `@group`
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with multi-rank tests first, the others after them (file order kept within each kind).
+
+    `make test` runs two pytest-xdist workers with `--dist loadgroup`: a module grouped with `xdist_group` (its
+    tests share runs that a module-scoped fixture makes once) is one unit of work, scheduled largest first; every
+    other test is a unit of its own, handed out in collection order. A multi-rank test takes seconds to minutes, an
+    in-process one milliseconds: collected last (test_user_files.py, test_usertree.py...), multi-rank tests kept one
+    worker busy alone after the other had finished; collected first, the in-process modules' 1,500 tests fill the
+    end and both workers finish together. Whole modules move, never single tests: a module's tests stay together,
+    so a module-scoped fixture is made once per worker as before."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in heavy)
+    _groups_reach_the_scheduler(config, items)
+
+
+def _groups_reach_the_scheduler(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a `--dist loadgroup` worker the `xdist_group` marks must reach the scheduler (as an `@group` suffix of the
+    node id). With pytest 9.2 and pytest-xdist 3.8 they silently did not (pytest-dev/pytest-xdist#1386): every module
+    sharing its runs made them on both workers, the triage e2e runs twice over. Refuse to run so (the worker stops;
+    pytest_configure says why on the controller for the known pair)."""
+    if not getattr(config.option, "loadgroup", False):  # set by pytest-xdist on its workers only
+        return
+    grouped = [item for item in items if item.get_closest_marker("xdist_group") is not None]
+    if grouped and not any("@" in item.nodeid for item in grouped):
+        raise pytest.UsageError(
+            "pytest-xdist ignores xdist_group with this pytest (pytest-dev/pytest-xdist#1386): install the test "
+            "extra's pytest (pip install -e '.[test]': pytest<9.2)")
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--dist loadgroup` with the pair of versions that ignores `xdist_group` (pytest-dev/pytest-xdist#1386): one
+    line saying so, not a suite that silently runs the shared runs on both workers."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    if tuple(pytest.version_tuple[:2]) >= (9, 2) and tuple(int(p) for p in xdist.__version__.split(".")[:2]) <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} ignores xdist_group "
+            "(pytest-dev/pytest-xdist#1386): install the test extra's pytest (pip install -e '.[test]': pytest<9.2)")

@@ -26,7 +26,7 @@ def test_attach_under_torchrun_then_report(tmp_path: Path) -> None:
         "--master-port", str(free_port()), "-m", "ddpdoctor.probe", "--out", str(out), "--no-limit",
         "fixtures/probe/missing_set_epoch.py",
     ]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("finished") == 2  # the script's own output reaches the user's launcher
     meta = json.loads((out / "meta.json").read_text())

@@ -25,6 +25,9 @@ from ddpdoctor.report.compare_bn import render_compare
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "fixtures" / "compare_bn" / "toy.py"
 SYNC_TOL = 1e-5
+# one xdist worker runs this module (`make test` runs two): its two 2-rank compare-bn runs (iid, sorted) are made
+# once each, by module-scoped fixtures, for all the tests that read them (spread over two workers, made on each)
+pytestmark = pytest.mark.xdist_group("compare_bn")
 
 
 # ------------------------------------------------------------------------------------------------ plans

@@ -19,7 +19,7 @@ def test_detail_debug_is_dropped_on_emulated_ranks(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     report = run_check(CheckConfig(script=Path("fixtures/probe/device_bound.py"), nproc=2, device="cpu",
-                                   timeout=120, keep_run=tmp_path / "run", quiet=True)).to_json()
+                                   timeout=600, keep_run=tmp_path / "run", quiet=True)).to_json()
     rules = {f["rule"] for f in report["findings"]}
     assert "DD902" not in rules and "DD901" not in rules, report["findings"]
     notes = [n for n in report.get("notes", []) if "TORCH_DISTRIBUTED_DEBUG" in n]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 STATIC = REPO / "fixtures" / "static"
@@ -21,10 +22,8 @@ FRAMEWORK_MODULES = ("lightning", "pytorch_lightning", "accelerate", "transforme
 
 
 def _check_static(path: Path) -> tuple[int, dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "check", "--static", str(path), "--format", "json"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )
+    """`ddpdoctor check --static` in this process (conftest's run_cli): no launch is under test here."""
+    proc = run_cli("check", "--static", str(path), "--format", "json", cwd=REPO)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -92,8 +91,8 @@ def _check(name: str, *options: str, tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "ddpdoctor", "check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2",
-         "--timeout", "240", "--format", "json", "-o", str(out), *options],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+         "--timeout", "600", "--format", "json", "-o", str(out), *options],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )
     assert out.is_file(), proc.stderr[-2000:]
     return proc.returncode, json.loads(out.read_text(encoding="utf-8"))

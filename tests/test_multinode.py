@@ -26,6 +26,9 @@ from ddpdoctor.world import place_from_env, tasks_on_node
 REPO = Path(__file__).resolve().parents[1]
 ONE_NODE_RECIPE = "fixtures/probe/multinode/one_node_recipe.py"
 SRUN_RECIPE = "fixtures/probe/multinode/srun_recipe.py"
+# one xdist worker runs this module (`make test` runs two): its 2-node x 2-rank run is made once, by a
+# module-scoped fixture, for all the tests that read it (spread over two workers, it was made on each)
+pytestmark = pytest.mark.xdist_group("multinode")
 
 
 def _clean_env() -> dict[str, str]:

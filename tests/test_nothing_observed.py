@@ -108,7 +108,7 @@ def test_probe_of_a_script_resumed_past_its_last_epoch(tmp_path: Path) -> None:
     torch.save({"model": model.state_dict(), "optimizer": torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
                 "epoch": 9}, folder / "ckpt" / "last.pt")
     done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "train.py", "--format", "json"], cwd=folder,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD904"]

@@ -195,7 +195,7 @@ def _check(script: Path, *args: str, tmp_path: Path):
     from ddpdoctor.check import run_check
     from ddpdoctor.config import CheckConfig
 
-    cfg = CheckConfig(script=script, script_args=args, device="cpu", nproc=2, timeout=90,
+    cfg = CheckConfig(script=script, script_args=args, device="cpu", nproc=2, timeout=600,
                       keep_run=tmp_path / "run")
     return run_check(cfg)
 

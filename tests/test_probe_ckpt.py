@@ -118,7 +118,7 @@ def test_probe_finds_the_checkpoint_rules(name: str, tmp_path: Path, monkeypatch
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     report = run_check(CheckConfig(script=Path(f"fixtures/probe/ckpt/{name}.py"), script_args=(str(out),),
-                                   device="cpu", nproc=2, timeout=240, keep_run=run_dir))
+                                   device="cpu", nproc=2, timeout=600, keep_run=run_dir))
     if RECORD:
         target = RUNS / f"ckpt_{name}"
         shutil.rmtree(target, ignore_errors=True)

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path: Path, scenario: str, epochs: int = 2, steps: int = 3) -> tuple[list[dict], dict, list]:
     settings = ProbeSettings(run_dir=str(tmp_path), mode="torchrun", epochs=epochs, steps=steps, device="cpu",
-                             nproc=1, timeout=60.0)
+                             nproc=1, timeout=300.0)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}, **settings.to_env()}
     done = subprocess.run([sys.executable, "-m", "ddpdoctor.probe.bootstrap", SCRIPT, scenario], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (tmp_path / "meta.json").write_text(json.dumps({"schema": "ddpdoctor.events/1"}))
     run = read_run(tmp_path)

@@ -204,7 +204,7 @@ def probe_fixture(area: str, name: str, tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
-    cfg = CheckConfig(script=Path(f"fixtures/probe/{area}/{name}.py"), device="cpu", nproc=2, timeout=240,
+    cfg = CheckConfig(script=Path(f"fixtures/probe/{area}/{name}.py"), device="cpu", nproc=2, timeout=600,
                       keep_run=run_dir, **options)
     report = run_check(cfg)
     if RECORD:

@@ -208,7 +208,7 @@ def test_ranks_a_script_starts_through_the_forkserver_are_instrumented(how: str,
     mark = uuid.uuid4().hex
     monkeypatch.setenv(MARK, mark)
     try:
-        report = run_check(CheckConfig(script=Path("train.py"), nproc=2, timeout=90.0,
+        report = run_check(CheckConfig(script=Path("train.py"), nproc=2, timeout=600.0,
                                        keep_run=tmp_path / "run")).to_json()
         assert _marked_processes(mark) == [], "processes of the run are still alive"
     finally:

@@ -277,7 +277,7 @@ def test_probe_finds_the_optimisation_rules(name: str, tmp_path: Path, monkeypat
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     report = run_check(CheckConfig(script=Path(f"fixtures/probe/optim/{name}.py"), device="cpu", nproc=2,
-                                   timeout=240, keep_run=run_dir, **options))
+                                   timeout=600, keep_run=run_dir, **options))
     if RECORD:
         target = RUNS / f"optim_{name}"
         shutil.rmtree(target, ignore_errors=True)
@@ -298,7 +298,7 @@ def test_syncbn_backward_all_reduce_is_no_hand_reduction(tmp_path: Path, monkeyp
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     report = run_check(CheckConfig(script=Path("fixtures/probe/optim/cuda_syncbn_zero_grad_late.py"), device="cpu",
-                                   nproc=2, timeout=240, keep_run=run_dir))
+                                   nproc=2, timeout=600, keep_run=run_dir))
     assert [f.rule for f in report.findings] == [], report.to_json()["findings"]
     run = read_run(run_dir)
     ranks = run.rank_processes

@@ -16,6 +16,9 @@ from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.standins import StandinFinder, install_finder, remove_finder, why_standing_in
 
 ROOT = Path(__file__).resolve().parents[1]
+# one xdist worker runs this module (`make test` runs two): its 2-rank run of the stand-ins is made once, by a
+# module-scoped fixture, for all the tests that read it (spread over two workers, it was made on each)
+pytestmark = pytest.mark.xdist_group("standins")
 
 
 @pytest.fixture

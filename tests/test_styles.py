@@ -55,7 +55,7 @@ def check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv(MARK, mark)
 
     def run(name: str) -> dict:
-        cfg = CheckConfig(script=STYLES / f"{name}.py", nproc=2, timeout=240, keep_run=tmp_path / "run")
+        cfg = CheckConfig(script=STYLES / f"{name}.py", nproc=2, timeout=600, keep_run=tmp_path / "run")
         report = run_check(cfg).to_json()
         assert _alive(mark) == [], "processes of the run are still alive"
         return report

@@ -21,6 +21,9 @@ import torch.nn as nn
 from ddpdoctor.bn.syncbn import local_batch_norm_forward, sync_batch_norm_forward
 
 STEPS = 3
+# one xdist worker runs this module (`make test` runs two): its 2-rank SyncBN run is made once, by a
+# module-scoped fixture, for all the tests that read it (spread over two workers, it was made on each)
+pytestmark = pytest.mark.xdist_group("syncbn")
 
 
 @dataclass(frozen=True)

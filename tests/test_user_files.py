@@ -32,8 +32,8 @@ def tree(folder: Path) -> dict[str, str]:
 
 def check(folder: Path, script: str, *args: str, env: dict | None = None) -> tuple[int, dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "check", script, "--format", "json", "--timeout", "90", *args],
-        cwd=folder, capture_output=True, text=True, timeout=200, check=False, env=env,
+        [sys.executable, "-m", "ddpdoctor", "check", script, "--format", "json", "--timeout", "600", *args],
+        cwd=folder, capture_output=True, text=True, timeout=900, check=False, env=env,
     )
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
