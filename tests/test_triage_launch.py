@@ -93,3 +93,38 @@ def test_a_failing_rank_ends_its_arm_as_torchrun_would_and_the_next_arm_still_ru
     assert (1, 3) in failures and all(rank == 0 for rank, _ in failures if (rank, _) != (1, 3)), la["agent"]
     assert lp["returncode"] == 0 and lp["shared_launch"]["run"] == 2, lp
     assert os.environ.get("DDPDOCTOR_ARM") is None
+
+
+def test_an_arm_that_times_out_ends_the_shared_launch_and_the_next_arms_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The as-written arm hangs after its first step: it times out as a run of its own would (its own timeout,
+    recorded as a timeout), the shared launch is stopped with it, and the next arm is launched alone — the report
+    says so — leaving no temporary folder behind."""
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    script = tmp_path / "hangs.py"
+    script.write_text(
+        (FIXTURES / "clean.py").read_text(encoding="utf-8")
+        .replace("from common import", "import os, sys, time\nsys.path.insert(0, %r)\nfrom common import"
+                 % str(FIXTURES))
+        .replace("        opt.step()\n",
+                 "        opt.step()\n"
+                 "        while os.environ.get('DDPDOCTOR_ARM') == 'A' and warmup.last_epoch == 1:\n"
+                 "            time.sleep(0.1)\n"),
+        encoding="utf-8",
+    )
+    keep = tmp_path / "keep"
+    check = CheckConfig(script=script, nproc=2, timeout=60.0, epochs=1, steps=3, quiet=True, keep_run=keep)
+    report = run_triage(TriageConfig(check=check, arms=("A", "P"), seed=0))
+    layout = json.loads((keep / "triage.json").read_text(encoding="utf-8"))["layout"]
+    why = "the shared launch ended early: a run timed out"
+    assert layout["launch"] == {"shared": True, "separate": ["P"], "why": why}
+    la = json.loads((keep / "arm-A" / "launcher.json").read_text(encoding="utf-8"))
+    lp = json.loads((keep / "arm-P" / "launcher.json").read_text(encoding="utf-8"))
+    assert la["timed_out"] is True and la["shared_launch"]["run"] == 1, la
+    assert "shared_launch" not in lp, lp
+    assert any(n.startswith("triage: arm P launched separately") for n in report.notes), report.notes
+    assert not any(scratch.iterdir()), list(scratch.iterdir())

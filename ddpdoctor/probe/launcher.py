@@ -581,6 +581,7 @@ class SharedLaunch:
         self.ctrl = Path()
         self.command: list[str] = []
         self.tag = uuid.uuid4().hex
+        self.in_flight = False  # a run's children may still be running: `close` does not wait for the zygotes
 
     def start(self) -> SharedLaunch:
         from ddpdoctor.probe.zygote import SHARED_ENV
@@ -632,6 +633,7 @@ class SharedLaunch:
                      if key.startswith("DDPDOCTOR_") or key in ("TMPDIR", "TEMP", "TMP", "MASTER_PORT")}
         started = time.time()
         t0 = time.monotonic()
+        self.in_flight = True
         write_atomic(order_file(ctrl, k), {"env": order_env, "script": str(cfg.script),
                                            "args": list(cfg.script_args), "logs": str(run_dir / LOGS_DIR)})
         timed_out = interrupted = False
@@ -649,6 +651,7 @@ class SharedLaunch:
                         if done is not None:
                             ends[rank] = done
                 if len(ends) == cfg.nproc:
+                    self.in_flight = False
                     break
                 if not self._alive():
                     self.ended = "the shared launch ended before the run did"
@@ -750,7 +753,7 @@ class SharedLaunch:
         self.ended = self.ended or "closed"
         from ddpdoctor.probe.zygote import order_file, write_atomic
 
-        if self.ctrl.is_dir() and sup.running:
+        if self.ctrl.is_dir() and sup.running and not self.in_flight:
             try:
                 write_atomic(order_file(self.ctrl, self.k), {"stop": True})
             except OSError:

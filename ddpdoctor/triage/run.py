@@ -7,7 +7,10 @@ when DDP wraps the model) and L. G (SyncBN over subgroups of --group-size ranks)
 runs with the same seed (seed + rank), so an unseeded script is paired too; the digests say whether it was.
 
 Each arm is a full probe run (its own run directory, its own timeout); `--keep-run DIR` keeps them as
-DIR/arm-<name>/ next to DIR/triage.json, and `ddpdoctor report DIR` re-analyses them.
+DIR/arm-<name>/ next to DIR/triage.json, and `ddpdoctor report DIR` re-analyses them. The arms share one launch
+(ArmLaunch, ddpdoctor.probe.launcher.SharedLaunch, ddpdoctor.probe.zygote: per rank, the interpreter, torch and
+the probe imported once, one fork per arm) unless the script cannot (it starts its own ranks, --device cuda) or
+the shared launch ended early (an arm timed out): those arms are launched one by one, and a note says so.
 """
 
 from __future__ import annotations
