@@ -506,9 +506,9 @@ def _run_probe(
     neighbours = Neighbours()
     neighbours.look()
     before = fingerprint(roots, skip=[str(run_dir)])
-    if shared is not None and shared.usable(settings.mode):
-        record = shared.run(run_dir, settings, deadline, progress, neighbours)
-    else:
+    record = shared.run(run_dir, settings, deadline, progress, neighbours) \
+        if shared is not None and shared.usable(settings.mode) else None
+    if record is None:  # launched alone (or the shared launch was gone before this run started)
         record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
@@ -617,7 +617,9 @@ class SharedLaunch:
         return sup is not None and sup.running and sup.poll()[0] is None
 
     def run(self, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None,
-            neighbours: Neighbours | None = None) -> LaunchRecord:
+            neighbours: Neighbours | None = None) -> LaunchRecord | None:
+        """The run as one order of this launch; None when the launch had ended before any rank started it (the
+        agent failed to start, e.g. its port was taken): the caller launches it alone."""
         from ddpdoctor.probe.zygote import done_file, order_file, read_json, started_file, write_atomic
 
         cfg, k, ctrl = self.cfg, self.k, self.ctrl
@@ -690,9 +692,12 @@ class SharedLaunch:
         if held:
             interrupted = True
             self.ended = self.ended or "interrupted"
-        _drop_empty_stacks(run_dir)
         pids = {r: (read_json(started_file(ctrl, k, r)) or {}).get("pid") for r in range(cfg.nproc)} \
             if ctrl.is_dir() else {}
+        if not any(pids.values()) and not ends and not timed_out and not interrupted:
+            self.k -= 1  # nothing of it ran here
+            return None
+        _drop_empty_stacks(run_dir)
         if not failures:
             failures = [self._failure(d) for _, d in sorted(ends.items()) if d.get("exitcode")]
         complete = len(ends) == cfg.nproc
@@ -753,12 +758,14 @@ class SharedLaunch:
         self.ended = self.ended or "closed"
         from ddpdoctor.probe.zygote import order_file, write_atomic
 
-        if self.ctrl.is_dir() and sup.running and not self.in_flight:
-            try:
+        try:
+            if self.ctrl.is_dir() and sup.running and not self.in_flight:
                 write_atomic(order_file(self.ctrl, self.k), {"stop": True})
-            except OSError:
-                pass
-            end = time.monotonic() + 5.0
-            while sup.running and sup.poll()[0] is None and time.monotonic() < end:
-                time.sleep(0.05)
-        return sup.stop()
+                end = time.monotonic() + 5.0
+                while sup.running and sup.poll()[0] is None and time.monotonic() < end:
+                    time.sleep(0.05)
+        except OSError:
+            pass
+        finally:
+            final = sup.stop()  # a second Ctrl-C during the wait above still stops everything
+        return final
