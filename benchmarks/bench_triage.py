@@ -63,7 +63,8 @@ def main() -> None:
     jobs = [(n, FIXTURES / f"{n}.py", EXTRA.get(n, []), [], SAME_STEPS) for n in names]
     if not args.no_resnet and (not args.only or "resnet" in args.only):
         # 11 SyncBN layers emulated on CPU cost ~1 s a step per rank: 2 x 5 steps per arm (and for the check)
-        jobs.append(("resnet18_syncbn", RESNET, [], ["--sync-bn", "--epochs", "2", "--steps", "5"],
+        # --timeout 600 for both: on a loaded 2-core machine an arm of it can pass the default 120 s
+        jobs.append(("resnet18_syncbn", RESNET, ["--timeout", "600"], ["--sync-bn", "--epochs", "2", "--steps", "5"],
                      ["--epochs", "2", "--steps", "5"]))
     print(f"load before: {tuple(round(x, 2) for x in os.getloadavg())}", flush=True)
     ratios = []
