@@ -8,7 +8,7 @@ runs with the same seed (seed + rank), so an unseeded script is paired too; the 
 
 Each arm is a full probe run (its own run directory, its own timeout); `--keep-run DIR` keeps them as
 DIR/arm-<name>/ next to DIR/triage.json, and `ddpdoctor report DIR` re-analyses them. The arms share one launch
-(ArmLaunch, ddpdoctor.probe.launcher.SharedLaunch, ddpdoctor.probe.zygote: per rank, the interpreter, torch and
+(ArmLaunch, ddpdoctor.probe.shared.SharedLaunch, ddpdoctor.probe.zygote: per rank, the interpreter, torch and
 the probe imported once, one fork per arm) unless the script cannot (it starts its own ranks, --device cuda) or
 the shared launch ended early (an arm timed out): those arms are launched one by one, and a note says so.
 """
@@ -197,7 +197,7 @@ class ArmLaunch:
 
     def run(self, run_dir: Path, static: list[Finding], arm: dict[str, Any], label: str) -> None:
         if self.refusal is None and self.shared is None and self.ended is None:
-            from ddpdoctor.probe.launcher import SharedLaunch
+            from ddpdoctor.probe.shared import SharedLaunch
 
             self.shared = SharedLaunch(self.check, self.arms).start()
         shared = self.shared if self.ended is None else None
