@@ -9,7 +9,7 @@ from ddpdoctor.causes import EXPLAINS
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.triage.model import Cause, TriageResult
-from ddpdoctor.triage.run import _arm_settings, parse_arms
+from ddpdoctor.triage.run import arm_settings, parse_arms
 from ddpdoctor.triage.verdicts import fold, headline, rank_causes
 
 
@@ -150,13 +150,13 @@ def test_parse_arms():
             parse_arms(bad, None)
 
 
-def test_arm_settings_of_a_syncbn_script_and_of_the_mirror_question():
-    assert _arm_settings("L", False, 0, None, False)["bn_mode"] == "local"
-    assert _arm_settings("P", False, 0, None, False)["bn_mode"] == "plain"
-    assert _arm_settings("A", True, 0, None, False)["bn_convert"] == 1
-    assert "bn_mode" not in _arm_settings("P", True, 0, None, False) and "bn_convert" not in _arm_settings(
+def testarm_settings_of_a_syncbn_script_and_of_the_mirror_question():
+    assert arm_settings("L", False, 0, None, False)["bn_mode"] == "local"
+    assert arm_settings("P", False, 0, None, False)["bn_mode"] == "plain"
+    assert arm_settings("A", True, 0, None, False)["bn_convert"] == 1
+    assert "bn_mode" not in arm_settings("P", True, 0, None, False) and "bn_convert" not in arm_settings(
         "P", True, 0, None, False)
-    assert _arm_settings("G", False, 3, 2, False) == {"arm": "G", "seed": 3, "bn_mode": "group", "bn_group_size": 2}
+    assert arm_settings("G", False, 3, 2, False) == {"arm": "G", "seed": 3, "bn_mode": "group", "bn_group_size": 2}
 
 
 @pytest.mark.parametrize(

@@ -42,10 +42,15 @@ def _join_threads(deadline: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def run_script(settings: ProbeSettings, script: str, args: list[str]) -> None:
-    """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises."""
+def run_script(settings: ProbeSettings, script: str, args: list[str], preloaded: list[str] = ()) -> None:
+    """Run `script` instrumented in this process; never returns normally (os._exit) unless the script raises.
+    `preloaded`: modules imported before the instrumentation (a forked child of ddpdoctor.probe.zygote)."""
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
+    if preloaded and settings.mode != "attach":
+        from ddpdoctor.probe import fsview
+
+        probe.safely("file view", fsview.rebind, preloaded)
     install_clean_excepthook()
     contract = launch_env.apply(settings)
     if contract is not None:

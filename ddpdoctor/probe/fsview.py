@@ -61,9 +61,10 @@ import io
 import os
 import shutil
 import stat as stat_mod
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 WRITES_DIR = "writes"
@@ -934,6 +935,9 @@ def install(run_dir: str, scratch: str | None, record: Callable[[dict[str, Any]]
 
     _VIEW = View(run_dir, scratch, recording)
     for (owner, name), fn in _patches().items():
+        orig = getattr(owner, name, None)
+        if orig is not None:
+            _PATCHED[id(orig)] = (orig, fn)
         setattr(owner, name, fn)
     _keep_bytecode_out_of_the_users_tree()
     from ddpdoctor.probe.importhook import when_imported
@@ -944,6 +948,29 @@ def install(run_dir: str, scratch: str | None, record: Callable[[dict[str, Any]]
     if hasattr(shutil, "_use_fd_functions"):
         shutil._use_fd_functions = False
     return _VIEW
+
+
+_PATCHED: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its patch), for `rebind`
+
+
+def rebind(module_names: Iterable[str]) -> int:
+    """Modules imported before the view was installed (ddpdoctor.probe.zygote's preloaded torch) that bound a
+    patched function to a name of their own (`from builtins import open as bltn_open`, tarfile; bz2) get the patch
+    there too, as they would have had they been imported after `install`. Returns how many names were re-bound."""
+    n = 0
+    for name in module_names:
+        if name.partition(".")[0] == "ddpdoctor":
+            continue  # the probe's own modules keep the originals they hold on purpose (fsview._ORIG_OPEN)
+        module = sys.modules.get(name)
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            found = _PATCHED.get(id(value))
+            if found is not None and found[0] is value and not attr.startswith("__"):
+                namespace[attr] = found[1]
+                n += 1
+    return n
 
 
 def _keep_bytecode_out_of_the_users_tree() -> None:

@@ -139,7 +139,8 @@ def _require_cuda(timeout: float = 120.0) -> None:
         raise UsageError("--device cuda: no CUDA device is visible (use --device cpu to emulate CUDA on CPU)")
 
 
-def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]:
+def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int,
+             rank_module: str = "ddpdoctor.probe.bootstrap", log_dir: Path | None = None) -> list[str]:
     script_args = [str(cfg.script), *cfg.script_args]
     if mode in SINGLE_LAUNCH:
         return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
@@ -152,9 +153,9 @@ def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int) -> list[str]
         "--max-restarts", "0",
         "--monitor-interval", "0.05",
         "--shutdown-timeout", "3",
-        "--log-dir", str(run_dir / LOGS_DIR / "elastic"),
+        "--log-dir", str(log_dir or run_dir / LOGS_DIR / "elastic"),
         "--redirects", "3",
-        "-m", "ddpdoctor.probe.bootstrap",
+        "-m", rank_module,
         *script_args,
     ]
 
@@ -324,9 +325,7 @@ def _launch_once(
         timed_out = True
         dumped = _dumped(run_dir)
     _collect_logs(run_dir)
-    for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
-        if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
-            stack.unlink()
+    _drop_empty_stacks(run_dir)
     supervisor_log = logs / "supervisor.stderr"
     if supervisor_log.is_file() and supervisor_log.stat().st_size == 0:
         supervisor_log.unlink()
@@ -358,6 +357,12 @@ def _launch_once(
         supervisor={k: stopped.get(k) for k in ("reason", "subreaper")},
         agent=agent,
     )
+
+
+def _drop_empty_stacks(run_dir: Path) -> None:
+    for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
+        if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
+            stack.unlink()
 
 
 def _last_event(log: Path) -> dict[str, Any] | None:
@@ -436,6 +441,7 @@ def run_probe(
     arm: dict[str, Any] | None = None,
     claim: RunDirClaim | None = None,
     static_notes: Sequence[str] = (),
+    shared: Any = None,  # ddpdoctor.probe.shared.SharedLaunch (which imports this module)
 ) -> ProbeOutcome:
     """Run the probe into `run_dir` (meta.json, static.json, events/, logs/, source/, writes/, launcher.json).
     `progress` (ddpdoctor.probe.progress.ProgressDisplay) is updated from the wait loop and closed when the launch
@@ -443,13 +449,15 @@ def run_probe(
     `static_findings`/`static_notes`: the check's static analysis, kept in static.json for `ddpdoctor report`.
 
     `arm`: ProbeSettings fields of a `ddpdoctor triage` arm (arm, bn_mode, bn_convert, bn_group_size, seed),
-    also kept in meta.json `arm`."""
+    also kept in meta.json `arm`. `shared`: a launch already running for several runs of this script
+    (ddpdoctor.probe.shared.SharedLaunch): the run is one of its orders, unless the script needs a launch of its
+    own (not torchrun's mode) or the shared launch has ended; then it is launched alone, as `check` does."""
     deadline = time.monotonic() + cfg.timeout  # everything below, a relaunch and the CUDA check included
     own_claim = claim is None
     claim = claim or claim_for_check(Path(run_dir))
     try:
         static = StaticRecord(findings=tuple(static_findings), notes=tuple(static_notes))
-        return _run_probe(cfg, claim.path.resolve(), static, deadline, progress, arm)
+        return _run_probe(cfg, claim.path.resolve(), static, deadline, progress, arm, shared)
     finally:
         if own_claim:
             claim.release()
@@ -462,6 +470,7 @@ def _run_probe(
     deadline: float,
     progress: Any,
     arm: dict[str, Any] | None,
+    shared: Any = None,  # ddpdoctor.probe.shared.SharedLaunch (which imports this module)
 ) -> ProbeOutcome:
     if cfg.device == "cuda":
         _require_cuda(max(1.0, deadline - time.monotonic()))
@@ -496,7 +505,10 @@ def _run_probe(
     neighbours = Neighbours()
     neighbours.look()
     before = fingerprint(roots, skip=[str(run_dir)])
-    record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
+    record = shared.run(run_dir, settings, deadline, progress, neighbours) \
+        if shared is not None and shared.usable(settings.mode) else None
+    if record is None:  # launched alone (or the shared launch was gone before this run started)
+        record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
     relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
@@ -544,3 +556,4 @@ def _launch(
         if not _port_clash(record, run_dir) or record.interrupted:
             break
     return record
+

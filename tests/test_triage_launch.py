@@ -1,0 +1,130 @@
+"""Triage's arms in one launch (issue 23): each rank imports the interpreter's, torch's and the probe's modules once
+and forks one child per arm (ddpdoctor.probe.zygote). The arms must be the runs separate launches make: the same
+verdicts, the same measured numbers (to the precision goldens use), the same run-directory layout; a script that
+cannot share a launch is launched once per arm and the report says so; nothing is left behind. Real 2-rank gloo
+runs (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from pinning import json_differences
+
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.triage import run as triage_run
+from ddpdoctor.triage.run import TriageConfig, run_triage
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures" / "triage"
+pytestmark = pytest.mark.slow
+
+
+def _triage(tmp_path: Path, name: str, keep: Path) -> dict:
+    check = CheckConfig(script=FIXTURES / f"{name}.py", nproc=2, timeout=300.0, epochs=2, steps=5, quiet=True,
+                        keep_run=keep)
+    report = run_triage(TriageConfig(check=check, arms=("A", "P"), seed=0))
+    return {"triage": report.triage, "rules": sorted({f.rule for f in report.findings}), "notes": list(report.notes),
+            "layout": json.loads((keep / "triage.json").read_text(encoding="utf-8"))["layout"]}
+
+
+@pytest.mark.parametrize("name", ["fused_act_torch", "class_sorted"])
+def test_arms_in_one_launch_are_the_runs_separate_launches_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """fused_act_torch: a CONFIRMED cause from the deterministic checks at identical weights; class_sorted: a
+    LIKELY one from statistics the steps accumulate. One launch and two launches give the same report."""
+    monkeypatch.chdir(REPO)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    one = _triage(tmp_path, name, tmp_path / "one")
+    assert one["layout"]["launch"] == {"shared": True, "separate": [], "why": None}
+    for arm in ("arm-A", "arm-P"):
+        launcher = json.loads((tmp_path / "one" / arm / "launcher.json").read_text(encoding="utf-8"))
+        assert launcher["shared_launch"]["run"] == (1 if arm == "arm-A" else 2), launcher
+        assert launcher["agent"]["ok"] is True and launcher["returncode"] == 0
+        assert sorted(p.name for p in (tmp_path / "one" / arm / "logs").iterdir()) == [
+            "rank0.stderr", "rank0.stdout", "rank1.stderr", "rank1.stdout"]
+    assert not any(scratch.iterdir()), list(scratch.iterdir())  # the launch's control and scratch folders are gone
+
+    monkeypatch.setattr(triage_run, "shared_launch_refusal", lambda check: "a script that cannot share one (test)")
+    two = _triage(tmp_path, name, tmp_path / "two")
+    assert two["layout"]["launch"] == {"shared": False, "separate": ["A", "P"],
+                                       "why": "a script that cannot share one (test)"}
+    note = [n for n in two["notes"] if n.startswith("triage: arms A, P launched separately")]
+    assert note and note[0].endswith("a script that cannot share one (test)"), two["notes"]
+    assert not [n for n in one["notes"] if "launched separately" in n]
+
+    assert one["rules"] == two["rules"]
+    assert json_differences(two["triage"], one["triage"]) == []
+    confirmed = [c["rule"] for c in one["triage"]["causes"] if c["verdict"] == "confirmed"]
+    assert confirmed == (["DD208"] if name == "fused_act_torch" else []), one["triage"]["causes"]
+
+
+def test_a_failing_rank_ends_its_arm_as_torchrun_would_and_the_next_arm_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 of the as-written arm exits with code 3 at its second step while rank 0 waits in a collective: the
+    arm ends (the peer stopped, as torchrun's agent stops it) with rank 1's failure recorded, and the next arm of
+    the same launch runs."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "fails.py"
+    script.write_text(
+        (FIXTURES / "clean.py").read_text(encoding="utf-8")
+        .replace("from common import", "import os, sys\nsys.path.insert(0, %r)\nfrom common import" % str(FIXTURES))
+        .replace("        opt.step()\n",
+                 "        opt.step()\n"
+                 "        if os.environ.get('DDPDOCTOR_ARM') == 'A' and os.environ['RANK'] == '1' and "
+                 "warmup.last_epoch == 2:\n"
+                 "            sys.exit(3)\n"),
+        encoding="utf-8",
+    )
+    check = CheckConfig(script=script, nproc=2, timeout=300.0, epochs=2, steps=4, quiet=True)
+    a, p = triage_run.run_arms(check, [(tmp_path / "arm-A", {"arm": "A", "seed": 0}),
+                                       (tmp_path / "arm-P", {"arm": "P", "seed": 0, "bn_mode": "plain"})])
+    la = json.loads((a / "launcher.json").read_text(encoding="utf-8"))
+    lp = json.loads((p / "launcher.json").read_text(encoding="utf-8"))
+    assert la["returncode"] == 1 and not la["timed_out"], la
+    failures = [(f["rank"], f["exitcode"]) for f in la["agent"]["failures"]]
+    assert (1, 3) in failures and all(rank == 0 for rank, _ in failures if (rank, _) != (1, 3)), la["agent"]
+    assert lp["returncode"] == 0 and lp["shared_launch"]["run"] == 2, lp
+    assert os.environ.get("DDPDOCTOR_ARM") is None
+
+
+def test_an_arm_that_times_out_ends_the_shared_launch_and_the_next_arms_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The as-written arm hangs after its first step: it times out as a run of its own would (its own timeout,
+    recorded as a timeout), the shared launch is stopped with it, and the next arm is launched alone — the report
+    says so — leaving no temporary folder behind."""
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    script = tmp_path / "hangs.py"
+    script.write_text(
+        (FIXTURES / "clean.py").read_text(encoding="utf-8")
+        .replace("from common import", "import os, sys, time\nsys.path.insert(0, %r)\nfrom common import"
+                 % str(FIXTURES))
+        .replace("        opt.step()\n",
+                 "        opt.step()\n"
+                 "        while os.environ.get('DDPDOCTOR_ARM') == 'A' and warmup.last_epoch == 1:\n"
+                 "            time.sleep(0.1)\n"),
+        encoding="utf-8",
+    )
+    keep = tmp_path / "keep"
+    check = CheckConfig(script=script, nproc=2, timeout=60.0, epochs=1, steps=3, quiet=True, keep_run=keep)
+    report = run_triage(TriageConfig(check=check, arms=("A", "P"), seed=0))
+    layout = json.loads((keep / "triage.json").read_text(encoding="utf-8"))["layout"]
+    why = "the shared launch ended early: a run timed out"
+    assert layout["launch"] == {"shared": True, "separate": ["P"], "why": why}
+    la = json.loads((keep / "arm-A" / "launcher.json").read_text(encoding="utf-8"))
+    lp = json.loads((keep / "arm-P" / "launcher.json").read_text(encoding="utf-8"))
+    assert la["timed_out"] is True and la["shared_launch"]["run"] == 1, la
+    assert "shared_launch" not in lp, lp
+    assert any(n.startswith("triage: arm P launched separately") for n in report.notes), report.notes
+    assert not any(scratch.iterdir()), list(scratch.iterdir())
