@@ -74,25 +74,6 @@ def syncbn_seen(run_dir: Path) -> int:
     return sync
 
 
-def run_arms(cfg: Any, arms: list[dict[str, Any]], base: Path) -> list[Path]:
-    """Each arm (ProbeSettings fields of a triage arm, ddpdoctor.probe.arms) as a probe run into base/arm-<name>/,
-    with check's progress display unless quiet. (ddpdoctor.triage.run launches its arms the same way; it imports
-    `check`, so `check` cannot import it.)"""
-    from ddpdoctor.probe.launcher import run_probe
-    from ddpdoctor.probe.progress import ProgressDisplay, showing
-
-    dirs = []
-    for arm in arms:
-        d = Path(base) / f"arm-{arm['arm']}"
-        progress = None if cfg.quiet else ProgressDisplay(
-            d, script=f"{cfg.script} (conversion check, arm {arm['arm']})", nproc=cfg.nproc, epochs=cfg.epochs,
-            steps=cfg.steps, timeout=cfg.timeout)
-        with showing(progress):
-            run_probe(cfg, d, arm=arm, progress=progress)
-        dirs.append(d)
-    return dirs
-
-
 def run_conversion_check(cfg: Any, run_dir: Path) -> ConversionCheck | None:
     """After `check`'s probe run in `run_dir`: None when it saw no SyncBN layer; else the two short arms, run in a
     private temporary directory (removed), and what they found. The result is kept beside the run (CONVERSION_FILE)
@@ -111,8 +92,11 @@ def run_conversion_check(cfg: Any, run_dir: Path) -> ConversionCheck | None:
     short = replace(cfg, steps=SHORT_STEPS, keep_run=None)
     base, guard = Supervisor.guarded_tempdir("ddpdoctor-conv-")
     try:
-        a_dir, p_dir = run_arms(short, [{"arm": "A", "seed": SEED},
-                                        {"arm": "P", "bn_mode": "plain", "seed": SEED}], base)
+        from ddpdoctor.probe.armlaunch import run_arms
+
+        a_dir, p_dir = run_arms(short, [(base / "arm-A", {"arm": "A", "seed": SEED}),
+                                        (base / "arm-P", {"arm": "P", "bn_mode": "plain", "seed": SEED})],
+                                what="conversion check")
         result = decide(a_dir, p_dir)
     finally:
         shutil.rmtree(base, ignore_errors=True)

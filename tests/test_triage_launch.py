@@ -15,7 +15,7 @@ import pytest
 from pinning import json_differences
 
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.triage import run as triage_run
+from ddpdoctor.probe import armlaunch
 from ddpdoctor.triage.run import TriageConfig, run_triage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_arms_in_one_launch_are_the_runs_separate_launches_make(
             "rank0.stderr", "rank0.stdout", "rank1.stderr", "rank1.stdout"]
     assert not any(scratch.iterdir()), list(scratch.iterdir())  # the launch's control and scratch folders are gone
 
-    monkeypatch.setattr(triage_run, "shared_launch_refusal", lambda check: "a script that cannot share one (test)")
+    monkeypatch.setattr(armlaunch, "shared_launch_refusal", lambda check: "a script that cannot share one (test)")
     two = _triage(tmp_path, name, tmp_path / "two")
     assert two["layout"]["launch"] == {"shared": False, "separate": ["A", "P"],
                                        "why": "a script that cannot share one (test)"}
@@ -84,7 +84,7 @@ def test_a_failing_rank_ends_its_arm_as_torchrun_would_and_the_next_arm_still_ru
         encoding="utf-8",
     )
     check = CheckConfig(script=script, nproc=2, timeout=300.0, epochs=2, steps=4, quiet=True)
-    a, p = triage_run.run_arms(check, [(tmp_path / "arm-A", {"arm": "A", "seed": 0}),
+    a, p = armlaunch.run_arms(check, [(tmp_path / "arm-A", {"arm": "A", "seed": 0}),
                                        (tmp_path / "arm-P", {"arm": "P", "seed": 0, "bn_mode": "plain"})])
     la = json.loads((a / "launcher.json").read_text(encoding="utf-8"))
     lp = json.loads((p / "launcher.json").read_text(encoding="utf-8"))
