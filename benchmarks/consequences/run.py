@@ -181,21 +181,22 @@ def worker(rank: int, world: int, port: int, jobs: list, tmp: str, out: str) -> 
             dist.destroy_process_group()
 
 
+def finished_runs(cache: Path) -> dict[tuple[str, int], float]:
+    out = {}
+    if cache.exists():
+        for line in cache.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            out[(r["key"], r["seed"])] = r["acc"]
+    return out
+
+
 def run_all(configs: list[Config], seeds: list[int], cache: Path, parallel: int) -> dict[tuple[str, int], float]:
     """Every (config, seed) not in `cache` yet, in two phases (the fine-tuning arms start from the recipe's
     weights, so the recipe runs first); within a phase, each world size's runs are dealt over `parallel` groups
     of ranks that run at the same time."""
     import torch.multiprocessing as mp
 
-    def finished() -> dict[tuple[str, int], float]:
-        out = {}
-        if cache.exists():
-            for line in cache.read_text(encoding="utf-8").splitlines():
-                r = json.loads(line)
-                out[(r["key"], r["seed"])] = r["acc"]
-        return out
-
-    done = finished()
+    done = finished_runs(cache)
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-consequences-") as tmp:
         needs_recipe = any(c.finetune for c in configs)
         if needs_recipe and RECIPE not in configs:
@@ -214,7 +215,7 @@ def run_all(configs: list[Config], seeds: list[int], cache: Path, parallel: int)
             for ctx in contexts:
                 while not ctx.join():
                     pass
-            done = finished()
+            done = finished_runs(cache)
     return done
 
 
@@ -267,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="groups of ranks at a time per world size")
     parser.add_argument("--second-settings", action="store_true",
                         help="also the rows at 4 ranks (DD202, DD204, DD401): the trend with the number of ranks")
+    parser.add_argument("--no-run", action="store_true",
+                        help="only the runs already in --cache: rows missing a run are left out (and named)")
     parser.add_argument("--readme", action="store_true",
                         help="only re-render README's table from the data file (no runs)")
     args = parser.parse_args(argv)
@@ -290,14 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     own_cache = args.cache is None
+    if args.no_run and own_cache:
+        parser.error("--no-run needs --cache")
     cache = args.cache or Path(tempfile.mkstemp(prefix="ddpdoctor-consequences-", suffix=".jsonl")[1])
     try:
-        done = run_all(configs, seeds, cache, args.parallel)
+        done = finished_runs(cache) if args.no_run else run_all(configs, seeds, cache, args.parallel)
+        run_seconds = sum(r["seconds"] for r in map(json.loads, cache.read_text(encoding="utf-8").splitlines()))
     finally:
         if own_cache:
             cache.unlink(missing_ok=True)
-    wall = time.perf_counter() - t0
+    wall = None if args.no_run else time.perf_counter() - t0
     load_after = os.getloadavg()
+    unmeasured = [r for r in rows
+                  if any((c.key(), s) not in done for c in (r.baseline_config(), r.defect, r.twin) for s in seeds)]
+    rows = [r for r in rows if r not in unmeasured]
 
     import sklearn
     import torch
@@ -330,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "versions": {"torch": torch.__version__, "scikit-learn": sklearn.__version__,
                      "python": platform.python_version()},
-        "wall_s": round(wall, 1),
+        "wall_s": None if wall is None else round(wall, 1),  # None: written from a cache of finished runs
+        "run_seconds": round(run_seconds, 1),  # the runs' own wall times added up (groups overlap)
+        "unmeasured_rows": [f"{r.label}: {setting(r.defect)}" for r in unmeasured],
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
         "cpus": os.cpu_count(),
         "rows": out_rows,
@@ -338,11 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     from ddpdoctor.consequences import render_markdown
 
     print(render_markdown(data))
-    print(f"\nwall time {wall:.0f} s; load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
-          f"({os.cpu_count()} CPUs)")
+    print(f"\nwall time {wall or 0:.0f} s (runs {run_seconds:.0f} s); load average before {load_before[0]:.1f}, "
+          f"after {load_after[0]:.1f} ({os.cpu_count()} CPUs)")
     if not args.no_write:
-        if args.only:
-            print("--only: not writing the data file (it holds every row)", file=sys.stderr)
+        if args.only or (unmeasured and not args.no_run):
+            print("--only or a failed row: not writing the data file (it holds every row)", file=sys.stderr)
         else:
             DATA_FILE.parent.mkdir(exist_ok=True)
             DATA_FILE.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
