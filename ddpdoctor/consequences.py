@@ -38,6 +38,8 @@ def rows_for(code: str, data: dict[str, Any] | None = None) -> list[dict[str, An
 
 def _points(value: float) -> str:
     """A signed cost in points: a cost is a loss, so it is shown negative (-1.2 points), a gain positive."""
+    if round(value, 1) == 0:
+        return "0.0"
     return f"{-value:+.1f}".replace("-", "\u2212")
 
 

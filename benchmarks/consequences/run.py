@@ -77,7 +77,7 @@ def setting(cfg: Config) -> str:
     text = f"{cfg.world} ranks x {cfg.batch}"
     if cfg.accum > 1:
         text += f" x {cfg.accum} accumulated"
-    text += f" (global {cfg.global_batch}), lr {cfg.lr:g}, {cfg.epochs} epochs"
+    text += f" (global {cfg.global_batch}), lr {cfg.lr:g}, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
     if cfg.warmup_epochs:
         text += f", {cfg.warmup_epochs:g} warmup"
     return text
@@ -204,8 +204,8 @@ def run_all(configs: list[Config], seeds: list[int], cache: Path, parallel: int)
         for phase in (False, True):
             contexts = []
             for world in sorted({c.world for c in configs}):
-                # seed-major: every configuration runs once early (a broken arm shows at once)
-                jobs = [(asdict(c), s) for s in seeds for c in configs if c.world == world and c.finetune == phase
+                # row by row (the groups share each configuration's seeds): an interrupted run leaves whole rows
+                jobs = [(asdict(c), s) for c in configs if c.world == world and c.finetune == phase for s in seeds
                         if (c.key(), s) not in done or (c == RECIPE and needs_recipe)]
                 chunks = [jobs[i::parallel] for i in range(parallel) if jobs[i::parallel]]
                 for chunk in chunks:
