@@ -359,7 +359,9 @@ def explain(code: str = typer.Argument(..., help="A rule code (DD101) or a prefi
         codes = set()
     if not codes:
         raise UsageError(f"unknown rule or prefix {code!r} (see `ddpdoctor rules`)")
-    docs = [r.documentation() for r in RULES if r.code in codes]
+    from ddpdoctor.consequences import explain_section
+
+    docs = [r.documentation() + explain_section(r) for r in RULES if r.code in codes]
     rule_line = "\n" + "-" * 100 + "\n\n"
     _emit(rule_line.join(docs), None)
 

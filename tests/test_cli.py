@@ -51,7 +51,9 @@ def test_rules_text(capsys):
 def test_explain_prints_the_documentation(capsys):
     code, out, err = run_main(capsys, "explain", "DD101")
     assert (code, err) == (0, "")
-    assert out == get_rule("DD101").documentation()
+    from ddpdoctor.consequences import explain_section
+
+    assert out == get_rule("DD101").documentation() + explain_section(get_rule("DD101"))  # + its measured cost
     for heading in ("What it detects", "Why it hurts accuracy", "Example", "Fix"):
         assert f"\n{heading}\n" in out
     code, out, _ = run_main(capsys, "explain", "dd301")

@@ -118,7 +118,8 @@ class Rule:
     rule's fix; `fix_variants` are the fixes for situations the rule's fix does not name (a finding picks one by
     key, see `fix_text`; `{name}` fields are filled from the finding's `fix_args`). `run_only`: for a problem that
     makes a run crash, hang, run slower or puts its files at risk but cannot change what the ranks learn, why (a
-    triage names such a cause as a row under both arms, never as where an accuracy regression is).
+    triage names such a cause as a row under both arms, never as where an accuracy regression is). `cost_note`:
+    why the severity differs from what the measured cost (ddpdoctor/data/consequences.json) would give.
     """
 
     package: str
@@ -145,6 +146,10 @@ class Rule:
     example_context: str | None = field(default="", hash=False, compare=False)
     # the rule's parameters (thresholds), each declared once here with its default, unit and meaning
     settings: tuple[Setting, ...] = field(default=(), hash=False, compare=False)
+    # why the severity is not what the measured accuracy cost on digits alone would give (the cost grows with the
+    # number of ranks, or depends on what the defect touches): `tests/test_consequences.py` holds every other
+    # rule's severity to the order of the costs measured by benchmarks/consequences/
+    cost_note: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def static(self) -> bool:

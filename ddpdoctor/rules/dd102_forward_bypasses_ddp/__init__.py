@@ -62,4 +62,11 @@ RULE = Rule(
     fix_variants={
         "probe": "Call the DDP-wrapped model (ddp_model(x)) in the training loop, not the module you wrapped.",
     },
+    cost_note=prose(
+        """
+        critical although on 2 ranks it costs less than a train-mode evaluation (DD207): each rank trains its own
+        model on 1/N of the data, at the per-rank batch, with the learning rate of the global one, so the cost
+        grows with the number of ranks (the benchmark's 2 ranks leave each model half of digits).
+        """
+    ),
 )

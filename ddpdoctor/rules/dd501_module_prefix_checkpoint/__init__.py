@@ -72,4 +72,12 @@ RULE = Rule(
     ),
     fix_names={"ddp": "wrapper"},
     run_only="a prefixed checkpoint fails to load, loudly",
+    cost_note=prose(
+        """
+        medium, below what the benchmark measures: its row measures DD501 with DD503 (the wrapper's checkpoint
+        loaded with strict=False: nothing loads, the evaluated network is its random initialisation). Alone the
+        weights are intact: a strict load raises at once, and a script that resumes into the wrapper loses
+        nothing (the finding is then low).
+        """
+    ),
 )

@@ -51,4 +51,11 @@ RULE = Rule(
         "Load with strict=True after fixing the key names; if partial loading is intended, check the "
         "missing_keys and unexpected_keys that load_state_dict returns."
     ),
+    cost_note=prose(
+        """
+        medium by default because a static finding cannot tell how much fails to load; the cost is what did not
+        load: everything with a "module." prefix (the benchmark's row, a random network), one layer when a head
+        was renamed. The probe's finding is critical when nothing loaded.
+        """
+    ),
 )
