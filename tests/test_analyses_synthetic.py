@@ -536,3 +536,42 @@ def test_dataset_differing_by_split_names_the_subset_and_a_seeded_split(tmp_path
     assert "(first indices rank 0: [0, 1]; rank 1: [39, 40])" in f.message
     assert "generator=torch.Generator().manual_seed(s)" in f.fix and f.evidence["split_differs"] is True
     assert f.evidence["differing_fraction"] == 1.0 and "not recorded" in f.evidence["location"]
+
+
+def _static_dd207(run: Run) -> None:
+    from ddpdoctor.findings import Confidence, Finding
+    from ddpdoctor.levels import Severity
+
+    finding = Finding(rule="DD207", severity=Severity.MEDIUM, message="evaluation without model.eval()",
+                      fix="call model.eval()", file=SCRIPT, line=30, confidence=Confidence.LIKELY)
+    (run.root / "static.json").write_text(json.dumps({"findings": [finding.to_json()], "notes": []}))
+
+
+def _steps(n: int, *extra: tuple[str, dict]) -> list[tuple[str, dict]]:
+    return [*extra, *[("optimizer_step", {"step": i, "site": SITE}) for i in range(n)]]
+
+
+def test_a_static_dd207_on_a_model_without_batchnorm_is_cleared_by_the_run(tmp_path: Path) -> None:
+    """A BN-free model (an EMA encoder of LayerNorm blocks, a network built where the source does not show it):
+    the ranks stepped and no BatchNorm layer ran, so the pattern DD207 saw cannot normalise anything wrongly."""
+    run = Run(tmp_path)
+    _static_dd207(run)
+    for pid, rank in ((10, 0), (11, 1)):
+        run.process(pid, rank, events=_steps(3))
+    result = analyze_run(tmp_path)
+    cleared = [c for c in result.clearances if c.rule == "DD207"]
+    assert cleared and "no BatchNorm layer ran in the 3 training steps" in cleared[0].reason, result.clearances
+    assert "DD207" not in {f.rule for f in result.findings}
+
+
+def test_a_static_dd207_stays_when_batchnorm_ran_or_nothing_stepped(tmp_path: Path) -> None:
+    layer = ("bn_layer", {"layer": 0, "name": "bn", "cls": "BatchNorm2d", "bn_kind": "plain", "num_features": 4,
+                          "momentum": 0.1, "eps": 1e-5, "affine": True, "track_running_stats": True, "site": SITE})
+    for name, events in (("bn", _steps(3, layer)), ("nostep", _steps(0))):
+        root = tmp_path / name
+        run = Run(root)
+        _static_dd207(run)
+        for pid, rank in ((10, 0), (11, 1)):
+            run.process(pid, rank, events=events)
+        result = analyze_run(root)
+        assert not [c for c in result.clearances if c.rule == "DD207" and "no BatchNorm" in c.reason], name

@@ -12,6 +12,10 @@ runs its BatchNorm in training mode without gradients by design; nor forwards wh
 None (a cumulative average: a precise-BN recalibration of the running statistics). The report notes them and
 drops a static DD207 at that call site.
 
+A run whose ranks each took optimizer steps without forwarding a single BatchNorm layer measured that the models
+hold none: a static DD207 (a source pattern) is dropped with that count — a BN-free network built where static
+analysis cannot see it, an EMA / teacher encoder of LayerNorm blocks.
+
 Measured at each forward static analysis suspected: no-grad forwards there that ran BatchNorm in eval mode (the
 model was put in eval mode in a way the source did not show) drop the static finding with the count; a line where
 no forward ran during the probe keeps it, with a note.
@@ -57,7 +61,27 @@ def _measure_eval_sites(ctx: RunContext, train_mode: set[tuple[str, int]], by_de
             ctx.not_measured(CODE, site=site, reason=f"no forward ran at line {site['line']} during the probe")
 
 
+def _no_batchnorm_ran(ctx: RunContext) -> int:
+    """Optimizer steps of the rank that took fewest, when every rank took at least one and no rank forwarded a
+    single BatchNorm layer (none announced): the models this run trained hold none, so an evaluation in training
+    mode normalises nothing with its own statistics. 0 when that is not what the run measured."""
+    if not ctx.ranks or any(p.of("bn_layer") for p in ctx.ranks.values()):
+        return 0
+    return min((ctx.steps_of(r) for r in ctx.ranks), default=0)
+
+
 def analyze(ctx: RunContext) -> list[Finding]:
+    steps = _no_batchnorm_ran(ctx)
+    if steps:
+        # a source pattern (a forward without gradients, no model.eval() seen) on a model without BatchNorm: an
+        # EMA / teacher encoder of LayerNorm blocks, a BN-free network built where static analysis cannot see
+        if ctx.static_sites(CODE):
+            ctx.measured(CODE, run_wide=True, reason=(
+                f"no BatchNorm layer ran in the {steps} training step{'s' if steps != 1 else ''} every rank took: the "
+                "models this run trained hold none, so a forward in training mode without gradients normalises "
+                "nothing with its own statistics"
+            ))
+        return []
     sites: dict[tuple[str, int], dict[str, Any]] = {}
     by_design: dict[tuple[str, int], dict[str, Any]] = {}
     for rank, p in ctx.ranks.items():

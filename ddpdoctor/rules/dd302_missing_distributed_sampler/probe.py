@@ -179,7 +179,9 @@ def analyze(ctx: RunContext) -> list[Finding]:
         streams = _shuffle_streams(ctx, per_rank) if distributed and not split_differs else {}
         seeds_differ = len({seed for seed, _ in streams.values()}) > 1
         epochs_differ = len({epoch for _, epoch in streams.values()}) > 1
-        if seeds_differ or epochs_differ:
+        if split_differs:
+            pass  # the differing splits explain the overlap: the lead above
+        elif seeds_differ or epochs_differ:
             what = "seed" if seeds_differ else "epoch"
             lead = (
                 f"the DistributedSampler of the training DataLoader at {ctx.at(site)} shuffles with a different "
