@@ -127,8 +127,28 @@ def install(probe: Probe) -> None:
         if getattr(c10d, op, None) is not None:
             wrap_everywhere(probe, (c10d, dist), op, lambda fn, op=op: _make_collective(probe, state, op, fn))
 
+    wrap_everywhere(probe, (c10d, dist), "destroy_process_group", _make_destroy)
     probe.peer_waiter = lambda: _wait_for_peers(probe, state)
     probe.end_hooks.append(lambda: _summary(probe, state))
+
+
+# How long destroy_process_group lets other threads run first (seconds): see _make_destroy.
+TEARDOWN_YIELD = 0.05
+
+
+def _make_destroy(orig: Any) -> Any:
+    """destroy_process_group, after giving up the GIL for a moment. A gloo worker thread drops the tensors of the
+    collective it just finished only once it holds the GIL, and torch's ProcessGroupGloo destructor joins those
+    threads while the caller holds it: a script that destroys the group right after a collective can deadlock
+    there (seen: rank 0 in ~ProcessGroupGloo, its worker in take_gil, every peer done). The probe runs NCCL
+    scripts on gloo, so this teardown hang is the emulation's, never the script's; sleeping releases the GIL so the
+    worker finishes first."""
+
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(TEARDOWN_YIELD)
+        return orig(*args, **kwargs)
+
+    return destroy_process_group
 
 
 def _arguments(signature: inspect.Signature | None, args: tuple, kwargs: dict) -> inspect.BoundArguments | None:
