@@ -740,6 +740,9 @@ EVENT_KINDS: dict[str, EventKind] = {
            batches="held batches", batch_samples="samples in each held batch",
            eval_output_shift="||y_running - y_population|| / ||y_population|| of the eval-mode output on the last "
            "held batch (first output tensor), with the population statistics of all ranks, or null"),
+        _k("user_modules", "the user's own modules imported by the end of a triage or conversion-check arm (so the "
+           "run keeps their source: a class test in a helper module is located by file and line)",
+           modules="[{file, line: 0}] (at most USER_MODULES, sorted)"),
         # --- data, optimisation, checkpoints (probe/recorders/rng.py, dataset.py, optim_health.py, checkpoint.py;
         #     issue 4 areas "Data", "Optimisation", "Checkpoints": DD303-DD306, DD402-DD406, DD501-DD503)
         _k(

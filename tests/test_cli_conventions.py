@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from ddpdoctor.cli import main
+from ddpdoctor.consequences import explain_section
 from ddpdoctor.rules import RULES, catalog_markdown_document, get_rule, help_uri
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,8 +74,8 @@ def test_explain_takes_a_prefix(capsys):
     assert "DD101" not in out
     code, out, err = run(capsys, "explain", "dd30")
     assert code == 0 and out.index("DD301 ") < out.index("DD306 ")
-    code, out, _ = run(capsys, "explain", "DD101")  # one rule: exactly its documentation, as before
-    assert out == get_rule("DD101").documentation()
+    code, out, _ = run(capsys, "explain", "DD101")  # one rule: exactly its documentation and its measured cost
+    assert out == get_rule("DD101").documentation() + explain_section(get_rule("DD101"))
 
 
 @pytest.mark.parametrize("bad", ["DD7", "XX", "DD1015", " "])
