@@ -15,10 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ddpdoctor"
 PENDING_ARROWS: set[tuple[str, str]] = set()
 
 # Modules outside the rule packages that still import one (a rule's constant or helper), with the reason.
-PENDING_RULE_IMPORTS = {
-    "ddpdoctor.triage.measures": "triage's own thresholds are DD202/203/204/214's and it reuses DD203's fixed_batch; "
-    "triage is being changed elsewhere (issue 24 leaves it to that change: read them with rules.setting)",
-}
+PENDING_RULE_IMPORTS: dict[str, str] = {}  # none left: every module outside the rules reads them through the catalog
 
 # A module longer than this says at its top why it is one module (a paragraph starting "Size:" in its docstring).
 LONG = 600

@@ -23,19 +23,13 @@ from ddpdoctor.analyses import bn_common as bc
 from ddpdoctor.findings import Confidence, Severity
 from ddpdoctor.formatting import fmt_measure as fmt_num
 from ddpdoctor.formatting import fmt_p
-from ddpdoctor.rules import get_rule
-from ddpdoctor.rules.dd202_small_bn_batch import SMALL_BN_BATCH
-from ddpdoctor.rules.dd203_non_iid_shards import MATERIAL_EFFECT
-from ddpdoctor.rules.dd203_non_iid_shards.probe import fixed_batch
-from ddpdoctor.rules.dd204_syncbn_large_batch import LARGE_SYNC_BATCH
-from ddpdoctor.rules.dd214_bn_train_test_inconsistency import (
-    SHIFT_LIKELY,
-    SHIFT_POSSIBLE,
-)
+from ddpdoctor.rules import get_rule, hook, setting
 from ddpdoctor.triage.model import Arm, Cause, rounded
 
-SMALL_BATCH = SMALL_BN_BATCH  # per-rank samples below which local BN statistics are noisy (DD202's threshold)
-LARGE_BATCH = LARGE_SYNC_BATCH  # per-rank samples at which local statistics are already stable (DD204's)
+SMALL_BATCH = setting("small_bn_batch").default  # per-rank samples below which local BN statistics are noisy (DD202)
+LARGE_BATCH = setting("large_sync_batch").default  # per-rank samples at which local statistics are already stable
+MATERIAL_EFFECT = setting("non_iid_effect").default  # DD203's material difference between ranks' channel means
+SHIFT_LIKELY, SHIFT_POSSIBLE = setting("eval_shift_likely").default, setting("eval_shift_possible").default
 NOISE_RATIO_LIKELY = 0.8  # syncing must remove at least 20% of the batch-mean noise to matter
 CLEAR_DIFFERENCE = 1.5  # one arm's lag or shift this many times the other's favours the other arm
 
@@ -165,7 +159,7 @@ def noniid_cause(a: Arm) -> Cause | None:
                      message=f.message + " — SyncBN is right to normalise over the union of the shards; the "
                      "regression is elsewhere (or in the data itself)", fix=f.fix, severity=f.severity,
                      magnitude=f.magnitude, file=f.file, line=f.line, source=f)
-    if test is None or test.p_value is None or (test.non_iid and fixed_batch(a.ctx)):
+    if test is None or test.p_value is None or (test.non_iid and hook("DD203", "probe").fixed_batch(a.ctx)):
         return None  # one fixed batch per rank: no sampling noise to test the ranks against, no row
     p_text = f"p = {fmt_p(test.p_value)}"
     if test.non_iid:
