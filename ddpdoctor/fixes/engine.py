@@ -315,6 +315,17 @@ class Code:
             raise NoFix(f"line {stmt.lineno} holds more than the statement")
         return Edit(stmt.lineno, 0, stmt.end_lineno + 1, 0, "")
 
+    def imported_as(self, module: str, statement: str, binds: str) -> tuple[str, list[Edit]]:
+        """The name `module` goes by in the script, importing it with `statement` (which binds `binds`) where the
+        script does not: (name, the import's edit or none). NoFix when `binds` already names something else."""
+        alias = self.module_alias(module)
+        if alias is not None:
+            return alias, []
+        imp = self.add_import(statement, binds)
+        if imp is None:
+            raise NoFix(f"the name `{binds}` is taken")
+        return binds, [imp]
+
     def add_import(self, statement: str, binds: str) -> Edit | None:
         """`statement` (e.g. `import os`) after the module's last top-level import, unless `binds` is bound."""
         if binds in self.imported_names():

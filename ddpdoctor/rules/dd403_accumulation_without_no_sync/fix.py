@@ -64,14 +64,7 @@ def fix(finding: Finding, code: Code) -> Patch:
         if _stored(block[i + 1: block.index(branch)]) & _loaded(test_node):
             raise NoFix("the step's condition changes between the backward and the step")
         test = code.segment(test_node)
-    edits = []
-    ctx = code.module_alias("contextlib")
-    if ctx is None:
-        ctx = "contextlib"
-        imp = code.add_import("import contextlib", "contextlib")
-        if imp is None:
-            raise NoFix("the name `contextlib` is taken")
-        edits.append(imp)
+    ctx, edits = code.imported_as("contextlib", "import contextlib", "contextlib")
     edits.append(code.insert_lines_before(wrapped[0].lineno,
                                           [f"with {ctx}.nullcontext() if {test} else {wrapper}.no_sync():"]))
     edits += code.indent_lines(wrapped[0].lineno, wrapped[-1].end_lineno)

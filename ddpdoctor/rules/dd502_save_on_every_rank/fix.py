@@ -19,14 +19,7 @@ def fix(finding: Finding, code: Code) -> Patch:
     stmt = code.statement(saves[0])
     if code.line_text(stmt.lineno)[: code.char_col(stmt.lineno, stmt.col_offset)].strip():
         raise NoFix("the save shares its line with other code")
-    edits = []
-    dist = code.module_alias("torch.distributed")
-    if dist is None:
-        dist = "dist"
-        imp = code.add_import("import torch.distributed as dist", "dist")
-        if imp is None:
-            raise NoFix("the name `dist` is taken")
-        edits.append(imp)
+    dist, edits = code.imported_as("torch.distributed", "import torch.distributed as dist", "dist")
     edits.append(code.insert_lines_before(stmt.lineno, [f"if {dist}.get_rank() == 0:"]))
     edits += code.indent_lines(stmt.lineno, stmt.end_lineno)
     return Patch(rule=CODE, line=finding.line, edits=tuple(edits), summary="save on rank 0 only")
