@@ -567,7 +567,8 @@ def test_a_static_dd207_on_a_model_without_batchnorm_is_cleared_by_the_run(tmp_p
 def test_a_static_dd207_stays_when_batchnorm_ran_or_nothing_stepped(tmp_path: Path) -> None:
     layer = ("bn_layer", {"layer": 0, "name": "bn", "cls": "BatchNorm2d", "bn_kind": "plain", "num_features": 4,
                           "momentum": 0.1, "eps": 1e-5, "affine": True, "track_running_stats": True, "site": SITE})
-    for name, events in (("bn", _steps(3, layer)), ("nostep", _steps(0))):
+    failed = ("internal_error", {"where": "batchnorm forward", "error": "RuntimeError: boom", "traceback": ""})
+    for name, events in (("bn", _steps(3, layer)), ("nostep", _steps(0)), ("recorder_failed", _steps(3, failed))):
         root = tmp_path / name
         run = Run(root)
         _static_dd207(run)

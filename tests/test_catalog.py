@@ -302,7 +302,7 @@ def test_recorded_findings_carry_the_consequence_their_rule_declares() -> None:
     from ddpdoctor.analyses import analyze_run
     from ddpdoctor.analyses.consequence import Consequence, contradiction
     from ddpdoctor.causes import flatten
-    from ddpdoctor.events import find_run_dirs
+    from ddpdoctor.rundata import find_run_dirs
 
     modules = _probe_modules()
     declaring = {c for c, m in modules.items() if isinstance(getattr(m, "CONSEQUENCE", None), Consequence)}

@@ -90,7 +90,7 @@ def _what(name: str, mirror: bool, group_size: int | None, sync_layers: int, pla
 
 def syncbn_layers(run_dir: Path) -> tuple[int, int]:
     """(SyncBN-like layers, plain BN layers) the as-written run used, from its events."""
-    from ddpdoctor.events import read_run
+    from ddpdoctor.rundata import read_run
 
     run = read_run(run_dir)
     procs = run.rank_processes
@@ -174,7 +174,7 @@ def report_triage(base: Path, check: CheckConfig, overrides: dict[str, Any] | No
     from ddpdoctor.analyses import load_static_findings
 
     try:
-        from ddpdoctor.events import read_text_bounded
+        from ddpdoctor.rundata import read_text_bounded
 
         layout = json.loads(read_text_bounded(base / TRIAGE_FILE, "strict"))["layout"]
     except (OSError, ValueError, KeyError) as exc:

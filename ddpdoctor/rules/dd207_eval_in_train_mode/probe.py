@@ -67,6 +67,8 @@ def _no_batchnorm_ran(ctx: RunContext) -> int:
     mode normalises nothing with its own statistics. 0 when that is not what the run measured."""
     if not ctx.ranks or any(p.of("bn_layer") for p in ctx.ranks.values()):
         return 0
+    if any("batchnorm" in str(e.get("where", "")).lower() for p in ctx.ranks.values() for e in p.of("internal_error")):
+        return 0  # the BatchNorm recorder failed: no layer announced is not a layer absent
     return min((ctx.steps_of(r) for r in ctx.ranks), default=0)
 
 
