@@ -72,6 +72,18 @@ def prose(text: str) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+# The set-up most examples' context starts with (one rank per GPU from torchrun, the model wrapped in DDP): a
+# rule's `example_context` is DDP_SET_UP + its own lines when it needs just that.
+DDP_SET_UP = """\
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank)
+torch.cuda.set_device(device)
+model = Net().to(device)
+ddp = DDP(model, device_ids=[local_rank])
+"""
+
+
 def snippet(text: str) -> str:
     """Dedent a triple-quoted code snippet, keeping its lines (`textwrap.dedent`, without its regular
     expressions)."""

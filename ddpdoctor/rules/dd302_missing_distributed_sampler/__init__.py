@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
+from ddpdoctor.rules.rule import DDP_SET_UP, Rule, Setting, prose, snippet
 
 CODE = "DD302"
 
@@ -65,14 +65,8 @@ RULE = Rule(
         loader = DataLoader(train_set, batch_size=32, sampler=sampler)
         """
     ),
-    example_context=snippet(
+    example_context=DDP_SET_UP + snippet(
         """
-        dist.init_process_group("nccl")
-        local_rank = int(os.environ["LOCAL_RANK"])
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        model = Net().to(device)
-        ddp = DDP(model, device_ids=[local_rank])
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
         train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
         ...

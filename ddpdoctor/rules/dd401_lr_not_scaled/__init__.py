@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules.dd402_no_warmup import SCALE_THRESHOLD
-from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
+from ddpdoctor.rules.rule import DDP_SET_UP, Rule, Setting, prose, snippet
 
 CODE = "DD401"
 
@@ -68,14 +68,8 @@ RULE = Rule(
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * global_batch / 256, momentum=0.9)
         """
     ),
-    example_context=snippet(
+    example_context=DDP_SET_UP + snippet(
         """
-        dist.init_process_group("nccl")
-        local_rank = int(os.environ["LOCAL_RANK"])
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        model = Net().to(device)
-        ddp = DDP(model, device_ids=[local_rank])
         train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
         loader = DataLoader(train_set, batch_size=128, sampler=DistributedSampler(train_set))
         ...

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, Setting, prose, snippet
+from ddpdoctor.rules.rule import DDP_SET_UP, Rule, Setting, prose, snippet
 
 CODE = "DD402"
 
@@ -64,14 +64,8 @@ RULE = Rule(
         scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
         """
     ),
-    example_context=snippet(
+    example_context=DDP_SET_UP + snippet(
         """
-        dist.init_process_group("nccl")
-        local_rank = int(os.environ["LOCAL_RANK"])
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        model = Net().to(device)
-        ddp = DDP(model, device_ids=[local_rank])
         train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
         loader = DataLoader(train_set, batch_size=128, sampler=DistributedSampler(train_set))
         steps_per_epoch = len(loader)

@@ -7,7 +7,7 @@ where the rule has that half.
 from __future__ import annotations
 
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules.rule import Rule, prose, snippet
+from ddpdoctor.rules.rule import DDP_SET_UP, Rule, prose, snippet
 
 CODE = "DD501"
 
@@ -49,14 +49,8 @@ RULE = Rule(
             torch.save(ddp.module.state_dict(), "ckpt.pt")
         """
     ),
-    example_context=snippet(
+    example_context=DDP_SET_UP + snippet(
         """
-        dist.init_process_group("nccl")
-        local_rank = int(os.environ["LOCAL_RANK"])
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        model = Net().to(device)
-        ddp = DDP(model, device_ids=[local_rank])
         train_set = TensorDataset(torch.randn(64, 8), torch.randint(4, (64,)))
         loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
