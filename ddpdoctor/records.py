@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,63 @@ if TYPE_CHECKING:  # the event model reads these records and is imported inside 
     from ddpdoctor.findings import Finding
 
 
-__all__ = ["LaunchRecord", "RunMeta", "StaticRecord"]
+__all__ = ["LaunchEnd", "LaunchMode", "LaunchRecord", "RunMeta", "StaticRecord"]
+
+
+class _Text(str, Enum):
+    """An enum whose members are their on-disk strings: equal to them, written to JSON and environment variables
+    as them, printed as them (`f"{mode}"` is "torchrun" on every Python)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        """The member whose string `value` is, None for anything else (a run written by another version)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+class LaunchMode(_Text):
+    """How the probe starts the script (ddpdoctor.probe.plan decides): ProbeSettings.mode in every instrumented
+    process, meta.json and launcher.json `mode` on disk (these strings)."""
+
+    TORCHRUN = "torchrun"  # N ranks through torch.distributed.run's elastic agent
+    SPAWN = "spawn"  # started once: the script's main process starts its own ranks (mp.spawn, Process)
+    SINGLE = "single"  # started once: one process drives every device (nn.DataParallel)
+    ATTACH = "attach"  # `python -m ddpdoctor.probe` under the user's own launcher (torchrun, srun, mpirun)
+
+    @property
+    def starts_once(self) -> bool:
+        """The launcher starts the script's one main process (not N ranks through torchrun's agent)."""
+        return self in (LaunchMode.SPAWN, LaunchMode.SINGLE)
+
+
+class LaunchEnd(_Text):
+    """How a launch ended, one state (as torch elastic's `WorkerState` / `RunResult.state` is for its agent). On
+    disk it stays launcher.json's flags (`timed_out`, `interrupted`, `agent_stopped_after_ranks_exited`), which
+    `LaunchRecord.end` reads back and `LaunchEnd.flags` writes."""
+
+    EXITED = "exited"  # the launched process (or, in a shared launch, every rank of the run) ended by itself
+    RANKS_EXITED = "ranks_exited"  # every rank recorded its exit and was gone: the agent's teardown was cut short
+    TIMED_OUT = "timed_out"  # the probe's timeout: stacks dumped, the run stopped
+    INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM / SIGHUP: the run stopped, the command ends `interrupted`
+
+    @property
+    def stopped(self) -> bool:
+        """The probe stopped the run before it ended by itself."""
+        return self in (LaunchEnd.TIMED_OUT, LaunchEnd.INTERRUPTED)
+
+    def flags(self, *, timed_out: bool = False) -> dict[str, bool]:
+        """launcher.json's flags for this end. `timed_out`: the run had timed out before a signal during its
+        clean-up made it INTERRUPTED (both flags are then written, as they always were)."""
+        return {"timed_out": self is LaunchEnd.TIMED_OUT or timed_out,
+                "interrupted": self is LaunchEnd.INTERRUPTED}
 
 
 class _Record(Mapping[str, Any]):
@@ -83,7 +140,7 @@ class RunMeta(_Record):
     """meta.json: written by the launcher (or the first rank in attach mode), read by every analysis."""
 
     schema: str = ""
-    mode: str = ""  # torchrun | spawn | single | attach
+    mode: LaunchMode | str | None = None  # a string this version does not know stays as written
     script: str = ""  # as the user gave it
     script_abs: str = ""
     args: tuple[str, ...] = ()
@@ -116,12 +173,21 @@ class RunMeta(_Record):
             return {}
         return value
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _mode(self.mode))
+
+
+def _mode(value: Any) -> Any:
+    """A record's launch mode: its member, or the value as written when this version does not know it (a record
+    read from a file and written back loses nothing)."""
+    return LaunchMode.of(value) or value
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class LaunchRecord(_Record):
     """launcher.json: how the launch ended, written by the launcher after the run (absent in attach mode)."""
 
-    mode: str = ""
+    mode: LaunchMode | str | None = None  # as RunMeta.mode
     command: tuple[str, ...] = ()
     port: int | None = None
     rendezvous_port: int | None = None
@@ -152,6 +218,20 @@ class LaunchRecord(_Record):
         if key == "supervisor" and not isinstance(value, dict):
             return {}
         return value
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _mode(self.mode))
+
+    @property
+    def end(self) -> LaunchEnd:
+        """How the launch ended, from the flags on disk (an interruption outranks the timeout it cut short)."""
+        if self.interrupted:
+            return LaunchEnd.INTERRUPTED
+        if self.timed_out:
+            return LaunchEnd.TIMED_OUT
+        if self.agent_stopped_after_ranks_exited:
+            return LaunchEnd.RANKS_EXITED
+        return LaunchEnd.EXITED
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from ddpdoctor.errors import PEER_ERROR_MARKERS
 from ddpdoctor.events import SOURCE_DIR
 from ddpdoctor.findings import Clearance, Confidence, Finding, Measurement, Severity, new_finding
 from ddpdoctor.formatting import fmt_num, fmt_ranks, pct
-from ddpdoctor.records import LaunchRecord
+from ddpdoctor.records import LaunchEnd, LaunchMode, LaunchRecord
 from ddpdoctor.rules import setting
 from ddpdoctor.rundata import ProcessLog, RunData, read_text_bounded
 from ddpdoctor.world import Place, place_from_env
@@ -198,7 +198,19 @@ class RunContext:
 
     @property
     def timed_out(self) -> bool:
-        return bool(self.launcher.get("timed_out"))
+        """The probe's timeout came (a signal may have interrupted the run's clean-up after it)."""
+        return bool(self.launcher.timed_out)
+
+    @property
+    def end(self) -> LaunchEnd:
+        """How the launch ended (EXITED for a run with no launcher.json: attach mode)."""
+        return self.launcher.end
+
+    @property
+    def mode(self) -> LaunchMode | None:
+        """How the probe started the script (None: a meta.json without a mode this version knows)."""
+        mode = self.run.meta.mode
+        return mode if isinstance(mode, LaunchMode) else None
 
     def rank_events(self, kind: str) -> dict[int, list[dict[str, Any]]]:
         return {r: p.of(kind) for r, p in self.ranks.items()}

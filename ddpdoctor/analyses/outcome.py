@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.context import PEER_ERROR_MARKERS, RunContext
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.rundata import ProcessLog, parse_stack_dump, read_text_bounded
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,9 +203,9 @@ def failures(ctx: RunContext) -> list[Failure]:
     return out
 
 
-LAUNCHERS = {"torchrun": "torch.distributed.run's agent (the launcher of the ranks)",
-             "spawn": "the script's main process (which starts its ranks)",
-             "single": "the script's process"}
+LAUNCHERS = {LaunchMode.TORCHRUN: "torch.distributed.run's agent (the launcher of the ranks)",
+             LaunchMode.SPAWN: "the script's main process (which starts its ranks)",
+             LaunchMode.SINGLE: "the script's process"}
 
 
 def launcher_failure(ctx: RunContext) -> Failure | None:
@@ -214,28 +215,22 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
     itself (timeout, Ctrl-C, ranks already done)."""
     launcher = ctx.launcher
     code = launcher.get("returncode")
-    mode = launcher.get("mode") or ctx.run.meta.get("mode")
-    if (
-        code in (None, 0)
-        or mode not in LAUNCHERS
-        or launcher.get("stopped_by_probe")
-        or launcher.get("timed_out")
-        or launcher.get("interrupted")
-    ):
+    mode = launcher.mode or ctx.run.meta.mode
+    if code in (None, 0) or mode not in LAUNCHERS or launcher.stopped_by_probe or launcher.end.stopped:
         return None
     if ctx.ranks and all(p.done is not None for p in ctx.ranks.values()):
         return None  # every rank had finished its part: the measurement is complete
     agent = launcher.get("agent") or {}
     sig = _signal_name(code)
-    if sig is None and mode == "torchrun" and agent and (agent.get("failures") or not agent.get("error")):
+    if sig is None and mode is LaunchMode.TORCHRUN and agent and (agent.get("failures") or not agent.get("error")):
         return None  # the agent reports its ranks' failure (each one is a failure above)
-    if mode in ("spawn", "single"):
-        main = ctx.run.main_process if mode == "spawn" else ctx.ranks.get(0)
+    if mode.starts_once:
+        main = ctx.run.main_process if mode is LaunchMode.SPAWN else ctx.ranks.get(0)
         if main is not None and main.of("exception"):
             return None  # the process raised: that exception is the failure
     last = max((p.events[-1]["t"] for p in ctx.run.processes if p.events), default=0.0)
     error = str(agent.get("error") or "")
-    if mode == "single":  # the one process is rank 0: it died as a rank does
+    if mode is LaunchMode.SINGLE:  # the one process is rank 0: it died as a rank does
         return Failure(rank=0, pid=ctx.ranks[0].pid if 0 in ctx.ranks else None, t=float(last),
                        kind="signal" if sig else "exit", message=crash_text(_launcher_tail(ctx, mode)),
                        exitcode=code, signal=sig, user_frame=crash_frame(ctx, None),
@@ -253,8 +248,8 @@ def launcher_failure(ctx: RunContext) -> Failure | None:
     )
 
 
-def _launcher_tail(ctx: RunContext, mode: str) -> list[str]:
-    path = ctx.run.path / "logs" / ("agent.stderr" if mode == "torchrun" else "main.stderr")
+def _launcher_tail(ctx: RunContext, mode: LaunchMode) -> list[str]:
+    path = ctx.run.path / "logs" / ("agent.stderr" if mode is LaunchMode.TORCHRUN else "main.stderr")
     try:
         return read_text_bounded(path).splitlines()[-30:]
     except OSError:
@@ -518,7 +513,7 @@ def _peers_still_starting(ctx: RunContext, ranks: dict[int, RankAtTimeout]) -> N
     waiting = [r for r in ranks.values() if r.stalled and _in_rendezvous(ctx, r)]
     if not waiting:
         return
-    expected = int(ctx.run.meta.get("nproc") or 0) if ctx.run.meta.get("mode") == "torchrun" else 0
+    expected = int(ctx.run.meta.get("nproc") or 0) if ctx.run.meta.mode is LaunchMode.TORCHRUN else 0
     starting = [r for r in ranks.values() if r.state in ("running", "busy")
                 and not ctx.ranks[r.rank].of("pg_init_begin") and not ctx.ranks[r.rank].of("pg_init")]
     if not starting and len(ranks) >= expected:

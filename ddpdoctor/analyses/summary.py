@@ -8,6 +8,7 @@ from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.analyses.files import add_file_notes
 from ddpdoctor.analyses.outcome import failures, root_causes, timeout_view
 from ddpdoctor.findings import Finding
+from ddpdoctor.records import LaunchMode
 
 EMULATION_WORDS = {
     "cuda_device": "cuda devices → cpu",
@@ -59,7 +60,7 @@ def environment(ctx: RunContext) -> dict[str, Any]:
     start = next((p.start for p in ctx.run.processes if p.start), {})
     backend = next((e.get("backend") for _, e in ctx.run.events("pg_init") if e.get("ok")), None)
     nproc = ctx.run.meta.nproc or len(ctx.ranks) or ctx.settings.nproc
-    if ctx.run.meta.get("mode") == "single":
+    if ctx.run.meta.mode is LaunchMode.SINGLE:
         nproc = 1  # one process drove every (emulated) GPU; the emulation note says how many
     env = {
         "torch": ready.get("torch"),
@@ -104,7 +105,7 @@ def _epochs(p) -> int:  # noqa: ANN001
 
 def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
     meta = ctx.run.meta
-    mode = meta.get("mode")
+    mode = meta.mode
     fails = failures(ctx)
     roots = root_causes(fails)
     emulated = sorted({e.get("what") for _, e in ctx.run.events("emulation") if e.get("what")})
@@ -126,10 +127,11 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
         ctx.notes.insert(0, f"TORCH_DISTRIBUTED_DEBUG={dropped[0]} is set: it makes DDP segfault on CPU torch (a torch "
                             "bug), so the emulated ranks ran without it")
     plan = meta.get("plan") or {}
-    if mode == "spawn":
+    if mode is LaunchMode.SPAWN:
         line = plan.get("spawn_line")
         children = [p for p in ctx.run.processes if p.role in ("spawned", "forked") and p.is_rank_process]
-        decided = next((e for _, e in ctx.run.events("launch_decision") if e.get("mode") == "spawn"), None)
+        decided = next((e for _, e in ctx.run.events("launch_decision")
+                        if LaunchMode.of(e.get("mode")) is LaunchMode.SPAWN), None)
         if plan.get("decided_at_runtime") and decided:
             why = f"{decided.get('reason')} at {ctx.at(decided.get('site'))}"
         else:
@@ -138,7 +140,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"the script starts its own ranks ({why}): the probe started it once and instrumented its "
             f"{len(children)} child process{'es' if len(children) != 1 else ''}"
         )
-    if mode == "single":
+    if mode is LaunchMode.SINGLE:
         ctx.notes.append(f"{plan.get('reason') or 'the script runs in one process'} (one process, "
                          f"{meta.get('nproc')} GPUs)")
     if plan.get("launcher") == "horovodrun" and any(True for _ in ctx.run.events("launch_env")):
@@ -162,15 +164,15 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             "probe went on — pass num_replicas=hvd.size(), rank=hvd.rank(), or use hvd's own calls"
         )
     runtime = plan.get("runtime_decision") or {}
-    if runtime.get("mode") == "torchrun":
+    if LaunchMode.of(runtime.get("mode")) is LaunchMode.TORCHRUN:
         ctx.notes.append(
             f"the script may spawn its own ranks ({plan.get('reason') or 'line ' + str(plan.get('spawn_line'))}), "
             f"so the probe started it once: {runtime.get('reason')} (at {ctx.at(runtime.get('site'))}), so it was "
             "relaunched under torchrun"
         )
-    elif mode == "torchrun" and plan.get("spawn_line") and plan.get("reason"):
+    elif mode is LaunchMode.TORCHRUN and plan.get("spawn_line") and plan.get("reason"):
         ctx.notes.append(f"launched under torchrun: {plan['reason']}")
-    if mode == "torchrun":
+    if mode is LaunchMode.TORCHRUN:
         nested = [p for p in ctx.run.processes if p.role in ("spawned", "forked") and p.is_rank_process]
         if nested:
             ctx.notes.append(
@@ -202,7 +204,7 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             + (f", {fmt_num(round(float(wall), 1))} s" if wall else "")
         )
     world = ctx.world_size
-    if mode == "attach" and ctx.ranks and len(ctx.ranks) < world:
+    if mode is LaunchMode.ATTACH and ctx.ranks and len(ctx.ranks) < world:
         ctx.notes.append(
             f"the run had {world} ranks but these directories hold the events of {len(ctx.ranks)} "
             f"({fmt_ranks(ctx.ranks)}): with one directory per node, give `ddpdoctor report` all of them (or their "

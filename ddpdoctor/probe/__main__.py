@@ -28,7 +28,7 @@ from ddpdoctor.probe.plan import LOCAL_RANK_OPTIONS, plan_for_file
 from ddpdoctor.probe.rundir import RunDirClaim, claim_for_attach
 from ddpdoctor.probe.settings import RUN_DIR_ENV, ProbeSettings
 from ddpdoctor.probe.sources import snapshot
-from ddpdoctor.records import RunMeta, StaticRecord
+from ddpdoctor.records import LaunchMode, RunMeta, StaticRecord
 from ddpdoctor.rules import setting
 from ddpdoctor.sourcefile import check_source_path
 from ddpdoctor.world import place_from_env
@@ -133,7 +133,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
         out / META_FILE,
         RunMeta(
             schema=SCHEMA,
-            mode="attach",
+            mode=LaunchMode.ATTACH,
             script=str(script),
             script_abs=str(script.resolve()),
             args=tuple(ns.args),
@@ -163,7 +163,7 @@ def _attach(ns: argparse.Namespace, claim: RunDirClaim) -> None:
     settings = ProbeSettings(
         run_dir=str(out),
         run_tag=os.environ.get("TORCHELASTIC_RUN_ID", "attach"),
-        mode="attach",
+        mode=LaunchMode.ATTACH,
         epochs=ns.epochs if limited else 0,
         steps=ns.steps if limited else 0,
         device=ns.device,

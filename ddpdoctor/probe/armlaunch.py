@@ -11,6 +11,7 @@ from typing import Any
 
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.findings import Finding
+from ddpdoctor.records import LaunchMode
 
 
 def shared_launch_refusal(check: CheckConfig) -> str | None:
@@ -25,8 +26,8 @@ def shared_launch_refusal(check: CheckConfig) -> str | None:
         mode = plan_for_file(Path(check.script), check.script_args, check.nproc).mode
     except Exception as exc:  # noqa: BLE001 - the launch itself reports what is wrong with the script
         return f"the launch plan failed ({type(exc).__name__})"
-    if mode != "torchrun":
-        return ("the script starts its own ranks" if mode == "spawn" else "the script runs as one process") + \
+    if mode is not LaunchMode.TORCHRUN:
+        return ("the script starts its own ranks" if mode is LaunchMode.SPAWN else "the script runs as one process") + \
             " (each arm is launched as the script starts)"
     return None
 

@@ -20,8 +20,10 @@ from ddpdoctor.probe.instrument import instrument_process
 from ddpdoctor.probe.session import install_clean_excepthook, user_frame_of
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.site import site_dir
+from ddpdoctor.records import LaunchMode
 
-ROLES = {"torchrun": "rank", "spawn": "main", "single": "rank", "attach": "attached"}
+ROLES = {LaunchMode.TORCHRUN: "rank", LaunchMode.SPAWN: "main", LaunchMode.SINGLE: "rank",
+         LaunchMode.ATTACH: "attached"}
 
 
 def _export_for_children(settings: ProbeSettings) -> None:
@@ -47,7 +49,7 @@ def run_script(settings: ProbeSettings, script: str, args: list[str], preloaded:
     `preloaded`: modules imported before the instrumentation (a forked child of ddpdoctor.probe.zygote)."""
     _export_for_children(settings)
     probe = instrument_process(settings, ROLES.get(settings.mode, "rank"))
-    if preloaded and settings.mode != "attach":
+    if preloaded and settings.mode is not LaunchMode.ATTACH:
         from ddpdoctor.probe import fsview
 
         probe.safely("file view", fsview.rebind, preloaded)

@@ -11,6 +11,7 @@ from ddpdoctor.probe.importhook import when_imported
 from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
 from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.standins import install_finder
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.world import place_from_env
 
 
@@ -28,7 +29,7 @@ def instrument_process(settings: ProbeSettings, role: str) -> session.Probe:
 def redirect_writes(probe: session.Probe) -> None:
     """Launcher modes: the script's writes go under the run directory (ddpdoctor.probe.fsview)."""
     settings = probe.settings
-    if settings.mode == "attach":
+    if settings.mode is LaunchMode.ATTACH:
         return
     from ddpdoctor.probe import fsview
 
@@ -42,7 +43,7 @@ def resolve_device(settings: ProbeSettings) -> str:
 
     if settings.device == "cpu":
         return "cpu"
-    if settings.device == "cuda" or settings.mode == "attach":
+    if settings.device == "cuda" or settings.mode is LaunchMode.ATTACH:
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= _local_ranks(settings) else "cpu"
 
@@ -57,7 +58,7 @@ def emulates(settings: ProbeSettings, device: str) -> bool:
     """CUDA is emulated on CPU: `check` on a machine without enough GPUs, or attach mode with --device cpu (the
     user's own launcher, on CPU, rehearsing a GPU job). Attach mode on its own never emulates: it runs on what
     the launcher gives."""
-    return device == "cpu" and (settings.mode != "attach" or settings.device == "cpu")
+    return device == "cpu" and (settings.mode is not LaunchMode.ATTACH or settings.device == "cpu")
 
 
 def _drop_detail_debug() -> str | None:

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from ddpdoctor.probe.session import Probe, kill_children
+from ddpdoctor.records import LaunchMode
 
 RELAUNCH_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" (under torchrun)
 LAUNCHER_VARIABLES = frozenset(
@@ -28,7 +29,7 @@ LAUNCHER_VARIABLES = frozenset(
 
 def deciding(probe: Probe) -> bool:
     """This process still has to tell what kind of script it runs."""
-    first = probe.role == "main" or (probe.role == "rank" and probe.settings.mode == "single")
+    first = probe.role == "main" or (probe.role == "rank" and probe.settings.mode is LaunchMode.SINGLE)
     return bool(probe.settings.launch_check) and first and probe.launch_decided is None
 
 
@@ -36,8 +37,9 @@ def ranks_started(probe: Probe, how: str, site: dict[str, Any] | None) -> None:
     """The main process started ranks itself: a self-spawning script."""
     if not deciding(probe):
         return
-    probe.launch_decided = "spawn"
-    probe.emit("launch_decision", mode="spawn", reason=f"the script started its ranks with {how}", site=site)
+    probe.launch_decided = LaunchMode.SPAWN
+    probe.emit("launch_decision", mode=LaunchMode.SPAWN.value, reason=f"the script started its ranks with {how}",
+               site=site)
 
 
 def init_needs_launcher(probe: Probe, arguments: dict[str, Any]) -> str | None:
@@ -74,8 +76,8 @@ def exception_needs_launcher(probe: Probe, exc: BaseException) -> str | None:
 
 def relaunch_under_launcher(probe: Probe, reason: str, site: dict[str, Any] | None) -> None:
     """Record the decision and leave at once (no rendezvous was attempted); the launcher relaunches."""
-    probe.launch_decided = "torchrun"
+    probe.launch_decided = LaunchMode.TORCHRUN
     probe.ending = True
-    probe.emit("launch_decision", mode="torchrun", reason=reason, site=site)
+    probe.emit("launch_decision", mode=LaunchMode.TORCHRUN.value, reason=reason, site=site)
     probe.safely("children", kill_children)
     probe.leave(RELAUNCH_EXIT_CODE)

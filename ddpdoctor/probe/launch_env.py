@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.records import LaunchMode
 
 TORCHRUN_VARIABLES = (
     "RANK",
@@ -77,7 +78,7 @@ def horovodrun_environment(env: dict[str, str], rendezvous_port: int) -> dict[st
 
 def apply(settings: ProbeSettings) -> dict[str, Any] | None:
     """Give this process the environment of `settings.launcher`; None when nothing changed."""
-    if settings.launcher != "horovodrun" or settings.mode != "torchrun":
+    if settings.launcher != "horovodrun" or settings.mode is not LaunchMode.TORCHRUN:
         return None
     if "RANK" not in os.environ:
         return None

@@ -39,6 +39,7 @@ from typing import Any
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.errors import UsageError
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.static.apis.cli import UNKNOWN as CLI_UNKNOWN
 from ddpdoctor.static.engine.expressions import NOT_COMPUTED, known_value, truth_of
 
@@ -70,14 +71,14 @@ class LaunchPlan:
     single_process: bool = False
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> LaunchMode:
         if self.spawns_own_ranks:
-            return "spawn"
-        return "single" if self.single_process else "torchrun"
+            return LaunchMode.SPAWN
+        return LaunchMode.SINGLE if self.single_process else LaunchMode.TORCHRUN
 
     def to_json(self) -> dict:
         return {
-            "mode": self.mode,
+            "mode": self.mode.value,
             "spawn_line": self.spawn_line,
             "reads_launcher_env": self.reads_launcher_env,
             "inits_process_group": self.inits_process_group,

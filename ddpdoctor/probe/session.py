@@ -28,6 +28,7 @@ from ddpdoctor.events import EVENTS_DIR, SCHEMA, default_host, file_name_for
 from ddpdoctor.probe.patching import Patcher
 from ddpdoctor.probe.registry import TrackedObjects
 from ddpdoctor.probe.settings import ProbeSettings
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.world import WORLD_ENV
 
 WRITE_WAIT_MARGIN = 2.0  # a write still open this close to the probe's timeout is left (and reported)
@@ -232,7 +233,7 @@ class EventWriter:
                 "main_thread": f"0x{main:016x}",
                 "stack_file": stack_file.name if self._stack_fh is not None else None,
                 "stacks_at": stacks_at,
-                "mode": self.probe.settings.mode,
+                "mode": self.probe.settings.mode.value,
             },
         )
 
@@ -418,7 +419,7 @@ class Probe:
         self.world_size: int | None = (
             int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None
         )
-        if settings.mode == "single" and self.rank is None:
+        if settings.mode is LaunchMode.SINGLE and self.rank is None:
             self.rank, self.world_size = 0, 1  # the one process that trains (DataParallel drives every GPU)
         # the rendezvous the launcher gave this process, before the script could change it (process_group)
         self.launcher_rendezvous = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
@@ -443,7 +444,7 @@ class Probe:
         self.training_site_epochs: dict[tuple[str, int], int] = {}
         self.epochs_observed = 0
         self.open_training_iterations = 0
-        self.launch_decided: str | None = None  # "spawn" | "torchrun" once the main process showed which it needs
+        self.launch_decided: LaunchMode | None = None  # SPAWN | TORCHRUN once the main process showed which it needs
         # > 0 while ddpdoctor runs its own forwards (in-process checks on copies of the user's layers): the
         # recorders of the user's run ignore them
         self.quiet = 0

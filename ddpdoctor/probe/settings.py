@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Mapping
 
+from ddpdoctor.records import LaunchMode
+
 ENV_PREFIX = "DDPDOCTOR_"
 # Gate for the sitecustomize hook: set only inside a probe run.
 RUN_DIR_ENV = "DDPDOCTOR_RUN_DIR"
@@ -18,7 +20,7 @@ RUN_TAG_ENV = "DDPDOCTOR_RUN_TAG"
 class ProbeSettings:
     run_dir: str
     run_tag: str = ""
-    mode: str = "torchrun"  # torchrun | spawn | single | attach
+    mode: LaunchMode = LaunchMode.TORCHRUN  # an environment variable holds its string
     epochs: int = 2  # 0 = no limit
     steps: int = 4  # 0 = no limit
     device: str = "auto"  # auto | cpu | cuda
@@ -49,6 +51,9 @@ class ProbeSettings:
     bn_convert: int = 0  # 1: plain BN converted to SyncBN when DDP wraps the model (the mirror arms of a plain script)
     bn_group_size: int = 0
     seed: int = -1  # >= 0: every rank's generators seeded with seed + rank before the script runs (same in every arm)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", LaunchMode(self.mode))  # given as its string: the member
 
     def to_env(self) -> dict[str, str]:
         return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}

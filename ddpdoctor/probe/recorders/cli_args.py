@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from ddpdoctor.probe.session import Probe
+from ddpdoctor.records import LaunchMode
 
 NAME = "cli_args"
 SPELLINGS = ("--local_rank", "--local-rank")
@@ -135,7 +136,7 @@ def _override_default(probe: Probe, parser: argparse.ArgumentParser, result: Any
 
     settings = probe.settings
     env = os.environ.get("LOCAL_RANK")
-    if settings.mode != "torchrun" or settings.local_rank_arg or env is None:
+    if settings.mode is not LaunchMode.TORCHRUN or settings.local_rank_arg or env is None:
         return None
     action = _local_rank_action(parser)
     if action is None or action.required:

@@ -17,6 +17,7 @@ from typing import Any
 from ddpdoctor.probe import launch_check
 from ddpdoctor.probe.patching import wrap_everywhere
 from ddpdoctor.probe.session import Probe, is_user_file
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.world import place_from_env
 
 NAME = "process_group"
@@ -186,7 +187,8 @@ def _rendezvous(probe: Probe, bound: inspect.BoundArguments) -> dict[str, str] |
     job on this machine (or join its rendezvous), and a remote address could not be reached by a one-machine
     probe. torchrun's own env:// rendezvous and an explicit store are left alone."""
     port = probe.settings.rendezvous_port
-    if not port or probe.settings.mode not in ("torchrun", "spawn") or bound.arguments.get("store") is not None:
+    if not port or probe.settings.mode not in (LaunchMode.TORCHRUN, LaunchMode.SPAWN) \
+            or bound.arguments.get("store") is not None:
         return None
     init = bound.arguments.get("init_method")
     if isinstance(init, str) and init.startswith("tcp://"):
@@ -198,7 +200,7 @@ def _rendezvous(probe: Probe, bound: inspect.BoundArguments) -> dict[str, str] |
         return {"given": init, "used": used}
     env_init = init is None or (isinstance(init, str) and init.startswith("env:"))
     launcher = probe.launcher_rendezvous
-    if probe.settings.mode == "torchrun" and probe.role == "rank" and env_init and all(launcher.values()):
+    if probe.settings.mode is LaunchMode.TORCHRUN and probe.role == "rank" and env_init and all(launcher.values()):
         # the script set MASTER_ADDR/MASTER_PORT itself (a tutorial's "localhost:12355"): torchrun's store is
         # where the launcher said, so ranks meeting at the script's address would wait there forever
         given = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
@@ -207,7 +209,7 @@ def _rendezvous(probe: Probe, bound: inspect.BoundArguments) -> dict[str, str] |
             return None
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = launcher["MASTER_ADDR"], launcher["MASTER_PORT"]
         return {"given": f"MASTER_ADDR:MASTER_PORT={given}", "used": f"MASTER_ADDR:MASTER_PORT={used}"}
-    if probe.settings.mode == "spawn" and env_init:
+    if probe.settings.mode is LaunchMode.SPAWN and env_init:
         given = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         used = f"127.0.0.1:{port}"
         if given == used:

@@ -89,6 +89,7 @@ def _activate() -> None:
     if not os.environ.get("DDPDOCTOR_RUN_DIR"):
         return
     from ddpdoctor.probe.settings import ProbeSettings
+    from ddpdoctor.records import LaunchMode
 
     settings = ProbeSettings.from_env()
     if settings is None:
@@ -106,7 +107,7 @@ def _activate() -> None:
         instrument_process(settings, "forkserver")
         return
     parent = os.environ.get("DDPDOCTOR_PARENT_PID", "")
-    if settings.mode == "attach" or (parent.isdigit() and int(parent) == os.getppid()):
+    if settings.mode is LaunchMode.ATTACH or (parent.isdigit() and int(parent) == os.getppid()):
         return  # started by the probe's launcher: the launcher itself, or a rank the bootstrap instruments
     # any other Python process of the run (the script runs `python eval.py`): its writes are redirected too
     from ddpdoctor.probe import session

@@ -31,6 +31,7 @@ from typing import Any
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import ended_by_probe_limit, is_user_path, main_stack, timeout_view
 from ddpdoctor.findings import Confidence, Finding, Measures, Severity
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.rules.dd206_collective_on_subset import CODE
 from ddpdoctor.torchnames import env_tags, name_tags
 
@@ -73,7 +74,7 @@ def _measure_collectives(ctx: RunContext) -> None:
 
 def analyze(ctx: RunContext) -> list[Finding]:
     _measure_collectives(ctx)
-    if not ctx.timed_out and not (ctx.run.meta.get("mode") == "attach"):
+    if not ctx.timed_out and ctx.mode is not LaunchMode.ATTACH:
         return []
     at_timeout = timeout_view(ctx)
     if at_timeout is not None and not at_timeout.stalled:

@@ -27,6 +27,7 @@ from typing import Any
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.analyses.outcome import RankAtTimeout, TimeoutView, ended_by_probe_limit, main_stack, timeout_view
 from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.rules.dd901_probe_hang import CODE
 
 RUN_FIRST = True  # how the run ended: analysed first, so its notes lead the report
@@ -42,7 +43,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     view = timeout_view(ctx)
     if view is not None:
         return _after_timeout(ctx, view)
-    attach_stall = ctx.run.meta.get("mode") == "attach" and any(
+    attach_stall = ctx.mode is LaunchMode.ATTACH and any(
         p.stack_text and p.done is None for p in ctx.ranks.values()
     )
     if not attach_stall:

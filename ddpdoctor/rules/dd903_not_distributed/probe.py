@@ -11,6 +11,7 @@ from __future__ import annotations
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.analyses.outcome import failures
 from ddpdoctor.findings import Finding
+from ddpdoctor.records import LaunchMode
 from ddpdoctor.rules.dd110_model_not_wrapped.probe import averaging_mechanisms
 from ddpdoctor.rules.dd903_not_distributed import CODE
 
@@ -19,7 +20,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     procs = [p for p in ctx.run.processes if p.role in ("rank", "attached", "spawned", "main", "forked")]
     if ctx.timed_out or failures(ctx) or not procs or any(p.done is None for p in procs if p.role != "forked"):
         return []
-    if ctx.run.meta.get("mode") == "single" and any(True for _ in ctx.run.events("data_parallel_init")):
+    if ctx.mode is LaunchMode.SINGLE and any(True for _ in ctx.run.events("data_parallel_init")):
         return []  # DD106 speaks for a DataParallel script
     if any(True for _ in ctx.run.events("grad_averaging")):
         return []  # Horovod's DistributedOptimizer averages the gradients

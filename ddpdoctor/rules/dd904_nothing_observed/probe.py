@@ -15,6 +15,7 @@ from typing import Any
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import failures
 from ddpdoctor.findings import Finding, Measures, Severity
+from ddpdoctor.records import LaunchEnd
 from ddpdoctor.rules.dd904_nothing_observed import CODE
 
 MEASURES = Measures(
@@ -27,7 +28,7 @@ _TRAINING_ROLES = ("rank", "attached", "spawned", "main", "forked")
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    if ctx.timed_out or failures(ctx) or ctx.launcher.get("interrupted"):
+    if ctx.timed_out or failures(ctx) or ctx.end is LaunchEnd.INTERRUPTED:
         return []  # DD901 / DD902 say why the run is short; an interrupted run is not reported
     procs = [p for p in ctx.run.processes if p.role in _TRAINING_ROLES]
     steps = sum(_steps_seen(p) for p in procs)
