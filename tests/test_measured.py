@@ -14,80 +14,18 @@ replayed here through `ddpdoctor report`.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
 
 from ddpdoctor.analyses import analyze_run, load_static_findings
 from ddpdoctor.causes import flatten
 from ddpdoctor.check import report_run
+
+# rule -> its cleared / confirmed recorded run, or why none yet: declared in the index of the rules' evidence
+from ddpdoctor.dev.evidence import CLEARED, CONFIRMED, PENDING_CLEARED, PENDING_CONFIRMED, RUNS
 from ddpdoctor.findings import Confidence, Finding, Measurement, Measures, apply_clearances, resolve_measurements
 from ddpdoctor.levels import Severity
 from ddpdoctor.rules import RULES
-
-RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
-
-# rule -> the recorded run where static analysis suspected the condition below `certain` and the probe measured it
-# absent (the static finding is dropped, with a note giving the numbers)
-CLEARED: dict[str, str] = {
-    "DD106": "measured_dd106_dataparallel_branch_not_taken",
-    "DD108": "probe_legacy_local_rank_device_from_rank",
-    "DD110": "measured_dd110_wrap_under_launcher_condition",
-    "DD207": "probe_precise_bn",
-    "DD209": "measured_dd209_exact_class_before_conversion",
-    "DD303": "data_synthetic_unseeded",
-    "DD401": "measured_dd401_optimizer_branch_not_taken",
-    "DD402": "measured_dd402_lr_scaled_down",
-    "DD403": "measured_dd403_accumulation_off",
-    "DD404": "measured_dd404_manual_sync_flag_off",
-    "DD216": "measured_dd216_converter_reuses_parameters",
-    "DD502": "measured_dd502_save_guarded_by_rank_string",
-    "DD503": "ckpt_save_rank0",
-}
-# rule -> the recorded run where the probe found what static analysis suspected: one finding, static and probe
-CONFIRMED: dict[str, str] = {
-    "DD101": "probe_cuda_syncbn_after_wrap",
-    "DD102": "probe_forward_bypass",
-    "DD104": "probe_hardcoded_rank",
-    "DD105": "probe_device_not_bound",
-    "DD106": "styles_dataparallel_bad",
-    "DD108": "probe_legacy_local_rank",
-    "DD110": "probe_model_not_wrapped",
-    "DD205": "bn_syncbn_cpu",
-    "DD206": "bn_rank0_eval_hang",
-    "DD207": "probe_momentum_encoder_eval_bug",
-    "DD209": "measured_dd209_exact_class_after_conversion",
-    "DD216": "measured_dd216_converter_clones_parameters",
-    "DD301": "probe_missing_set_epoch",
-    "DD302": "probe_no_distributed_sampler",
-    "DD303": "data_seeded_augment",
-    "DD401": "measured_dd401_optimizer_branch_taken",
-    "DD402": "measured_dd402_lr_scaled_up",
-    "DD403": "optim_accumulate_hand_reduce",
-    "DD404": "optim_accumulate_hand_reduce",
-    "DD501": "ckpt_save_every_rank",
-    "DD502": "ckpt_save_every_rank",
-    "DD503": "ckpt_save_every_rank",
-    "DD504": "styles_horovod_bad",
-}
-
-# Rules with both halves whose measurement a recorded run does not hold yet, and why. Empty it, don't grow it: a
-# rule's MEASURES code path without a recorded run that exercises it is untested.
-NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it below certain and the probe measures it "
-                      "absent")
-PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
-    "DD101", "DD102", "DD104", "DD105", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
-)}
-PENDING_CLEARED["DD904"] = ("static DD904 fires below certain on an unknown trainer of an installed package; none "
-                            "that trains through torch.optim without ddpdoctor modelling it is installed with the "
-                            "test extra")
-PENDING_CLEARED["DD109"] = ("one node with one process per emulated GPU cannot show a device-count world size "
-                            "wrong; a clearance needs a world size passed that is not the device count")
-PENDING_CONFIRMED: dict[str, str] = {
-    "DD109": "a confirmation needs a launch across nodes or --nproc unlike the GPU count (tests/test_rule_dd109.py)",
-    "DD904": "static DD904 names an engine not modelled (DeepSpeed); none is installed with the test extra to run "
-    "under the probe without a step",
-}
 
 
 def both_halves() -> list[str]:

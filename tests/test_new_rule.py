@@ -29,6 +29,7 @@ def test_a_rule_with_both_halves_gets_its_package_fixtures_test_and_contract_row
         "ddpdoctor/rules/__init__.py",
         "README.md",
         "docs/contract.md",
+        "ddpdoctor/dev/evidence.py",  # no recorded run yet that clears or confirms it: the index says so
     }
     for path, text in files.items():
         if path.suffix == ".py":
@@ -45,7 +46,9 @@ def test_a_rule_with_both_halves_gets_its_package_fixtures_test_and_contract_row
     assert "TODO" in by_name["ddpdoctor/rules/dd599_example_rule/__init__.py"]
     assert "# expect: DD599" in by_name["fixtures/static/DD599/bad_example_rule.py"]
     assert "# expect" not in by_name["fixtures/static/DD599/good_example_rule.py"]
-    assert "10 files changed" in diff_stat(files)
+    index = by_name["ddpdoctor/dev/evidence.py"]
+    assert '    "DD599": NO_CLEARED_RUN_YET,' in index and '    "DD599": NO_CONFIRMED_RUN_YET,' in index
+    assert "11 files changed" in diff_stat(files)
     # CONTRIBUTING names every path the scaffolder writes
     contributing = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
     for path in rel:

@@ -4,17 +4,15 @@ fixtures and no test module of its own (CONTRIBUTING "Adding a rule")."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 from ddpdoctor.check import run_check
 from ddpdoctor.config import CheckConfig
+from ddpdoctor.dev.evidence import REPO, probe_fixtures
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for d in (REPO / "fixtures" / "probe").glob("dd[0-9][0-9][0-9]") if d.is_dir()
-                 for p in d.glob("*.py") if re.match(r"(bad|good)_", p.name))
+SCRIPTS = probe_fixtures()  # every rule's fixtures/probe/ddnnn/{bad,good}_*.py (the index of the rules' evidence)
 pytestmark = pytest.mark.slow
 
 

@@ -24,18 +24,14 @@ import pytest
 from pinning import json_differences, rounded, text_matches
 
 from ddpdoctor.cli import main
+from ddpdoctor.dev.evidence import GOLDEN, REPO, recorded_runs
+from ddpdoctor.dev.evidence import GOLDEN_FORMATS as FORMATS
+from ddpdoctor.dev.evidence import RUNS as RUNS_DIR
+from ddpdoctor.dev.evidence import golden as _golden
 
-REPO = Path(__file__).resolve().parents[1]
-RUNS_DIR = REPO / "fixtures" / "runs"
-GOLDEN = Path(__file__).resolve().parent / "golden" / "reports"
 UPDATE = os.environ.get("DDPDOCTOR_UPDATE_GOLDEN") == "1"
-FORMATS = {"text": "txt", "json": "json"}
 
-RUNS = sorted(p for p in RUNS_DIR.iterdir() if (p / "meta.json").is_file())
-
-
-def _golden(run: Path, fmt: str) -> Path:
-    return GOLDEN / f"{run.name}.{FORMATS[fmt]}"
+RUNS = recorded_runs()  # every recorded run and its golden reports: the index of the rules' evidence
 
 
 def _pinned_form(text: str, fmt: str) -> str:

@@ -10,31 +10,16 @@ training scripts in the styles people write, whose `good_*` versions may carry n
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
+from ddpdoctor.dev.evidence import STATIC_FIXTURES as FIXTURES
+from ddpdoctor.dev.evidence import expectations, static_fixtures
 from ddpdoctor.findings import Severity
 from ddpdoctor.static import analyze_file, build_model
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
-_EXPECT = re.compile(r"#\s*expect:\s*(?P<codes>[A-Z0-9(),\s a-z]+)$")
-_CODE = re.compile(r"(DD\d{3})(?:\((certain|likely|possible)\))?")
-
-
-def expectations(path: Path) -> dict[tuple[str, int], str | None]:
-    """(rule, line) → expected confidence (None: any), read from the fixture's `# expect:` comments."""
-    out: dict[tuple[str, int], str | None] = {}
-    for lineno, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        m = _EXPECT.search(text)
-        if m:
-            for code, confidence in _CODE.findall(m.group("codes")):
-                out[(code, lineno)] = confidence or None
-    return out
-
-
-ALL = sorted(FIXTURES.rglob("*.py"))
+ALL = static_fixtures()  # where a rule's fixtures are: the index of the rules' evidence
 
 
 def _id(p: Path) -> str:

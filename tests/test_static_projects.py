@@ -7,7 +7,6 @@ import budget, and never importing torch."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -16,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.cli import main
+from ddpdoctor.dev.evidence import PROJECTS, REPO
+from ddpdoctor.dev.evidence import expectations as file_expectations
 from ddpdoctor.errors import UsageError
 from ddpdoctor.static import analyze_file, analyze_paths, analyze_script, build_project_model
 from ddpdoctor.static.project import Limits
 
-REPO = Path(__file__).resolve().parent.parent
-PROJECTS = REPO / "fixtures" / "projects"
-_EXPECT = re.compile(r"#\s*expect:\s*(?P<codes>[A-Z0-9(),\s a-z]+)$")
-_CODE = re.compile(r"(DD\d{3})(?:\((certain|likely|possible)\))?")
 # projects analysed from their entry script: a file that does not parse (its directory cannot be linted as a whole),
 # a package only the installed project makes importable (linted as a directory, it would be an entry of its own);
 # checked elsewhere: a suppression
@@ -34,11 +31,8 @@ NOT_BY_EXPECT = {"suppressed_in_helper"}
 def expectations(root: Path) -> dict[tuple[str, str, int], str | None]:
     out: dict[tuple[str, str, int], str | None] = {}
     for path in sorted(root.rglob("*.py")):
-        for lineno, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            m = _EXPECT.search(text)
-            if m:
-                for code, confidence in _CODE.findall(m.group("codes")):
-                    out[(code, path.relative_to(root).as_posix(), lineno)] = confidence or None
+        for (code, lineno), confidence in file_expectations(path).items():
+            out[(code, path.relative_to(root).as_posix(), lineno)] = confidence
     return out
 
 

@@ -14,9 +14,10 @@ Creates, in the checkout that holds this file:
                                                  holds the probe to firing on bad_*, silent on good_*
 
 and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), the contract's rule table in
-`docs/contract.md` (the row no longer pending, or added: the tests read the contract from there) and the README
-rule table. The templates follow CONTRIBUTING and the
-fixtures trip no other rule (tests/test_new_rule.py runs every static rule over them).
+`docs/contract.md` (the row no longer pending, or added: the tests read the contract from there), the README
+rule table and, for a rule with both halves, the index of the rules' evidence (`ddpdoctor/dev/evidence.py`: no
+recorded run yet that clears or confirms its static suspicion, tests/test_measured.py). The templates follow
+CONTRIBUTING and the fixtures trip no other rule (tests/test_new_rule.py runs every static rule over them).
 
 What it writes is a start that fails the tests until it is filled in — the documentation says TODO (the catalog
 test rejects that), the bad static fixture expects a finding the generated check() never yields,
@@ -311,6 +312,15 @@ def _readme(text: str, r: NewRule) -> str:
     return _insert_sorted(text, "|---|---|---|---|---|---|", "<!-- rules:end -->", row, re.compile(r"^\| (DD\d{3}) \|"))
 
 
+def _evidence(text: str, r: NewRule) -> str:
+    """ddpdoctor/dev/evidence.py: a rule with both halves has no recorded run yet that clears or confirms its static
+    suspicion (tests/test_measured.py holds it to one of each, or to the reason why not)."""
+    key = re.compile(r'^    "(DD\d{3})":')
+    for table, reason in (("PENDING_CLEARED", "NO_CLEARED_RUN_YET"), ("PENDING_CONFIRMED", "NO_CONFIRMED_RUN_YET")):
+        text = _insert_sorted(text, f"{table}: dict[str, str] = {{", "}", f'    "{r.code}": {reason},', key)
+    return text
+
+
 def _pending(contract: str) -> dict[str, tuple[str, str, bool, bool]]:
     """The rows of docs/contract.md's rule table whose status is `pending`: code -> (name, severity, static,
     probe)."""
@@ -373,11 +383,14 @@ def plan(code: str, name: str | None, *, static: bool, probe: bool, severity: st
             files[path] = _probe_fixture(r, bad)
     registry = root / "ddpdoctor" / "rules" / "__init__.py"
     readme = root / "README.md"
+    index = root / "ddpdoctor" / "dev" / "evidence.py"
     files[registry] = _registry(registry.read_text(encoding="utf-8"), r)
     files[readme] = _readme(readme.read_text(encoding="utf-8"), r)
     files[page] = _contract_page(contract, r)
+    if static and probe:
+        files[index] = _evidence(index.read_text(encoding="utf-8"), r)
     for path in files:
-        if path not in (registry, readme, page) and path.exists():
+        if path not in (registry, readme, page, index) and path.exists():
             raise UsageError(f"{path.relative_to(root)} exists already")
     return r, files, warnings
 
