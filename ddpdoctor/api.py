@@ -2,7 +2,7 @@
 
 Each does what its command does, with the same options and the same `[tool.ddpdoctor]` defaults, and returns
 the result object instead of printing it: a `ddpdoctor.report.Report` (check, triage) or a
-`ddpdoctor.bn.analysis.CompareResult` (compare_bn). Both hold the same data as `--format json` (`.to_json()`,
+`ddpdoctor.comparebn.analysis.CompareResult` (compare_bn). Both hold the same data as `--format json` (`.to_json()`,
 or `result["findings"]`), and a notebook shows them as their Markdown report (`_repr_markdown_`)::
 
     import ddpdoctor
@@ -27,7 +27,7 @@ from ddpdoctor.config import check_config
 from ddpdoctor.triage import triage
 
 if TYPE_CHECKING:
-    from ddpdoctor.bn.analysis import CompareResult
+    from ddpdoctor.comparebn.analysis import CompareResult
 
 __all__ = ["check", "check_config", "compare_bn", "triage"]
 
@@ -46,7 +46,7 @@ def compare_bn(model: str | None = None, data: str | None = None, *, nproc: int 
             raise UsageError(f"{name}: {value!r} is not a positive integer")
     require_torch("compare-bn")
     require_analysis_packages("compare-bn")
-    from ddpdoctor.bn.compare import CompareConfig, run_compare
+    from ddpdoctor.comparebn.compare import CompareConfig, run_compare
 
     return run_compare(CompareConfig(model=model, data=data, nproc=nproc, batch_size=batch_size, steps=steps,
                                      shard=shard, seed=seed, device=choice(device, DEVICES, "--device"),

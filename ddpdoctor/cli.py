@@ -386,7 +386,7 @@ def compare_bn(
 
     require_torch("compare-bn")
     require_analysis_packages("compare-bn")
-    from ddpdoctor.bn.compare import CompareConfig, output_guards, run_compare, validate
+    from ddpdoctor.comparebn.compare import CompareConfig, output_guards, run_compare, validate
     from ddpdoctor.output import check_output
     from ddpdoctor.report.compare_bn import render_compare
 

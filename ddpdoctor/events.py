@@ -682,7 +682,7 @@ EVENT_KINDS: dict[str, EventKind] = {
             "the replacement's parameter, or null when no optimizer holds it",
             optimizer_original="the same for the original layer's parameters",
             optimizers="live optimizers",
-            equivalence="ddpdoctor.bn.equivalence.compare_functions at the replacement's first forward: {status "
+            equivalence="ddpdoctor.probe.equivalence.compare_functions at the replacement's first forward: {status "
             "'measured' | 'not_measurable', reason, step, input_shape, dtype, train: {equal, max_abs, rel, "
             "tolerance}, eval: {...}, equal}, or null when the layer never ran",
         ),

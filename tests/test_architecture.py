@@ -197,3 +197,19 @@ def test_the_event_schema_does_not_import_the_run_reader():
     import ddpdoctor.rundata as rundata
 
     assert events.read_run is rundata.read_run and events.RunData is rundata.RunData
+
+
+def test_bn_is_one_layer_below_the_probe():
+    """ddpdoctor.bn (the exact SyncBN, the BN statistics, what runs inside compare-bn's ranks) is one layer, below the
+    probe: the probe's CUDA emulation and stand-ins, the analyses and compare-bn's caller side (ddpdoctor.comparebn,
+    above the probe: it launches the ranks under the supervisor) import it; it imports nothing of ddpdoctor but
+    itself."""
+    bn = {m for m in MODULES if m == "ddpdoctor.bn" or m.startswith("ddpdoctor.bn.")}
+    assert {(m, t) for m in bn for t in GRAPH[m] if t not in bn} == set()
+    users = {m.split(".")[1] for m in MODULES if m not in bn and GRAPH[m] & bn}
+    assert {"probe", "analyses", "comparebn"} <= users, users
+    # compare-bn's caller side stands on the probe's supervisor; nothing of the probe imports it back
+    comparebn = {m for m in MODULES if m.startswith("ddpdoctor.comparebn")}
+    assert any(t.startswith("ddpdoctor.probe") for m in comparebn for t in GRAPH[m])
+    assert not {(m, t) for m in MODULES if m.startswith(("ddpdoctor.probe", "ddpdoctor.bn"))
+                for t in GRAPH[m] if t in comparebn}

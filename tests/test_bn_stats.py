@@ -230,7 +230,7 @@ def test_replay_history_and_start_values():
 def test_stats_modules_do_not_import_torch():
     """Analyses import ddpdoctor.bn.stats; compare-bn's parent process must stay torch-free too."""
     code = (
-        "import sys, ddpdoctor.bn, ddpdoctor.bn.stats, ddpdoctor.bn.plan, ddpdoctor.bn.compare; "
+        "import sys, ddpdoctor.bn, ddpdoctor.bn.stats, ddpdoctor.bn.plan, ddpdoctor.comparebn.compare; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

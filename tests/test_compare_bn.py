@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.bn.compare import CompareConfig, run_compare
 from ddpdoctor.bn.plan import build_plan, read_shard_file
 from ddpdoctor.cli import main
+from ddpdoctor.comparebn.compare import CompareConfig, run_compare
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Finding
 from ddpdoctor.report.compare_bn import render_compare

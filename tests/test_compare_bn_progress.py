@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.bn.progress import PhaseDisplay
+from ddpdoctor.comparebn.progress import PhaseDisplay
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -363,7 +363,7 @@ def test_compare_bn_interrupted_while_its_ranks_are_stopped_exits_2(
     import tempfile
 
     from ddpdoctor import cli
-    from ddpdoctor.bn import compare
+    from ddpdoctor.comparebn import compare
 
     env, token, tmp = marked
     for key, value in env.items():

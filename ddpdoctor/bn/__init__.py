@@ -1,4 +1,7 @@
-"""Batch-norm statistics: an exact SyncBatchNorm over any backend, the non-i.i.d. shard test, and `compare-bn`.
+"""Batch-norm statistics and what runs inside compare-bn's ranks: a layer below the probe (the probe's CUDA
+emulation and its apex/Horovod stand-ins run `syncbn`, the analyses read `stats`), importing nothing of ddpdoctor
+but itself (tests/test_architecture.py). `compare-bn`'s caller side (launch, progress, analysis) is
+ddpdoctor.comparebn, above the probe.
 
 Modules:
 - `syncbn`  (imports torch) — `sync_batch_norm_forward`, the one SyncBN implementation of the package: exact
@@ -7,8 +10,7 @@ Modules:
 - `stats`   (numpy + scipy only) — `noniid_test` (is each rank's data drawn from the same distribution?),
   `relative_error`, `combine_moments`, `replay_running_stats` (what SyncBN would have accumulated).
 - `plan`    (pure Python) — which samples each rank sees at each step of a comparison.
-- `compare` (no torch at import) — `CompareConfig`, `run_compare`, `render_compare`: launches the ranks and
-  turns their measurements into tables, a verdict and findings.
+- `_worker`, `demo` — one rank of compare-bn (`python -m ddpdoctor.bn._worker`), and its demo model and data.
 
 This package's `__init__` deliberately imports nothing: analyses import `ddpdoctor.bn.stats` and must not pay
 for (or depend on) torch.

@@ -7,8 +7,8 @@ import io
 import json
 import math
 
-from ddpdoctor.bn.analysis import SYNC_MATCH, CompareResult
 from ddpdoctor.bn.stats import NONIID_THRESHOLD as NONIID_P
+from ddpdoctor.comparebn.analysis import SYNC_MATCH, CompareResult
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import rank_findings
 from ddpdoctor.formatting import fmt_err, fmt_p

@@ -109,7 +109,7 @@ def _group_of(module: Any, probe: Probe) -> tuple[bool | None, list[int] | None]
 
 def _record(probe: Probe, records: list[_Record], module: Any, args: Any, output: Any, torch: Any,
             sync_like: Any, local_stats_active: Any) -> None:
-    from ddpdoctor.bn.equivalence import first_tensor
+    from ddpdoctor.probe.equivalence import first_tensor
 
     x = args[0] if args else None
     y = first_tensor(output)

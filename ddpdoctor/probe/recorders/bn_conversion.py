@@ -8,7 +8,7 @@ the original layer and notes its attributes (class, own forward, training, momen
 track_running_stats, requires_grad of weight and bias) and those of the replacement, and whether the replacement
 reuses the original's Parameter objects (a cloning converter does not).
 
-At the replacement's first forward, `ddpdoctor.bn.equivalence.compare_functions` runs the original and the
+At the replacement's first forward, `ddpdoctor.probe.equivalence.compare_functions` runs the original and the
 replacement on that input, on copies, at identical weights and statistics, in train and eval mode (DD208). At the
 first optimizer step after the conversion, one `bn_conversion` event per layer: all of the above, the
 replacement's attributes at that step, and which optimizer holds the original's and the replacement's parameters
@@ -195,8 +195,8 @@ def _record(probe: Probe, state: _State, parent: Any, name: str, original: Any, 
 def _check(probe: Probe, conv: _Conversion, module: Any, args: Any) -> None:
     import torch
 
-    from ddpdoctor.bn.equivalence import compare_functions
     from ddpdoctor.probe.arms import CollectiveInCheck
+    from ddpdoctor.probe.equivalence import compare_functions
 
     conv.checked = True
     x = args[0] if args else None

@@ -327,8 +327,8 @@ def _attrs(probe: Probe, state: _State, _BatchNorm: type) -> None:
 
 
 def _population(probe: Probe, state: _State, torch: Any, _BatchNorm: type) -> None:
-    from ddpdoctor.bn.equivalence import first_tensor
     from ddpdoctor.probe.arms import local_stats, no_collectives, process_group_memo
+    from ddpdoctor.probe.equivalence import first_tensor
 
     model = state.model
     rec = next(iter(probe.registry.live_ddps()), None)

@@ -1,7 +1,7 @@
 """DD208 conversion-changed-function: a BatchNorm layer replaced by a SyncBN-like layer computes something else.
 
 What it does: reads the `bn_conversion` events of the lowest rank that has them (the model and the converter are
-the same on every rank): each holds the result of `ddpdoctor.bn.equivalence.compare_functions`, which ran the
+the same on every rank): each holds the result of `ddpdoctor.probe.equivalence.compare_functions`, which ran the
 original layer and its replacement on the replacement's first input at identical weights and statistics, in
 train and eval mode, with the replacement normalising over the rank's own batch. Fires when any layer's outputs
 differ beyond float rounding, with the layer, both classes, the class that defined the original's own forward,

@@ -1,5 +1,5 @@
 """compare-bn's analysis: from what the ranks measured to per-layer errors, the non-i.i.d. test, findings and a
-verdict. Pure (numpy and `ddpdoctor.bn.stats`; no torch, no processes): `ddpdoctor.bn.compare` runs the ranks and
+verdict. Pure (numpy and `ddpdoctor.bn.stats`; no torch, no processes): `ddpdoctor.comparebn.compare` runs the ranks and
 hands their results here; `ddpdoctor.report.compare_bn` renders the result.
 
 Findings go through the rules like every other finding (`ddpdoctor.findings.new_finding`: severity and fix text

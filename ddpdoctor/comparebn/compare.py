@@ -10,7 +10,7 @@ at the end of the epoch (timm's `--dist-bn reduce`): the ranks' means average co
 variances drops the spread between their means, so it is biased low whenever the ranks' data differ. This process
 never imports torch: it validates options, launches and supervises
 the ranks (a rank that fails ends the run with one line; a timeout kills them all), and turns their measurements
-into per-layer errors, the non-i.i.d. test, findings (DD201-DD204) and a verdict (`ddpdoctor.bn.analysis`), which
+into per-layer errors, the non-i.i.d. test, findings (DD201-DD204) and a verdict (`ddpdoctor.comparebn.analysis`), which
 `ddpdoctor.report.compare_bn` renders.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.bn.analysis import CompareConfig, CompareResult, analyse
+from ddpdoctor.comparebn.analysis import CompareConfig, CompareResult, analyse
 from ddpdoctor.errors import InternalError, UsageError, is_peer_error
 from ddpdoctor.probe.progress import REFRESH_S
 from ddpdoctor.probe.supervisor import (
@@ -175,7 +175,7 @@ class _Ranks:
         self.returncodes = [None] * nproc
 
     def wait(self, deadline: float, progress: Any = None) -> None:
-        """Until every rank exited 0 (else one-line errors); `progress` (ddpdoctor.bn.progress.PhaseDisplay) is
+        """Until every rank exited 0 (else one-line errors); `progress` (ddpdoctor.comparebn.progress.PhaseDisplay) is
         updated with the ranks' phases every REFRESH_S."""
         assert self.supervisor is not None
         shown = 0.0
@@ -268,7 +268,7 @@ class _Ranks:
 def run_compare(cfg: CompareConfig, *, quiet: bool = True) -> CompareResult:
     """Launch the ranks, supervise them, and analyse what they measured. UsageError/InternalError: one line;
     Ctrl-C, SIGTERM or SIGHUP stop the ranks and end as KeyboardInterrupt. Unless `quiet`, the ranks' phases
-    are shown on stderr while they run (ddpdoctor.bn.progress)."""
+    are shown on stderr while they run (ddpdoctor.comparebn.progress)."""
     shard, rank_lists = _validate(cfg)
     progress = None
     started = time.monotonic()
@@ -302,7 +302,7 @@ def run_compare(cfg: CompareConfig, *, quiet: bool = True) -> CompareResult:
         job_path = work / "job.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         if not quiet:
-            from ddpdoctor.bn.progress import PhaseDisplay
+            from ddpdoctor.comparebn.progress import PhaseDisplay
 
             progress = PhaseDisplay(f"compare-bn: {cfg.nproc} ranks × batch {cfg.batch_size}, {cfg.steps} steps per "
                                     f"BN mode, {shard} shards",
