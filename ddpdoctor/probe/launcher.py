@@ -16,7 +16,9 @@ Decisions:
   rank's stdout/stderr into RUN/logs/rank<r>.{stdout,stderr}; the report shows tails in DD902/DD901 evidence.
 - Timeout: every instrumented process dumps its Python stacks into the run directory a moment before it
   (faulthandler's timer: no signal), then the supervisor (ddpdoctor.probe.supervisor) stops the whole run. The
-  timeout covers everything from the start of `run_probe`, a relaunch included.
+  timeout covers everything from the start of `run_probe`, a relaunch included. The poll loop that watches a
+  launch (timeout, stack dumps, signals held during the clean-up) is ddpdoctor.probe.watch, shared with
+  ddpdoctor.probe.shared.
 - The mode follows what the script does with the given arguments (ddpdoctor.probe.plan). A script started once
   whose main process turns out to need a launcher leaves with launch_check.RELAUNCH_EXIT_CODE before any
   rendezvous; it is started again under torchrun (the first launch's events and output are dropped, its
@@ -64,25 +66,32 @@ from ddpdoctor.probe.rundir import RunDirClaim, claim_for_check
 from ddpdoctor.probe.settings import RUN_TAG_ENV, ProbeSettings
 from ddpdoctor.probe.site import site_dir
 from ddpdoctor.probe.sources import snapshot, snapshot_run
-from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, hold_signals, trap_stop_signals
+from ddpdoctor.probe.supervisor import Command, Supervisor
 from ddpdoctor.probe.usertree import changes as tree_changes
 from ddpdoctor.probe.usertree import fingerprint
-from ddpdoctor.records import LaunchRecord, RunMeta, StaticRecord
+from ddpdoctor.probe.watch import (
+    STACK_LEAD,
+    STACK_WAIT,
+    drop_empty_stacks,
+    dumped_stacks,
+    ranks_exited,
+    watch,
+)
+from ddpdoctor.records import LaunchEnd, LaunchMode, LaunchRecord, RunMeta, StaticRecord
 from ddpdoctor.world import WORLD_ENV
-
-STACK_LEAD = 1.0  # seconds before the timeout at which every process dumps its stacks
-STACK_WAIT = 2.0  # how long, at the timeout, the launcher waits for the dumps to be complete
-# modes that start the script once (a self-spawning script; a single-process DataParallel script)
-SINGLE_LAUNCH = ("spawn", "single")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeOutcome:
     run_dir: Path
-    mode: str
+    mode: LaunchMode
     returncode: int | None
-    timed_out: bool
+    end: LaunchEnd
     wall_seconds: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.end is LaunchEnd.TIMED_OUT
 
 
 def free_port(avoid: int | None = None) -> int:
@@ -101,7 +110,7 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: str) -> RunMeta:
+def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: LaunchMode) -> RunMeta:
     return RunMeta(
         keep_run=str(cfg.keep_run) if cfg.keep_run is not None else None,
         schema=SCHEMA,
@@ -139,10 +148,10 @@ def _require_cuda(timeout: float = 120.0) -> None:
         raise UsageError("--device cuda: no CUDA device is visible (use --device cpu to emulate CUDA on CPU)")
 
 
-def _command(mode: str, cfg: CheckConfig, run_dir: Path, port: int,
+def _command(mode: LaunchMode, cfg: CheckConfig, run_dir: Path, port: int,
              rank_module: str = "ddpdoctor.probe.bootstrap", log_dir: Path | None = None) -> list[str]:
     script_args = [str(cfg.script), *cfg.script_args]
-    if mode in SINGLE_LAUNCH:
+    if mode.starts_once:
         return [sys.executable, "-u", "-m", "ddpdoctor.probe.bootstrap", *script_args]
     return [
         sys.executable, "-m", "ddpdoctor.probe.agent",
@@ -179,49 +188,6 @@ def _environment(settings: ProbeSettings, port: int, scratch: str) -> dict[str, 
     env["PYTHONPATH"] = os.pathsep.join([site_dir(), *entries])
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfaulting rank leaves its Python stack in its stderr
     return env
-
-
-def _started_processes(run_dir: Path) -> list[tuple[int, str]]:
-    """(pid, stack file) of every instrumented process that arranged to dump its stacks before the timeout."""
-    out = []
-    for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
-        try:
-            with log.open("r", encoding="utf-8") as fh:
-                first = json.loads(fh.readline() or "{}")
-        except (OSError, ValueError):
-            continue
-        if first.get("kind") == "process_start" and first.get("stacks_at") and first.get("stack_file"):
-            out.append((int(first["pid"]), first["stack_file"]))
-    return out
-
-
-def wait_for_stack_dumps(run_dir: Path, wait: float = STACK_WAIT) -> list[int]:
-    """Every live instrumented process dumps its stacks STACK_LEAD seconds before the timeout (session.StackTimer):
-    wait until their dumps are written (or `wait`). Returns the pids whose dump is there."""
-    from ddpdoctor.probe.procs import is_alive
-
-    live = [(pid, run_dir / EVENTS_DIR / f) for pid, f in _started_processes(run_dir) if is_alive(pid)]
-    end = time.monotonic() + wait
-    sizes: dict[Path, int] = {}
-    while True:
-        now = {f: (f.stat().st_size if f.exists() else 0) for _, f in live}
-        if (all(v > 0 for v in now.values()) and now == sizes) or time.monotonic() >= end:
-            break
-        sizes = now
-        time.sleep(0.1)
-    return [pid for pid, f in live if f.exists() and f.stat().st_size > 0]
-
-
-def _dumped(run_dir: Path) -> list[int]:
-    """The pids whose stack dump is in the run directory (the processes are gone already)."""
-    out = []
-    for pid, name in _started_processes(run_dir):
-        try:
-            if (run_dir / EVENTS_DIR / name).stat().st_size > 0:
-                out.append(pid)
-        except OSError:
-            continue
-    return out
 
 
 def _collect_logs(run_dir: Path) -> None:
@@ -262,7 +228,7 @@ def _launch_once(
 ) -> LaunchRecord:
     mode = settings.mode
     port = free_port()
-    if mode in SINGLE_LAUNCH:
+    if mode.starts_once:
         # nothing of ours listens on MASTER_PORT in spawn mode: the script's own rendezvous may use it
         settings = replace(settings, rendezvous_port=port)
     else:  # torchrun's agent hosts its store on MASTER_PORT: the script's tcp:// rendezvous needs another port
@@ -274,11 +240,9 @@ def _launch_once(
     cmd = _command(mode, cfg, run_dir, port)
     env = _environment(settings, port, scratch)
     logs = run_dir / LOGS_DIR
-    who = "main" if mode in SINGLE_LAUNCH else "agent"
+    who = "main" if mode.starts_once else "agent"
     started = time.time()
     t0 = time.monotonic()
-    timed_out = interrupted = finished_early = False
-    dumped: list[int] = []
     supervisor = Supervisor(
         [Command(argv=cmd, stdout=str(logs / f"{who}.stdout"), stderr=str(logs / f"{who}.stderr"))],
         env=env,
@@ -288,44 +252,29 @@ def _launch_once(
         scratch=[scratch],
         log=str(logs / "supervisor.stderr"),
     )
-    previous = trap_stop_signals()
-    try:
-        supervisor.start()
-        polls = 0
-        while supervisor.poll()[0] is None and supervisor.running:
-            if time.monotonic() >= deadline:
-                timed_out = True
-                dumped = wait_for_stack_dumps(run_dir)
-                break
-            polls += 1
-            if mode not in SINGLE_LAUNCH and polls % 4 == 0 and _ranks_exited(run_dir, cfg.nproc):
-                # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous
-                # teardown, ~1 s) tells us nothing more
-                finished_early = True
-                break
-            if progress is not None:
-                progress.update()
-            if neighbours is not None and polls % 10 == 0:
-                neighbours.look()
-            time.sleep(0.05)
-    except (KeyboardInterrupt, Stopped):
-        interrupted = True
-    finally:
-        held = hold_signals(previous)  # a Ctrl-C or SIGTERM during the clean-up is kept for after it
-        try:
-            stopped = supervisor.stop()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            held.release()
-    if held:
-        interrupted = True  # asked to stop while the run was being stopped: the command ends as interrupted
-    elif not interrupted and not timed_out and stopped.get("reason") == "deadline":
+
+    def ended() -> LaunchEnd | None:
+        return None if supervisor.poll()[0] is None and supervisor.running else LaunchEnd.EXITED
+
+    def all_ranks_gone(polls: int) -> LaunchEnd | None:
+        if not mode.starts_once and polls % 4 == 0 and ranks_exited(run_dir, cfg.nproc):
+            # every rank recorded its exit and is gone: the agent's own shutdown (rendezvous teardown, ~1 s)
+            # tells us nothing more
+            return LaunchEnd.RANKS_EXITED
+        return None
+
+    watched = watch(run_dir=run_dir, deadline=deadline, scratch=scratch, start=supervisor.start, ended=ended,
+                    tick=all_ranks_gone, clean_up=lambda _end: supervisor.stop(), progress=progress,
+                    neighbours=neighbours)
+    end, dumped, stopped = watched.end, watched.dumped, watched.stopped
+    finished_early = end is LaunchEnd.RANKS_EXITED
+    if not end.stopped and stopped.get("reason") == "deadline":
         # the supervisor's own deadline ended the run while this process was not looking (stopped with Ctrl-Z or
         # SIGSTOP past the timeout, then resumed): the ranks ran on meanwhile, so the run timed out all the same
-        timed_out = True
-        dumped = _dumped(run_dir)
+        end = LaunchEnd.TIMED_OUT
+        dumped = dumped_stacks(run_dir)
     _collect_logs(run_dir)
-    _drop_empty_stacks(run_dir)
+    drop_empty_stacks(run_dir)
     supervisor_log = logs / "supervisor.stderr"
     if supervisor_log.is_file() and supervisor_log.stat().st_size == 0:
         supervisor_log.unlink()
@@ -345,8 +294,7 @@ def _launch_once(
         rendezvous_port=settings.rendezvous_port,
         returncode=returncode,
         stopped_by_probe=stopped["pids"][0] in stopped.get("killed", ()),
-        timed_out=timed_out,
-        interrupted=interrupted,
+        **end.flags(timed_out=watched.timed_out),
         timeout=cfg.timeout,
         started=started,
         ended=time.time(),
@@ -357,43 +305,6 @@ def _launch_once(
         supervisor={k: stopped.get(k) for k in ("reason", "subreaper")},
         agent=agent,
     )
-
-
-def _drop_empty_stacks(run_dir: Path) -> None:
-    for stack in (run_dir / EVENTS_DIR).glob("*.stack"):
-        if stack.stat().st_size == 0:  # nothing was dumped: no need to keep the placeholder
-            stack.unlink()
-
-
-def _last_event(log: Path) -> dict[str, Any] | None:
-    try:
-        with log.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 8192))
-            lines = fh.read().splitlines()
-        return json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
-
-
-def _ranks_exited(run_dir: Path, nproc: int) -> bool:
-    """All `nproc` rank processes wrote their `exit` event and are no longer alive."""
-    from ddpdoctor.probe.procs import is_alive
-
-    exited = 0
-    for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
-        last = _last_event(log)
-        if last is None:
-            return False
-        if last.get("kind") != "exit":
-            if last.get("rank") is not None or last.get("kind") == "process_start":
-                return False
-            continue
-        if is_alive(int(last["pid"])):
-            return False
-        exited += 1
-    return exited >= nproc
 
 
 def _port_clash(record: LaunchRecord, run_dir: Path) -> bool:
@@ -408,7 +319,7 @@ def _relaunch_request(run_dir: Path, record: LaunchRecord) -> dict[str, Any] | N
     """The main process of a single launch asked for torchrun (ddpdoctor.probe.launch_check): its decision."""
     from ddpdoctor.probe.launch_check import RELAUNCH_EXIT_CODE
 
-    if record.returncode != RELAUNCH_EXIT_CODE or record.timed_out or record.interrupted:
+    if record.returncode != RELAUNCH_EXIT_CODE or record.end.stopped:
         return None
     for log in (run_dir / EVENTS_DIR).glob("*.jsonl"):
         try:
@@ -421,7 +332,7 @@ def _relaunch_request(run_dir: Path, record: LaunchRecord) -> dict[str, Any] | N
                     event = json.loads(line)
                 except ValueError:
                     continue
-                if event.get("kind") == "launch_decision" and event.get("mode") == "torchrun":
+                if event.get("kind") == "launch_decision" and LaunchMode.of(event.get("mode")) is LaunchMode.TORCHRUN:
                     return {k: event.get(k) for k in ("mode", "reason", "site")}
     return None
 
@@ -486,7 +397,7 @@ def _run_probe(
         timeout=cfg.timeout,
         script=str(cfg.script),
         local_rank_arg=plan.local_rank_option or "",
-        launch_check=1 if plan.mode in SINGLE_LAUNCH else 0,
+        launch_check=1 if plan.mode.starts_once else 0,
         launcher=plan.launcher,
     )
     if arm:
@@ -509,16 +420,17 @@ def _run_probe(
         if shared is not None and shared.usable(settings.mode) else None
     if record is None:  # launched alone (or the shared launch was gone before this run started)
         record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
-    relaunch = _relaunch_request(run_dir, record) if plan.mode in SINGLE_LAUNCH else None
+    relaunch = _relaunch_request(run_dir, record) if plan.mode.starts_once else None
     if relaunch is not None:
         # the script's main process needs a launcher: start it again under torchrun, within the same timeout
         first = record
         _clear_attempt(run_dir)
-        settings = replace(settings, mode="torchrun", launch_check=0, local_rank_arg=plan.local_rank_option or "")
+        settings = replace(settings, mode=LaunchMode.TORCHRUN, launch_check=0,
+                           local_rank_arg=plan.local_rank_option or "")
         meta = meta.updated(
-            mode="torchrun",
+            mode=LaunchMode.TORCHRUN,
             legacy_local_rank_arg=plan.local_rank_option,
-            plan={**plan.to_json(), "mode": "torchrun", "runtime_decision": relaunch},
+            plan={**plan.to_json(), "mode": LaunchMode.TORCHRUN.value, "runtime_decision": relaunch},
         )
         write_json(run_dir / META_FILE, meta.to_json())
         if progress is not None:
@@ -528,21 +440,21 @@ def _run_probe(
             first_launch={"mode": first.mode, "returncode": first.returncode, "wall_seconds": first.wall_seconds},
             wall_seconds=round(float(record.wall_seconds or 0.0) + float(first.wall_seconds or 0.0), 3),
         )
-    if not record.interrupted:
+    if record.end is not LaunchEnd.INTERRUPTED:
         # every user file the run names, so that `ddpdoctor report` elsewhere reads the same source
         meta = meta.updated(sources=snapshot_run(run_dir, cwd=meta.cwd, script=script_as_run, taken=meta.sources))
         write_json(run_dir / META_FILE, meta.to_json())
     record = record.updated(user_tree=tree_changes(before, skip=[str(run_dir)], others=neighbours))
     write_json(run_dir / LAUNCHER_FILE, record.to_json())
     if progress is not None:
-        progress.close(timed_out=record.timed_out, interrupted=record.interrupted)
-    if record.interrupted:
+        progress.close(timed_out=record.timed_out, interrupted=record.end is LaunchEnd.INTERRUPTED)
+    if record.end is LaunchEnd.INTERRUPTED:
         raise KeyboardInterrupt
     return ProbeOutcome(
         run_dir=run_dir,
         mode=settings.mode,
         returncode=record.returncode,
-        timed_out=record.timed_out,
+        end=record.end,
         wall_seconds=record.wall_seconds,
     )
 
@@ -553,7 +465,7 @@ def _launch(
 ) -> LaunchRecord:
     for _attempt in range(2):
         record = _launch_once(cfg, run_dir, settings, deadline, progress, neighbours)
-        if not _port_clash(record, run_dir) or record.interrupted:
+        if not _port_clash(record, run_dir) or record.end is LaunchEnd.INTERRUPTED:
             break
     return record
 

@@ -5,7 +5,6 @@ settings, timeout, rendezvous, TMPDIR, launcher.json); `run_probe(..., shared=Sh
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 import uuid
@@ -16,19 +15,11 @@ from typing import Any
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.events import LOGS_DIR
 from ddpdoctor.live import Neighbours
-from ddpdoctor.probe.launcher import (
-    STACK_LEAD,
-    STACK_WAIT,
-    _command,
-    _drop_empty_stacks,
-    _environment,
-    free_port,
-    scratch_dir,
-    wait_for_stack_dumps,
-)
+from ddpdoctor.probe.launcher import _command, _environment, free_port, scratch_dir
 from ddpdoctor.probe.settings import ProbeSettings
-from ddpdoctor.probe.supervisor import Command, Stopped, Supervisor, hold_signals, trap_stop_signals
-from ddpdoctor.records import LaunchRecord
+from ddpdoctor.probe.supervisor import Command, Supervisor
+from ddpdoctor.probe.watch import STACK_LEAD, STACK_WAIT, drop_empty_stacks, watch
+from ddpdoctor.records import LaunchEnd, LaunchMode, LaunchRecord
 
 
 class SharedLaunch:
@@ -63,10 +54,10 @@ class SharedLaunch:
         self.ctrl = Path(self.scratch) / "ctrl"
         self.ctrl.mkdir()
         port = free_port()
-        settings = ProbeSettings(run_dir=str(self.ctrl), run_tag=self.tag, mode="torchrun", epochs=cfg.epochs,
+        settings = ProbeSettings(run_dir=str(self.ctrl), run_tag=self.tag, mode=LaunchMode.TORCHRUN, epochs=cfg.epochs,
                                  steps=cfg.steps, device=cfg.device, nproc=cfg.nproc, timeout=cfg.timeout,
                                  script=str(cfg.script), scratch=self.scratch)
-        self.command = _command("torchrun", cfg, self.ctrl, port, rank_module="ddpdoctor.probe.zygote",
+        self.command = _command(LaunchMode.TORCHRUN, cfg, self.ctrl, port, rank_module="ddpdoctor.probe.zygote",
                                 log_dir=self.ctrl / "elastic")
         env = _environment(settings, port, self.scratch)
         env[SHARED_ENV] = "1"
@@ -81,8 +72,9 @@ class SharedLaunch:
         self.supervisor.start()
         return self
 
-    def usable(self, mode: str) -> bool:
-        return self.ended is None and self.supervisor is not None and mode == "torchrun" and self.k < self.runs
+    def usable(self, mode: LaunchMode) -> bool:
+        return self.ended is None and self.supervisor is not None and mode is LaunchMode.TORCHRUN \
+            and self.k < self.runs
 
     def _alive(self) -> bool:
         sup = self.supervisor
@@ -110,66 +102,56 @@ class SharedLaunch:
         self.in_flight = True
         write_atomic(order_file(ctrl, k), {"env": order_env, "script": str(cfg.script),
                                            "args": list(cfg.script_args), "logs": str(run_dir / LOGS_DIR)})
-        timed_out = interrupted = False
-        dumped: list[int] = []
         ends: dict[int, dict[str, Any]] = {}
         failures: list[dict[str, Any]] = []
         stopping_at: float | None = None
-        previous = trap_stop_signals()
-        try:
-            polls = 0
-            while True:
-                for rank in range(cfg.nproc):
-                    if rank not in ends:
-                        done = read_json(done_file(ctrl, k, rank)) if done_file(ctrl, k, rank).exists() else None
-                        if done is not None:
-                            ends[rank] = done
-                if len(ends) == cfg.nproc:
-                    self.in_flight = False
-                    break
-                if not self._alive():
-                    self.ended = "the shared launch ended before the run did"
-                    break
-                if time.monotonic() >= deadline:
-                    timed_out = True
-                    dumped = wait_for_stack_dumps(run_dir)
-                    self.ended = "a run timed out"
-                    break
-                failed = [r for r, d in ends.items() if d.get("exitcode")]
-                if failed and stopping_at is None:
-                    # as torchrun's agent does: a failed rank ends the run; the others are stopped (SIGTERM, then
-                    # SIGKILL after the agent's --shutdown-timeout), and only the failed ones are its failures
-                    failures = [self._failure(ends[r]) for r in sorted(failed)]
-                    stopping_at = time.monotonic()
-                    self._signal_children(k, signal.SIGTERM, ends)
-                elif stopping_at is not None and time.monotonic() - stopping_at > 3.0:
-                    self._signal_children(k, signal.SIGKILL, ends)
-                    stopping_at = float("inf")
-                polls += 1
-                if progress is not None:
-                    progress.update()
-                if neighbours is not None and polls % 10 == 0:
-                    neighbours.look()
-                time.sleep(0.05)
-        except (KeyboardInterrupt, Stopped):
-            interrupted = True
-            self.ended = "interrupted"
-        finally:
-            held = hold_signals(previous)
-            try:
-                final = self.close() if self.ended is not None else None
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-                held.release()
-        if held:
-            interrupted = True
+
+        def ended() -> LaunchEnd | None:
+            for rank in range(cfg.nproc):
+                if rank not in ends:
+                    done = read_json(done_file(ctrl, k, rank)) if done_file(ctrl, k, rank).exists() else None
+                    if done is not None:
+                        ends[rank] = done
+            if len(ends) == cfg.nproc:
+                self.in_flight = False
+                return LaunchEnd.EXITED
+            if not self._alive():
+                self.ended = "the shared launch ended before the run did"
+                return LaunchEnd.EXITED
+            return None
+
+        def stop_peers_of_failed(_polls: int) -> None:
+            nonlocal failures, stopping_at
+            failed = [r for r, d in ends.items() if d.get("exitcode")]
+            if failed and stopping_at is None:
+                # as torchrun's agent does: a failed rank ends the run; the others are stopped (SIGTERM, then
+                # SIGKILL after the agent's --shutdown-timeout), and only the failed ones are its failures
+                failures = [self._failure(ends[r]) for r in sorted(failed)]
+                stopping_at = time.monotonic()
+                self._signal_children(k, signal.SIGTERM, ends)
+            elif stopping_at is not None and time.monotonic() - stopping_at > 3.0:
+                self._signal_children(k, signal.SIGKILL, ends)
+                stopping_at = float("inf")
+
+        def clean_up(end: LaunchEnd | None) -> dict[str, Any] | None:
+            if end is LaunchEnd.TIMED_OUT:
+                self.ended = "a run timed out"
+            elif end is LaunchEnd.INTERRUPTED:
+                self.ended = "interrupted"
+            return self.close() if self.ended is not None else None
+
+        watched = watch(run_dir=run_dir, deadline=deadline, scratch=str(scratch), ended=ended,
+                        tick=stop_peers_of_failed, clean_up=clean_up, progress=progress, neighbours=neighbours)
+        end, dumped, final = watched.end, watched.dumped, watched.stopped
+        timed_out, interrupted = watched.timed_out, end is LaunchEnd.INTERRUPTED
+        if interrupted:
             self.ended = self.ended or "interrupted"
         pids = {r: (read_json(started_file(ctrl, k, r)) or {}).get("pid") for r in range(cfg.nproc)} \
             if ctrl.is_dir() else {}
         if not any(pids.values()) and not ends and not timed_out and not interrupted:
             self.k -= 1  # nothing of it ran here
             return None
-        _drop_empty_stacks(run_dir)
+        drop_empty_stacks(run_dir)
         if not failures:
             failures = [self._failure(d) for _, d in sorted(ends.items()) if d.get("exitcode")]
         complete = len(ends) == cfg.nproc
@@ -183,14 +165,13 @@ class SharedLaunch:
         if final is not None and not complete and not timed_out and not interrupted:
             returncode = (final.get("returncodes") or [1])[0]
         return LaunchRecord(
-            mode="torchrun",
+            mode=LaunchMode.TORCHRUN,
             command=tuple(self.command),
             port=port,
             rendezvous_port=settings.rendezvous_port,
             returncode=returncode,
             stopped_by_probe=timed_out or interrupted,
-            timed_out=timed_out,
-            interrupted=interrupted,
+            **end.flags(timed_out=watched.timed_out),
             timeout=cfg.timeout,
             started=started,
             ended=time.time(),
