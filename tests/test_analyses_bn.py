@@ -1,5 +1,5 @@
 """BN analyses DD201–DD207 and the BN table, replayed from recorded runs (fixtures/runs/bn_*, recorded with the
-real probe by fixtures/probe/bn/record_fixtures.py), plus synthetic runs for the cases a recording cannot pin down,
+real probe by python -m ddpdoctor.dev.record), plus synthetic runs for the cases a recording cannot pin down,
 and the calibration of the non-i.i.d. test (DD203) on a real model across seeds."""
 
 from __future__ import annotations

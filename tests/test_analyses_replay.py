@@ -1,5 +1,5 @@
 """Replay: the analyses re-run on probe runs recorded from the fixture scripts (fixtures/runs/probe_*, recorded by
-fixtures/runs/record_probe_runs.py). Pure and fast: no process is started, no torch is imported."""
+python -m ddpdoctor.dev.record). Pure and fast: no process is started, no torch is imported."""
 
 from __future__ import annotations
 

@@ -47,3 +47,17 @@ def test_the_command_prints_a_rules_evidence(capsys):
     assert "fixtures/static/DD301/bad_no_set_epoch.py" in out and "fixtures/runs/probe_missing_set_epoch" in out
     assert evidence.main(["DD999"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_one_recorder_records_every_recorded_run():
+    """python -m ddpdoctor.dev.record: one table, one way (`ddpdoctor check --keep-run`), for every run of
+    fixtures/runs/ that a golden report pins; the triage's run (a `triage --keep-run` directory) is not a check run."""
+    from ddpdoctor.dev import record
+
+    table = record.recordings()
+    assert set(table) == {p.name for p in evidence.recorded_runs()}
+    for name, (script, _args) in table.items():
+        assert (evidence.REPO / script).is_file(), name
+        cmd = record.command(name, scratch="/tmp/x")
+        assert cmd[:4] == ["check", script, "--keep-run", f"fixtures/runs/{name}"] and record.SCRATCH not in cmd
+    assert record.main(["no_such_run"]) == 2

@@ -7,7 +7,7 @@ it measured it (or `not_measured` where it could not). For each such rule two re
 PENDING tables say why a rule has none yet): one where static analysis suspected the condition below `certain`
 and the probe measured it absent (the static finding is dropped, with a note giving the numbers), and one where
 the probe found it (one finding, static and probe). The runs are real probe runs of the fixtures in
-fixtures/measured/ (or of older fixtures that show the same), recorded by fixtures/runs/record_probe_runs.py and
+fixtures/measured/ (or of older fixtures that show the same), recorded by python -m ddpdoctor.dev.record and
 replayed here through `ddpdoctor report`.
 """
 

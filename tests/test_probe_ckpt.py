@@ -1,12 +1,10 @@
 """The checkpoint recorder (ddpdoctor/probe/recorders/checkpoint.py): in this process, and the real probe on 2 CPU
-ranks over fixtures/probe/ckpt/ (which also records fixtures/runs/ckpt_*/ when DDPDOCTOR_RECORD_FIXTURES=1)."""
+ranks over fixtures/probe/ckpt/ (recorded as fixtures/runs/ckpt_*/ by `python -m ddpdoctor.dev.record`)."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,7 +16,6 @@ from ddpdoctor.probe.recorders import checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "fixtures" / "runs"
-RECORD = os.environ.get("DDPDOCTOR_RECORD_FIXTURES") == "1"
 
 
 @pytest.fixture
@@ -111,18 +108,14 @@ def test_probe_finds_the_checkpoint_rules(name: str, tmp_path: Path, monkeypatch
     from ddpdoctor.check import run_check
     from ddpdoctor.config import CheckConfig
 
-    if name != "save_every_rank" and not RECORD:
-        pytest.skip("replayed from fixtures/runs (set DDPDOCTOR_RECORD_FIXTURES=1 to re-record)")
+    if name != "save_every_rank":
+        pytest.skip("replayed from fixtures/runs (recorded by python -m ddpdoctor.dev.record)")
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     report = run_check(CheckConfig(script=Path(f"fixtures/probe/ckpt/{name}.py"), script_args=(str(out),),
                                    device="cpu", nproc=2, timeout=600, keep_run=run_dir))
-    if RECORD:
-        target = RUNS / f"ckpt_{name}"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(run_dir, target, ignore=lambda d, names: [n for n in names if n.endswith(".stack")])
     fire, silent = CKPT_FIXTURES[name]
     probe_rules = {f.rule for f in report.findings if "probe" in f.sources}
     assert fire <= probe_rules, report.to_json()["findings"]

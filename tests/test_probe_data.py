@@ -1,13 +1,11 @@
 """The data recorders (ddpdoctor/probe/recorders/rng.py, dataset.py): unit tests in this process, and the real
-probe on 2 CPU ranks over the data fixtures (fixtures/probe/data/), which also records fixtures/runs/data_*/ when
-DDPDOCTOR_RECORD_FIXTURES=1."""
+probe on 2 CPU ranks over the data fixtures (fixtures/probe/data/), whose recorded runs (fixtures/runs/data_*/,
+`python -m ddpdoctor.dev.record`) tests/test_analyses_data.py replays."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,6 @@ from ddpdoctor.probe.recorders import rng as rng_rec
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "fixtures" / "runs"
-RECORD = os.environ.get("DDPDOCTOR_RECORD_FIXTURES") == "1"
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -197,8 +194,7 @@ LIVE = {"seeded_augment"}  # recorded runs replay the others (tests/test_analyse
 
 
 def probe_fixture(area: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options):
-    """Run the real probe (2 CPU ranks) on fixtures/probe/<area>/<name>.py from the repository root; record the
-    run into fixtures/runs/<area>_<name>/ when DDPDOCTOR_RECORD_FIXTURES=1."""
+    """Run the real probe (2 CPU ranks) on fixtures/probe/<area>/<name>.py from the repository root."""
     from ddpdoctor.check import run_check
     from ddpdoctor.config import CheckConfig
 
@@ -207,18 +203,14 @@ def probe_fixture(area: str, name: str, tmp_path: Path, monkeypatch: pytest.Monk
     cfg = CheckConfig(script=Path(f"fixtures/probe/{area}/{name}.py"), device="cpu", nproc=2, timeout=600,
                       keep_run=run_dir, **options)
     report = run_check(cfg)
-    if RECORD:
-        target = RUNS / f"{area}_{name}"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(run_dir, target, ignore=lambda d, names: [n for n in names if n.endswith(".stack")])
     return report, run_dir
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DATA_FIXTURES))
 def test_probe_finds_the_data_rules(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if name not in LIVE and not RECORD:
-        pytest.skip("replayed from fixtures/runs (set DDPDOCTOR_RECORD_FIXTURES=1 to re-record)")
+    if name not in LIVE:
+        pytest.skip("replayed from fixtures/runs (recorded by python -m ddpdoctor.dev.record)")
     report, run_dir = probe_fixture("data", name, tmp_path, monkeypatch)
     fire, silent = DATA_FIXTURES[name]
     probe_rules = {f.rule for f in report.findings if "probe" in f.sources}

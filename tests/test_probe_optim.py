@@ -1,12 +1,10 @@
 """The optimisation-health recorder (ddpdoctor/probe/recorders/optim_health.py): in this process on a real
-one-rank gloo group, and the real probe on 2 CPU ranks over fixtures/probe/optim/ (which also records
-fixtures/runs/optim_*/ when DDPDOCTOR_RECORD_FIXTURES=1)."""
+one-rank gloo group, and the real probe on 2 CPU ranks over fixtures/probe/optim/ (recorded as fixtures/runs/optim_*/
+by `python -m ddpdoctor.dev.record`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,7 +15,6 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "fixtures" / "runs"
-RECORD = os.environ.get("DDPDOCTOR_RECORD_FIXTURES") == "1"
 
 
 @pytest.fixture
@@ -271,17 +268,13 @@ def test_probe_finds_the_optimisation_rules(name: str, tmp_path: Path, monkeypat
     from ddpdoctor.check import run_check
     from ddpdoctor.config import CheckConfig
 
-    if name not in LIVE and not RECORD:
-        pytest.skip("replayed from fixtures/runs (set DDPDOCTOR_RECORD_FIXTURES=1 to re-record)")
+    if name not in LIVE:
+        pytest.skip("replayed from fixtures/runs (recorded by python -m ddpdoctor.dev.record)")
     options, fire, silent = OPTIM_FIXTURES[name]
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     report = run_check(CheckConfig(script=Path(f"fixtures/probe/optim/{name}.py"), device="cpu", nproc=2,
                                    timeout=600, keep_run=run_dir, **options))
-    if RECORD:
-        target = RUNS / f"optim_{name}"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(run_dir, target, ignore=lambda d, names: [n for n in names if n.endswith(".stack")])
     probe_rules = {f.rule for f in report.findings if "probe" in f.sources}
     assert fire <= probe_rules, report.to_json()["findings"]
     assert not (silent & probe_rules), report.to_json()["findings"]

@@ -1,5 +1,5 @@
 """The style-specific analyses replayed from recorded runs of fixtures/styles/ (fixtures/runs/styles_*, recorded
-by fixtures/runs/record_probe_runs.py): what DataParallel did to BatchNorm, apex's DDP leaving BN buffers per rank,
+by python -m ddpdoctor.dev.record): what DataParallel did to BatchNorm, apex's DDP leaving BN buffers per rank,
 Horovod replicas that never started equal and a discarded hvd.allreduce. Fast: no rank runs here."""
 
 from __future__ import annotations
