@@ -333,6 +333,19 @@ def test_a_load_that_loads_nothing_ranks_above_small_bn_batches(probe) -> None:
     assert "DD503" not in {f["rule"] for f in good["findings"]} and "DD202" in _by_rule(good)
 
 
+def test_a_model_that_learns_nothing_ranks_above_the_ranks_differing_data(probe) -> None:
+    """Rank by measured consequence, not rule number (issue 20; the shape of PyTorch's DDP tutorial): one logit
+    trained with cross-entropy learns nothing (DD405) on per-rank unseeded data (DD305), both high — DD405 first,
+    with the whole training measured lost. The twin with two logits learns: DD305 alone."""
+    bad, _, _ = probe("ranking/one_logit_per_rank_data")
+    rules = [f["rule"] for f in bad["findings"]]
+    assert rules[:2] == ["DD405", "DD305"], rules
+    assert bad["findings"][0]["evidence"]["training_lost"] == 1.0
+    good, _, _ = probe("ranking/two_logits_per_rank_data")
+    rules = [f["rule"] for f in good["findings"]]
+    assert rules[0] == "DD305" and "DD405" not in rules, rules
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]
