@@ -8,7 +8,8 @@ and the value the reduction returned: how far the metric the script reports is f
 
 Measured for a static "metric never reduced" suspicion: when the evaluation loop it names ran on every rank and
 each rank then called a reducing collective (all_reduce, all_gather, reduce, gather...: the probe records the
-first calls per call site) that the walk did not see, the suspicion is dropped with where the reduction ran; an
+first calls per call site) that the walk did not see, before its next optimizer step (a training loss reduced for
+logging in the next epoch is not the metric), the suspicion is dropped with where the reduction ran; an
 evaluation loop that did not run during the probe keeps it, with a note.
 """
 
@@ -41,9 +42,13 @@ def _measure_reductions(ctx: RunContext) -> None:
             if not starts:
                 continue
             ran.add(r)
-            t0 = min(float(e.get("t") or 0.0) for e in starts)
+            # between the first evaluation pass and the next optimizer step: a loss all_reduce'd for logging in
+            # the next epoch's training is no reduction of the evaluation's metric
+            s0 = min(int(e.get("seq") or 0) for e in starts)
+            s1 = min((int(e.get("seq") or 0) for e in p.of("train_step") if int(e.get("seq") or 0) > s0),
+                     default=None)
             hit = next((e for e in p.of("collective") if e.get("op") in REDUCING_COLLECTIVES
-                        and float(e.get("t") or 0.0) >= t0), None)
+                        and int(e.get("seq") or 0) > s0 and (s1 is None or int(e.get("seq") or 0) < s1)), None)
             if hit is not None:
                 after[r] = hit
         if not ran:
