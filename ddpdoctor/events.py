@@ -216,6 +216,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             call="per-process collective counter",
             numel="elements of the first tensor argument",
             dtype="its dtype",
+            implicit="absent for the script's own calls; what made torch call it at this user line otherwise "
+            "(ddp_buffers: DDP's broadcast of rank 0's buffers at the start of a forward)",
         ),
         _k("collectives_summary", "per call site counts of collectives at the end", sites="[{op, site, count}]"),
         # --- launch styles and stand-ins (probe/launch_env.py, probe/standins/)

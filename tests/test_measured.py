@@ -33,6 +33,7 @@ CLEARED: dict[str, str] = {
     "DD106": "measured_dd106_dataparallel_branch_not_taken",
     "DD108": "probe_legacy_local_rank_device_from_rank",
     "DD110": "measured_dd110_wrap_under_launcher_condition",
+    "DD206": "measured_dd206_ddp_forward_on_every_rank",
     "DD207": "probe_precise_bn",
     "DD209": "measured_dd209_exact_class_before_conversion",
     "DD303": "data_synthetic_unseeded",
@@ -76,7 +77,7 @@ CONFIRMED: dict[str, str] = {
 NO_CLEARED_RUN_YET = ("no recorded run yet where static analysis suspects it below certain and the probe measures it "
                       "absent")
 PENDING_CLEARED: dict[str, str] = {code: NO_CLEARED_RUN_YET for code in (
-    "DD101", "DD102", "DD104", "DD105", "DD205", "DD206", "DD301", "DD302", "DD501", "DD504",
+    "DD101", "DD102", "DD104", "DD105", "DD205", "DD301", "DD302", "DD501", "DD504",
 )}
 PENDING_CLEARED["DD904"] = ("static DD904 fires below certain on an unknown trainer of an installed package; none "
                             "that trains through torch.optim without ddpdoctor modelling it is installed with the "

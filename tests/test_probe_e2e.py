@@ -346,6 +346,16 @@ def test_a_model_that_learns_nothing_ranks_above_the_ranks_differing_data(probe)
     assert rules[0] == "DD305" and "DD405" not in rules, rules
 
 
+def test_a_static_dd206_on_a_ddp_forward_every_rank_ran_is_cleared_by_the_buffer_broadcast_recorded(probe) -> None:
+    """Issue 20: DDP's broadcast of rank 0's buffers at the start of a forward is a collective the script never calls
+    itself; the probe records it at the forward's line, so a static DD206 on a DDP forward under a rank test every
+    rank passes is cleared from what ran (it stayed, high)."""
+    report, _, _ = probe("../measured/dd206_ddp_forward_on_every_rank")
+    assert "DD206" not in {f["rule"] for f in report["findings"]}, [f["message"] for f in report["findings"]]
+    assert any(n.startswith("static DD206 at ") and ":17 cleared" in n
+               and "DDP's buffer broadcast" in n for n in report["notes"]), report["notes"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 from typing import Any, Iterator
 
+from ddpdoctor.probe.recorders import process_group
 from ddpdoctor.probe.session import Probe
 
 NAME = "ddp"
@@ -60,6 +61,9 @@ def install(probe: Probe) -> None:
                     and digests.get(id(self), 0) < INPUT_DIGESTS):
                 digests[id(self)] = digests.get(id(self), 0) + 1
                 probe.safely("ddp_input_digest", _input_digest, probe, self, inputs, kwargs, digests[id(self)])
+            if not probe.ending and not probe.quiet and probe.safely("ddp buffer sync", _syncs_buffers, self):
+                probe.safely("ddp buffer sync", process_group.record_implicit, probe, "broadcast", probe.site(),
+                             "ddp_buffers")
             probe.ddp_forward_depth += 1
             try:
                 out = orig(self, *inputs, **kwargs)
@@ -314,6 +318,14 @@ def wrapper_forward(probe: Probe, wrapper: Any) -> Iterator[None]:
         probe.ddp_forward_depth -= 1
     if wrapper.training and torch.is_grad_enabled() and trains(wrapper):
         probe.counters["ddp_forwards"] += 1
+
+
+def _syncs_buffers(ddp: Any) -> bool:
+    """Whether this DDP forward starts with DDP's broadcast of rank 0's buffers (torch's own test: buffers to
+    sync, broadcast_buffers on, and the previous forward one that armed the gradient sync; a collective every rank
+    must join, although the script calls none)."""
+    check = getattr(ddp, "_check_sync_bufs_pre_fwd", None)
+    return bool(check()) if callable(check) else False
 
 
 def in_training(ddp: Any) -> bool:

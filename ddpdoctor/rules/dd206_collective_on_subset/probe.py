@@ -14,7 +14,10 @@ the branch, with the branch's condition and what blocked in evidence.
 
 Measured at each collective static analysis suspected of running on a subset: every rank of a run that did not
 hang called it (the probe records the first calls of each collective per call site), so the branch admitted all
-ranks; a collective no rank reached stays, with a note.
+ranks; a collective no rank reached stays, with a note. A forward through the DDP wrapper counts by the collective
+it makes: DDP's broadcast of rank 0's buffers at its start is recorded at the user's forward line (issue 20: a
+static DD206 on such a forward stayed, high, on every script whose ranks all ran it, because that broadcast is
+none of the script's own torch.distributed calls).
 
 When the ranks outside the branch were all ended by the probe's own --epochs/--steps limit, the hang is not the
 script's (they would go on to a next step whose first collective may pair with the stuck one): medium, and the
@@ -55,7 +58,8 @@ def _measure_collectives(ctx: RunContext) -> None:
         for e in p.of("collective"):
             key = ctx.where(e.get("site"))
             callers.setdefault(key, set()).add(p.rank)
-            ops.setdefault(key, str(e.get("op")))
+            ops.setdefault(key, "DDP's buffer broadcast (broadcast_buffers: a collective at the forward)"
+                           if e.get("implicit") == "ddp_buffers" else str(e.get("op")))
     ranks = set(ctx.ranks)
     for site in sites:
         key = (site["file"], site["line"])
