@@ -88,8 +88,8 @@ def test_within_a_severity_the_measured_loss_of_training_ranks_before_the_rule_n
     differs = make("DD305", sources=("probe",), magnitude=1.0, evidence={"differing_fraction": 1.0})
     half = make("DD503", sources=("probe",), severity=Severity.MEDIUM, magnitude=0.5,
                 evidence={"missing": 3, "model_keys": 6})
-    small = make("DD202", sources=("probe",), severity=Severity.MEDIUM, magnitude=4.0)
-    critical = make("DD103", sources=("probe",), severity=Severity.CRITICAL)
+    small = make("DD202", sources=("probe",), severity=Severity.MEDIUM, magnitude=4.0, evidence={"layers": ["bn1"]})
+    critical = make("DD103", sources=("probe",), severity=Severity.CRITICAL, evidence={"steps_differing": 3})
     notes: list[str] = []
     kept = [g for f in (differs, small, half, nothing, critical)
             for g in keep_consistent(hook(f.rule, "probe"), [f], notes)]
