@@ -370,6 +370,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             n="training forward number through this DDP (1-based)",
             step="optimizer steps completed",
             digest="blake2b of the first input tensor's shape, dtype and evenly strided values",
+            rows="short digests of its first samples (rows along dim 0, at most ROW_DIGESTS): a sample that recurs "
+            "in another forward was drawn from a finite set (a dataset), not generated fresh",
         ),
         _k(
             "ddp_inputs",

@@ -356,6 +356,19 @@ def test_a_static_dd206_on_a_ddp_forward_every_rank_ran_is_cleared_by_the_buffer
                and "DDP's buffer broadcast" in n for n in report["notes"]), report["notes"]
 
 
+def test_identical_fresh_random_batches_without_a_dataset_are_a_low_dd302_that_says_synthetic(probe) -> None:
+    """Issue 20: a benchmark drawing torch.randn every step with one seed on every rank feeds identical batches —
+    identical gradients, the world trains on one rank's data. Measured: no DataLoader or Dataset read and no sample
+    recurring across forwards, so synthetic by design: DD302 low, saying so. Drawn from a dataset
+    (fsdp2_same_batches.py --ddp, tests/test_fsdp2.py) it stays high."""
+    report, _, _ = probe("data/synthetic_fresh_batches_seeded_alike")
+    (f,) = [f for f in report["findings"] if f["rule"] == "DD302"]
+    assert f["severity"] == "low" and f["evidence"]["synthetic"] is True, f
+    assert f["evidence"]["samples_recurring"] == 0 and f["evidence"]["data_pipeline"] is False
+    assert "synthetic data" in f["message"] and "seed its generator with its rank" in f["message"]
+    assert not [g for g in report["findings"] if g["severity"] in ("medium", "high", "critical")], report["findings"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

@@ -229,6 +229,7 @@ def _first_tensor(value: Any, depth: int = 0) -> Any:
 
 INPUT_DIGESTS = 4  # training forwards per DDP whose input is digested (a fixed batch reused every step: DD203)
 DIGEST_VALUES = 4096  # values of the input sampled (evenly strided) into the digest
+ROW_DIGESTS = 64  # samples of each digested input digested one by one (does one recur in another forward?)
 
 
 def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, wrapper: str = "ddp") -> None:
@@ -244,8 +245,14 @@ def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, w
     h = hashlib.blake2b(digest_size=12)
     h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
     h.update(flat.float().numpy().tobytes() if flat.numel() else b"")
+    rows = []
+    if tensor.dim() >= 1:
+        for row in tensor.detach()[:ROW_DIGESTS]:
+            values = row.reshape(-1)
+            values = values[:: max(1, values.numel() // DIGEST_VALUES)].cpu().contiguous()
+            rows.append(hashlib.blake2b(values.float().numpy().tobytes(), digest_size=6).hexdigest())
     probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest(),
-               **({"wrapper": wrapper} if wrapper != "ddp" else {}))
+               rows=rows, **({"wrapper": wrapper} if wrapper != "ddp" else {}))
 
 
 def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:
