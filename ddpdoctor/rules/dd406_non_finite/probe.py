@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd406_non_finite import CODE
@@ -22,6 +23,11 @@ WORDS = {
     "running_var": "BatchNorm running_var",
     "running_mean": "BatchNorm running_mean",
 }
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the non-finite losses, gradients or parameters measured",
+    measure=key("events"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
