@@ -85,7 +85,8 @@ def test_within_a_severity_the_measured_loss_of_training_ranks_before_the_rule_n
 
     nothing = make("DD405", sources=("probe",), magnitude=1.0,
                    evidence={"per_rank": {"0": {}, "1": {}}, "ranks_observed": 2})
-    differs = make("DD305", sources=("probe",), magnitude=1.0, evidence={"differing_fraction": 1.0})
+    differs = make("DD305", sources=("probe",), magnitude=1.0,
+                   evidence={"differing": [{"index": 0}], "lengths": {"0": 8, "1": 8}, "differing_fraction": 1.0})
     half = make("DD503", sources=("probe",), severity=Severity.MEDIUM, magnitude=0.5,
                 evidence={"missing": 3, "model_keys": 6})
     small = make("DD202", sources=("probe",), severity=Severity.MEDIUM, magnitude=4.0, evidence={"layers": ["bn1"]})

@@ -31,6 +31,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import ended_by_probe_limit, is_user_path, main_stack, timeout_view
 from ddpdoctor.findings import Confidence, Finding, Measures, Severity
@@ -45,6 +47,11 @@ MEASURES = Measures(
 _RANK_FUNCTIONS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "is_main_process",
                    "is_master", "is_rank_zero", "is_global_zero", "is_local_main_process"}
 _UNIFORM = (-1, None)  # `local_rank != -1` / `rank is None`: the same answer on every rank
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured outside the branch while the stuck rank waited in its collective",
+    measure=evidence_key("other_ranks"))
 
 
 def _measure_collectives(ctx: RunContext) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_num
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
@@ -27,6 +29,11 @@ MEASURES = Measures(
     what="the evaluation passes each rank ran and the reducing collectives it called after them; the value each rank "
     "kept from a Horovod reduction whose result the script threw away",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the Horovod reductions measured whose result the script threw away",
+    measure=evidence_key("calls"))
 
 
 def _measure_reductions(ctx: RunContext) -> None:
