@@ -105,6 +105,14 @@ def test_within_a_severity_the_measured_loss_of_training_ranks_before_the_rule_n
     one = keep_consistent(hook("DD405", "probe"), [make("DD405", sources=("probe",), evidence={
         "per_rank": {"1": {}}, "ranks_observed": 2})], notes)
     assert one[0].evidence["training_lost"] == 0.5 and rank_findings([differs, *one])[0].rule == "DD405"
+    # non-finite parameters from step 3 of 8: the 6 steps from there on are lost; a NaN loss a GradScaler skipped
+    # (no parameter ever non-finite) loses nothing
+    nan = make("DD406", sources=("probe",), evidence={"events": [{}], "params_nonfinite_from_step": 3,
+                                                       "steps_observed": 8})
+    skipped = make("DD406", sources=("probe",), evidence={"events": [{}], "params_nonfinite_from_step": None,
+                                                           "steps_observed": 8})
+    kept = keep_consistent(hook("DD406", "probe"), [nan, skipped], notes)
+    assert [f.evidence.get("training_lost") for f in kept] == [0.75, None]
 
 
 def test_static_and_probe_on_the_same_line_merge_into_one_certain_finding():
