@@ -254,7 +254,7 @@ OBSERVATION_ITSELF = {code: "the finding is the event the run recorded (a hang, 
                       "observed): there is no separate quantity to contradict it"
                       for code in ("DD901", "DD902", "DD903", "DD904")}
 CONSEQUENCE_PENDING = {code: "not declared yet: its finding's severity is decided in its analysis" for code in (
-    "DD101", "DD104", "DD106", "DD108", "DD401", "DD402",
+    "DD101", "DD106", "DD401", "DD402",
 )}
 # declaring rules whose finding no recorded run under fixtures/runs holds yet (the declared field is then checked on
 # a finding made from the rule's own evidence only)
