@@ -148,14 +148,7 @@ def decide(a_dir: Path, p_dir: Path) -> ConversionCheck:
     for c in [*conv, *causes]:
         if c.verdict != "confirmed":
             continue
-        if c.rule == "DD209" and c.file is None:
-            site = class_test_for(a, p, c)
-            if site is not None:
-                file, line = a.ctx.where(site)
-                c.file, c.line = file, line
-                c.measured = {**c.measured, "class_test": site}
-                c.message += (f" — the class test at {file}:{line} (an exact-class test of the code the run executed, "
-                              f"{site['why']})")
+        locate_class_test(a, p, c)
         f = c.finding(script, ranks)
         if f is None:
             continue
@@ -253,6 +246,22 @@ def _setter_functions(a: Any, p: Any) -> set[tuple[str, str]]:
         return out
 
     return {(file, fn) for file, _, fn in sites(p.ctx) - sites(a.ctx)}
+
+
+def locate_class_test(a: Any, p: Any, cause: Any) -> None:
+    """Give a confirmed DD209 that no recorded setter placed the file:line of its class test (`class_test_for`), in
+    its location, measured evidence and message. `check`'s conversion check and `ddpdoctor triage` both call it, so
+    a DD209 of an optimizer-group builder or a precise-BN helper names the same line in either (issue 20)."""
+    if cause.rule != "DD209" or cause.verdict != "confirmed" or cause.file is not None:
+        return
+    site = class_test_for(a, p, cause)
+    if site is None:
+        return
+    file, line = a.ctx.where(site)
+    cause.file, cause.line = file, line
+    cause.measured = {**cause.measured, "class_test": site}
+    cause.message += (f" — the class test at {file}:{line} (an exact-class test of the code the run executed, "
+                      f"{site['why']})")
 
 
 def class_test_for(a: Any, p: Any, cause: Any) -> dict[str, Any] | None:

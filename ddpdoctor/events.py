@@ -216,6 +216,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             call="per-process collective counter",
             numel="elements of the first tensor argument",
             dtype="its dtype",
+            implicit="absent for the script's own calls; what made torch call it at this user line otherwise "
+            "(ddp_buffers: DDP's broadcast of rank 0's buffers at the start of a forward)",
         ),
         _k("collectives_summary", "per call site counts of collectives at the end", sites="[{op, site, count}]"),
         # --- launch styles and stand-ins (probe/launch_env.py, probe/standins/)
@@ -368,6 +370,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             n="training forward number through this DDP (1-based)",
             step="optimizer steps completed",
             digest="blake2b of the first input tensor's shape, dtype and evenly strided values",
+            rows="short digests of its first samples (rows along dim 0, at most ROW_DIGESTS): a sample that recurs "
+            "in another forward was drawn from a finite set (a dataset), not generated fresh",
         ),
         _k(
             "ddp_inputs",

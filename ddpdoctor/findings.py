@@ -153,9 +153,17 @@ def new_finding(
     )
 
 
+def training_lost(f: Finding) -> float:
+    """The share of the run's training `f`'s measurement showed lost (`evidence["training_lost"]`, set where the
+    rule's probe half declares that its measured quantity means it: ddpdoctor.analyses.consequence); 0 otherwise."""
+    value = f.evidence.get("training_lost") if isinstance(f.evidence, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
 def sort_key(f: Finding) -> tuple:
-    """Severity, then confidence, then measured size, then rule, then location."""
-    return (-f.severity, -f.confidence, -f.magnitude, f.rule, f.file or "", f.line or 0)
+    """Severity, then the measured loss of training (a run that learns nothing before one that learns from the
+    wrong shards), then confidence, then the rule's own measured size, then rule, then location."""
+    return (-f.severity, -training_lost(f), -f.confidence, -f.magnitude, f.rule, f.file or "", f.line or 0)
 
 
 def rank_findings(findings: Iterable[Finding]) -> list[Finding]:

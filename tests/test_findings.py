@@ -74,6 +74,47 @@ def test_ranking_severity_then_confidence_then_magnitude_then_rule_then_location
     assert ranked[1].magnitude == 0.5
 
 
+def test_within_a_severity_the_measured_loss_of_training_ranks_before_the_rule_number():
+    """Rank by the size of the measured consequence, not by rule family (issue 20): on one run, a model that learns
+    nothing (DD405, every rank without a gradient: the whole training lost) ranks above the ranks' differing data
+    (DD305, same severity, certain, a larger rule-local magnitude but no training lost); a strict=False load that
+    left half the keys at their initialisation (DD503) above small BN batches (DD202) of the same severity. A
+    measured loss never lifts a finding over a higher severity."""
+    from ddpdoctor.analyses.consequence import keep_consistent
+    from ddpdoctor.rules import hook
+
+    nothing = make("DD405", sources=("probe",), magnitude=1.0,
+                   evidence={"per_rank": {"0": {}, "1": {}}, "ranks_observed": 2})
+    differs = make("DD305", sources=("probe",), magnitude=1.0,
+                   evidence={"differing": [{"index": 0}], "lengths": {"0": 8, "1": 8}, "differing_fraction": 1.0})
+    half = make("DD503", sources=("probe",), severity=Severity.MEDIUM, magnitude=0.5,
+                evidence={"missing": 3, "model_keys": 6})
+    small = make("DD202", sources=("probe",), severity=Severity.MEDIUM, magnitude=4.0, evidence={"layers": ["bn1"]})
+    critical = make("DD103", sources=("probe",), severity=Severity.CRITICAL, evidence={"steps_differing": 3})
+    notes: list[str] = []
+    kept = [g for f in (differs, small, half, nothing, critical)
+            for g in keep_consistent(hook(f.rule, "probe"), [f], notes)]
+    assert notes == []
+    ranked = rank_findings(kept)
+    assert [f.rule for f in ranked] == ["DD103", "DD405", "DD305", "DD503", "DD202"]
+    by_rule = {f.rule: f for f in ranked}
+    assert by_rule["DD405"].evidence["training_lost"] == 1.0
+    assert by_rule["DD503"].evidence["training_lost"] == 0.5
+    assert "training_lost" not in by_rule["DD305"].evidence and "training_lost" not in by_rule["DD202"].evidence
+    # one rank of two without a learning signal: half the training lost, still before the ranks' differing data
+    one = keep_consistent(hook("DD405", "probe"), [make("DD405", sources=("probe",), evidence={
+        "per_rank": {"1": {}}, "ranks_observed": 2})], notes)
+    assert one[0].evidence["training_lost"] == 0.5 and rank_findings([differs, *one])[0].rule == "DD405"
+    # non-finite parameters from step 3 of 8: the 6 steps from there on are lost; a NaN loss a GradScaler skipped
+    # (no parameter ever non-finite) loses nothing
+    nan = make("DD406", sources=("probe",), evidence={"events": [{}], "params_nonfinite_from_step": 3,
+                                                       "steps_observed": 8})
+    skipped = make("DD406", sources=("probe",), evidence={"events": [{}], "params_nonfinite_from_step": None,
+                                                           "steps_observed": 8})
+    kept = keep_consistent(hook("DD406", "probe"), [nan, skipped], notes)
+    assert [f.evidence.get("training_lost") for f in kept] == [0.75, None]
+
+
 def test_static_and_probe_on_the_same_line_merge_into_one_certain_finding():
     static = make(confidence=Confidence.LIKELY, evidence={"call": "DistributedSampler(ds)"})
     probe = make(

@@ -333,6 +333,42 @@ def test_a_load_that_loads_nothing_ranks_above_small_bn_batches(probe) -> None:
     assert "DD503" not in {f["rule"] for f in good["findings"]} and "DD202" in _by_rule(good)
 
 
+def test_a_model_that_learns_nothing_ranks_above_the_ranks_differing_data(probe) -> None:
+    """Rank by measured consequence, not rule number (issue 20; the shape of PyTorch's DDP tutorial): one logit
+    trained with cross-entropy learns nothing (DD405) on per-rank unseeded data (DD305), both high — DD405 first,
+    with the whole training measured lost. The twin with two logits learns: DD305 alone."""
+    bad, _, _ = probe("ranking/one_logit_per_rank_data")
+    rules = [f["rule"] for f in bad["findings"]]
+    assert rules[:2] == ["DD405", "DD305"], rules
+    assert bad["findings"][0]["evidence"]["training_lost"] == 1.0
+    good, _, _ = probe("ranking/two_logits_per_rank_data")
+    rules = [f["rule"] for f in good["findings"]]
+    assert rules[0] == "DD305" and "DD405" not in rules, rules
+
+
+def test_a_static_dd206_on_a_ddp_forward_every_rank_ran_is_cleared_by_the_buffer_broadcast_recorded(probe) -> None:
+    """Issue 20: DDP's broadcast of rank 0's buffers at the start of a forward is a collective the script never calls
+    itself; the probe records it at the forward's line, so a static DD206 on a DDP forward under a rank test every
+    rank passes is cleared from what ran (it stayed, high)."""
+    report, _, _ = probe("../measured/dd206_ddp_forward_on_every_rank")
+    assert "DD206" not in {f["rule"] for f in report["findings"]}, [f["message"] for f in report["findings"]]
+    assert any(n.startswith("static DD206 at ") and ":17 cleared" in n
+               and "DDP's buffer broadcast" in n for n in report["notes"]), report["notes"]
+
+
+def test_identical_fresh_random_batches_without_a_dataset_are_a_low_dd302_that_says_synthetic(probe) -> None:
+    """Issue 20: a benchmark drawing torch.randn every step with one seed on every rank feeds identical batches —
+    identical gradients, the world trains on one rank's data. Measured: no DataLoader or Dataset read and no sample
+    recurring across forwards, so synthetic by design: DD302 low, saying so. Drawn from a dataset
+    (fsdp2_same_batches.py --ddp, tests/test_fsdp2.py) it stays high."""
+    report, _, _ = probe("data/synthetic_fresh_batches_seeded_alike")
+    (f,) = [f for f in report["findings"] if f["rule"] == "DD302"]
+    assert f["severity"] == "low" and f["evidence"]["synthetic"] is True, f
+    assert f["evidence"]["samples_recurring"] == 0 and f["evidence"]["data_pipeline"] is False
+    assert "synthetic data" in f["message"] and "seed its generator with its rank" in f["message"]
+    assert not [g for g in report["findings"] if g["severity"] in ("medium", "high", "critical")], report["findings"]
+
+
 def test_correct_cuda_syncbn_script_reports_nothing_above_low(probe) -> None:
     report, _, _ = probe("cuda_syncbn_correct")
     assert _above(report, Severity.LOW) == [], [f["rule"] + " " + f["message"] for f in _above(report, Severity.LOW)]

@@ -153,6 +153,13 @@ def test_triage_fixture_verdict(tmp_path_factory: pytest.TempPathFactory, name: 
         assert "momentum_schedule_exact_class.py:14: its branch sets momentum at line 15" in first["message"], first
         dd209 = next(f for f in report["findings"] if f["rule"] == "DD209")
         assert dd209["line"] == 14 and dd209["file"].endswith("momentum_schedule_exact_class.py"), dd209
+    # triage locates the class test of an optimizer-group builder and of a precise-BN helper as check's conversion
+    # check does (issue 20: its own DD209 had no line there)
+    for case, line in (("wd_exact_class", 16), ("precise_bn_exact_class", 18)):
+        if name == case:
+            dd209 = next(f for f in report["findings"] if f["rule"] == "DD209")
+            assert dd209["line"] == line and dd209["file"].endswith(f"{case}.py"), dd209
+            assert f"{case}.py:{line}" in first["message"], first["message"]
     if name == "port_checkpoint":  # a port problem that cannot change accuracy: a row, not the answer
         dd501 = next(c for c in tri["causes"] if c["rule"] == "DD501")
         assert dd501["verdict"] == "both_arms" and "does not change what either arm learns" in dd501["message"]

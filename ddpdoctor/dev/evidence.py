@@ -48,6 +48,7 @@ CLEARED: dict[str, str] = {
     "DD108": "probe_legacy_local_rank_device_from_rank",
     "DD110": "measured_dd110_wrap_under_launcher_condition",
     "DD207": "probe_precise_bn",
+    "DD206": "measured_dd206_ddp_forward_on_every_rank",
     "DD209": "measured_dd209_exact_class_before_conversion",
     "DD303": "data_synthetic_unseeded",
     "DD401": "measured_dd401_optimizer_branch_not_taken",
@@ -98,7 +99,6 @@ PENDING_CLEARED: dict[str, str] = {
     "DD109": "one node with one process per emulated GPU cannot show a device-count world size wrong; a clearance "
              "needs a world size passed that is not the device count",
     "DD205": NO_CLEARED_RUN_YET,
-    "DD206": NO_CLEARED_RUN_YET,
     "DD301": NO_CLEARED_RUN_YET,
     "DD302": NO_CLEARED_RUN_YET,
     "DD501": NO_CLEARED_RUN_YET,

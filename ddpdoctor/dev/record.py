@@ -88,6 +88,8 @@ _OTHER: dict[str, tuple[str, tuple[str, ...]]] = {
     "optim_corrupt_sample": ("fixtures/probe/optim/corrupt_sample.py", (*_CPU, "--timeout", "600")),
     **{f"ckpt_{name}": (f"fixtures/probe/ckpt/{name}.py", (*_CPU, "--timeout", "600", "--", SCRATCH))
        for name in ("save_every_rank", "save_rank0")},
+    # an evaluation metric (tests/test_analyses_metric.py replays it)
+    "metric_eval_unreduced_train_loss_reduced": ("fixtures/probe/metrics/eval_unreduced_train_loss_reduced.py", ()),
 }
 # the measurement scripts of fixtures/measured/ (tests/test_measured.py): arguments for the few that need some
 _MEASURED_ARGS: dict[str, tuple[str, ...]] = {

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.causes import explained_by
+from ddpdoctor.conversion import locate_class_test
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules import get_rule
 from ddpdoctor.triage.checks import attribute_causes, conversion_causes, pairing
@@ -257,6 +258,8 @@ def triage(arms: list[Arm], settings: Any) -> TriageResult:
         causes.extend(conv)
         if p is not None:
             causes.extend(attribute_causes(a, p, conv))
+            for c in causes:  # the class test of an optimizer-group builder or precise-BN helper, as check does
+                locate_class_test(a, p, c)
         nonid = noniid_cause(a)
         if nonid is not None:
             causes.append(nonid)

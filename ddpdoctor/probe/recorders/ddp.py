@@ -7,6 +7,7 @@ import contextlib
 import inspect
 from typing import Any, Iterator
 
+from ddpdoctor.probe.recorders import process_group
 from ddpdoctor.probe.session import Probe
 
 NAME = "ddp"
@@ -60,6 +61,9 @@ def install(probe: Probe) -> None:
                     and digests.get(id(self), 0) < INPUT_DIGESTS):
                 digests[id(self)] = digests.get(id(self), 0) + 1
                 probe.safely("ddp_input_digest", _input_digest, probe, self, inputs, kwargs, digests[id(self)])
+            if not probe.ending and not probe.quiet and probe.safely("ddp buffer sync", _syncs_buffers, self):
+                probe.safely("ddp buffer sync", process_group.record_implicit, probe, "broadcast", probe.site(),
+                             "ddp_buffers")
             probe.ddp_forward_depth += 1
             try:
                 out = orig(self, *inputs, **kwargs)
@@ -225,6 +229,7 @@ def _first_tensor(value: Any, depth: int = 0) -> Any:
 
 INPUT_DIGESTS = 4  # training forwards per DDP whose input is digested (a fixed batch reused every step: DD203)
 DIGEST_VALUES = 4096  # values of the input sampled (evenly strided) into the digest
+ROW_DIGESTS = 64  # samples of each digested input digested one by one (does one recur in another forward?)
 
 
 def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, wrapper: str = "ddp") -> None:
@@ -240,8 +245,14 @@ def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, w
     h = hashlib.blake2b(digest_size=12)
     h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
     h.update(flat.float().numpy().tobytes() if flat.numel() else b"")
+    rows = []
+    if tensor.dim() >= 1:
+        for row in tensor.detach()[:ROW_DIGESTS]:
+            values = row.reshape(-1)
+            values = values[:: max(1, values.numel() // DIGEST_VALUES)].cpu().contiguous()
+            rows.append(hashlib.blake2b(values.float().numpy().tobytes(), digest_size=6).hexdigest())
     probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest(),
-               **({"wrapper": wrapper} if wrapper != "ddp" else {}))
+               rows=rows, **({"wrapper": wrapper} if wrapper != "ddp" else {}))
 
 
 def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:
@@ -314,6 +325,14 @@ def wrapper_forward(probe: Probe, wrapper: Any) -> Iterator[None]:
         probe.ddp_forward_depth -= 1
     if wrapper.training and torch.is_grad_enabled() and trains(wrapper):
         probe.counters["ddp_forwards"] += 1
+
+
+def _syncs_buffers(ddp: Any) -> bool:
+    """Whether this DDP forward starts with DDP's broadcast of rank 0's buffers (torch's own test: buffers to
+    sync, broadcast_buffers on, and the previous forward one that armed the gradient sync; a collective every rank
+    must join, although the script calls none)."""
+    check = getattr(ddp, "_check_sync_bufs_pre_fwd", None)
+    return bool(check()) if callable(check) else False
 
 
 def in_training(ddp: Any) -> bool:

@@ -60,6 +60,25 @@ class _State:
         self.in_init = False
 
 
+_STATES: dict[int, _State] = {}  # id(probe) -> its collective counters, for collectives torch makes itself
+
+
+def record_implicit(probe: Probe, op: str, site: dict[str, Any] | None, implicit: str) -> None:
+    """A collective torch makes on the script's behalf, at the user line that caused it (DDP's broadcast of rank 0's
+    buffers at the start of a forward: no torch.distributed call of the script's, yet the other ranks must join it).
+    Counted with the script's own calls, first calls per site only."""
+    state = _STATES.get(id(probe))
+    if state is None or not site or probe.ending or probe.quiet:
+        return
+    state.collective_seq += 1
+    key = (op, str(site.get("file")), int(site.get("line") or 0))
+    n = state.per_site.get(key, 0) + 1
+    state.per_site[key] = n
+    if n <= EVENTS_PER_SITE:
+        probe.emit("collective", op=op, site=site, call=state.collective_seq, numel=None, dtype=None,
+                   implicit=implicit)
+
+
 def install(probe: Probe) -> None:
     import torch.distributed as dist
 
@@ -67,6 +86,7 @@ def install(probe: Probe) -> None:
         return
     c10d = dist.distributed_c10d
     state = _State()
+    _STATES[id(probe)] = state
     signature = probe.signatures.get("init_process_group")
     if signature is None:
         try:

@@ -12,6 +12,7 @@ forward that bypassed DDP, a static DD102 suspicion is dropped with the counts.
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd102_forward_bypasses_ddp import CODE
@@ -20,6 +21,11 @@ MEASURES = Measures(
     scope="run",
     what="the training forwards before each optimizer step: through DDP's forward, or around it",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the training forwards measured bypassing the DDP wrapper",
+    measure=key("bypass_forwards"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -70,7 +76,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
             severity=severity,
             site=first_event.get("site"),
             ranks=list(per_rank),
-            evidence={"per_rank": {str(r): v for r, v in per_rank.items()}, "module_path": path},
+            evidence={"per_rank": {str(r): v for r, v in per_rank.items()}, "module_path": path,
+                      "bypass_forwards": bypass_total},
             magnitude=float(bypass_total),
         )
     ]

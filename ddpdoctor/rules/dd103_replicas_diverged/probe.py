@@ -14,9 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd103_replicas_diverged import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the compared optimizer steps at which the ranks' parameters were measured to differ",
+    measure=key("steps_differing"))
 
 
 def _max_diff(a: list[float], b: list[float]) -> float:
@@ -103,6 +109,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     evidence = {
         "first_step": first_step,
         "steps_compared": len(common),
+        "steps_differing": sum(1 for t in trace if t["ranks_differing"]),
         "max_abs_diff_final": final_diff,
         "final_values_compared": final_numel,
         "trace": trace[:50],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd104_hardcoded_rank import CODE
@@ -21,6 +22,23 @@ MEASURES = Measures(
     scope="site",
     what="the rank (and world size) each process passed to init_process_group, against the launcher's",
 )
+
+
+def _literal(evidence: dict) -> float | None:
+    """Processes whose literal rank/world size the probe overrode (a launcher's contract), or that claimed a rank
+    another process claimed too (no contract to override from)."""
+    if isinstance(evidence.get("calls"), list):
+        return float(sum(1 for c in evidence["calls"] if isinstance(c, dict) and c.get("overridden")))
+    if isinstance(evidence.get("claims"), dict):
+        return float(sum(len(p) for p in evidence["claims"].values() if isinstance(p, list) and len(p) > 1))
+    return None
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the processes measured passing a literal rank or world size the launch contradicts (the probe overrode "
+    "it, or several claimed one rank)",
+    measure=_literal)
 
 
 def _measure_distinct_ranks(ctx: RunContext, begins: list[tuple[Any, dict[str, Any]]]) -> None:

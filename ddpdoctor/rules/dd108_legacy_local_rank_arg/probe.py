@@ -16,6 +16,8 @@ that still happened (DD902) folds under this finding.
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd105_device_not_bound.probe import placements
@@ -25,6 +27,11 @@ MEASURES = Measures(
     scope="run",
     what="the --local_rank option as every rank parsed it under torchrun, and the script's own reads of LOCAL_RANK",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured parsing the legacy local-rank option",
+    measure=evidence_key("per_rank"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -11,6 +11,7 @@ on one node only). A world size passed that is not the device count clears a sta
 
 from __future__ import annotations
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd109_single_node_world_size import CODE
@@ -20,6 +21,11 @@ MEASURES = Measures(
     what="the world size each process passed to init_process_group, against torch.cuda.device_count() as the "
     "script saw it and the number of processes the launcher started",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured passing a world size other than the launch's",
+    measure=key("world_size_passed"))
 
 
 def _measure_agreeing(ctx: RunContext) -> None:

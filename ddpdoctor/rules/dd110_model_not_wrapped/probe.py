@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd110_model_not_wrapped import CODE
@@ -27,6 +28,20 @@ MEASURES = Measures(
     what="what averaged the gradients of ranks that shared a process group and took optimizer steps (DDP, FSDP, "
     "Horovod's optimizer, a collective on the gradients), and whether their parameters stayed equal",
 )
+
+
+def _steps(evidence: dict) -> float | None:
+    """Optimizer steps the ranks took with no gradient averaging recorded (all ranks together)."""
+    steps = evidence.get("optimizer_steps")
+    if not isinstance(steps, dict) or evidence.get("averaging"):
+        return None
+    return float(sum(int(n or 0) for n in steps.values()))
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the optimizer steps measured with no gradient averaged across ranks",
+    measure=_steps)
 
 
 def _sampled_diff(a: list[float], b: list[float]) -> float:

@@ -28,11 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.bn.stats import relative_error
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.formatting import fmt_p, fmt_sig
 from ddpdoctor.rules.dd201_bn_stats_diverge import ALIGNED, CODE, MATERIAL
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the largest difference measured between the ranks' BN running statistics",
+    measure=key("max_diff"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

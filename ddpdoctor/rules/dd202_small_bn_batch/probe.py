@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules import get_rule
@@ -33,6 +34,11 @@ from ddpdoctor.rules.dd202_small_bn_batch import CODE, SMALL_BN_BATCH, VERY_SMAL
 # measured noise below which the per-rank statistics are, on this data, as good as the global batch's
 QUIET_MEAN = 0.05  # rank batch mean vs global, in standard deviations
 QUIET_VAR = 0.05  # rank batch variance vs global, relative
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the BN layers measured normalising fewer samples per rank than the threshold",
+    measure=key("layers"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -29,12 +29,26 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.bn.stats import rank_effect_test
 from ddpdoctor.findings import Confidence, Finding, Severity
 from ddpdoctor.formatting import fmt_statistic
 from ddpdoctor.rules import get_rule
 from ddpdoctor.rules.dd203_non_iid_shards import CODE, MATERIAL_EFFECT, SURE
+
+
+def _spread(evidence: dict) -> float | None:
+    """The most different channel's spread between the ranks' BN input means (what the finding is about)."""
+    best = evidence.get("most_different")
+    value = best.get("spread_std") if isinstance(best, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the measured spread between ranks of the most different BN input channel, in standard deviations",
+    measure=_spread)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -18,9 +18,15 @@ from __future__ import annotations
 import numpy as np
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd204_syncbn_large_batch import CODE, LARGE_SYNC_BATCH
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the SyncBN layers measured synchronising per-rank batches large enough alone",
+    measure=key("layers"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -16,6 +16,7 @@ clear the static suspicion, with the devices and the backend.
 from __future__ import annotations
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd205_syncbn_needs_cuda import CODE
@@ -25,6 +26,11 @@ MEASURES = Measures(
     what="where the script put each SyncBatchNorm layer that ran a training forward with a process group, and the "
     "backend it asked for",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the SyncBN layers measured on a device or backend SyncBN cannot run on",
+    measure=key("layers"))
 
 
 def _backends(ctx: RunContext) -> list[str]:

@@ -14,7 +14,10 @@ the branch, with the branch's condition and what blocked in evidence.
 
 Measured at each collective static analysis suspected of running on a subset: every rank of a run that did not
 hang called it (the probe records the first calls of each collective per call site), so the branch admitted all
-ranks; a collective no rank reached stays, with a note.
+ranks; a collective no rank reached stays, with a note. A forward through the DDP wrapper counts by the collective
+it makes: DDP's broadcast of rank 0's buffers at its start is recorded at the user's forward line (issue 20: a
+static DD206 on such a forward stayed, high, on every script whose ranks all ran it, because that broadcast is
+none of the script's own torch.distributed calls).
 
 When the ranks outside the branch were all ended by the probe's own --epochs/--steps limit, the hang is not the
 script's (they would go on to a next step whose first collective may pair with the stuck one): medium, and the
@@ -28,6 +31,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import ended_by_probe_limit, is_user_path, main_stack, timeout_view
 from ddpdoctor.findings import Confidence, Finding, Measures, Severity
@@ -44,6 +49,11 @@ _RANK_FUNCTIONS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_lo
                    "is_master", "is_rank_zero", "is_global_zero", "is_local_main_process"}
 _UNIFORM = (-1, None)  # `local_rank != -1` / `rank is None`: the same answer on every rank
 
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured outside the branch while the stuck rank waited in its collective",
+    measure=evidence_key("other_ranks"))
+
 
 def _measure_collectives(ctx: RunContext) -> None:
     """Static collective-on-subset lines every rank of a run that ended normally called."""
@@ -56,7 +66,8 @@ def _measure_collectives(ctx: RunContext) -> None:
         for e in p.of("collective"):
             key = ctx.where(e.get("site"))
             callers.setdefault(key, set()).add(p.rank)
-            ops.setdefault(key, str(e.get("op")))
+            ops.setdefault(key, "DDP's buffer broadcast (broadcast_buffers: a collective at the forward)"
+                           if e.get("implicit") == "ddp_buffers" else str(e.get("op")))
     ranks = set(ctx.ranks)
     for site in sites:
         key = (site["file"], site["line"])

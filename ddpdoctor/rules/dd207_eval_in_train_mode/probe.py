@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_common as bc
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd207_eval_in_train_mode import CODE
@@ -35,6 +36,11 @@ MEASURES = Measures(
     what="the model forwards run without gradients, per call site: BatchNorm in training or in eval mode, and "
     "whether the module is one no optimizer trains (a momentum / EMA / teacher encoder)",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the forward sites measured running BN in training mode without gradients",
+    measure=key("sites"))
 
 
 def _measure_eval_sites(ctx: RunContext, train_mode: set[tuple[str, int]], by_design: set[tuple[str, int]]) -> None:

@@ -13,9 +13,15 @@ standard deviations) and variance (relative) and how many channels could be meas
 from __future__ import annotations
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num, pct
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd211_syncbn_stats_wrong import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the SyncBN layers whose applied statistics were measured off the global batch's",
+    measure=key("layers"))
 
 
 def verdicts(ctx: RunContext) -> list[bn_checks.LayerVerdict]:

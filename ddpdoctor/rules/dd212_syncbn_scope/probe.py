@@ -12,9 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses import bn_checks
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd212_syncbn_scope import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the SyncBN layers measured synchronising over a process group other than the world",
+    measure=key("layers"))
 
 
 def layer_groups(ctx: RunContext) -> dict[str, dict[int, list[int]]]:

@@ -12,10 +12,25 @@ Across arms `ddpdoctor triage` decides whether the lag differs between SyncBN an
 from __future__ import annotations
 
 from ddpdoctor.analyses.bn_checks import lag_level, population
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.formatting import fmt_measure as fmt_num
 from ddpdoctor.rules.dd213_stale_running_stats import CODE
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+def _lag(evidence: dict) -> float | None:
+    """The larger of the two lags the finding fires on: the running mean's (in standard deviations) and the
+    running variance's (relative)."""
+    values = [v for v in (key("mean_lag_std")(evidence), key("var_lag_rel")(evidence)) if v is not None]
+    return max(values) if values else None
+
+
+CONSEQUENCE = Consequence(
+    what="the measured lag of the running statistics behind the population (mean in standard deviations, variance "
+    "relative)",
+    measure=_lag)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -11,10 +11,16 @@ SHIFT_POSSIBLE (this rule's parameters). Across arms `ddpdoctor triage` decides 
 from __future__ import annotations
 
 from ddpdoctor.analyses.bn_checks import population
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.formatting import fmt_measure as fmt_num
 from ddpdoctor.rules.dd214_bn_train_test_inconsistency import CODE, SHIFT_LIKELY, SHIFT_POSSIBLE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the measured shift of the evaluation outputs between batch and running statistics",
+    measure=key("eval_output_shift"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -10,9 +10,15 @@ logic is shared with `ddpdoctor triage` (ddpdoctor.analyses.bn_checks.accumulati
 from __future__ import annotations
 
 from ddpdoctor.analyses.bn_checks import accumulation_of
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd215_micro_batch_bn import CODE
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the micro-batches measured per optimizer step through BN",
+    measure=key("micro_batches"))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.analyses.orders import order, position_identity
 from ddpdoctor.findings import Finding, Measures
@@ -28,6 +30,11 @@ MEASURES = Measures(
     scope="site",
     what="the order each shuffling DistributedSampler gave every rank in each observed epoch, and the set_epoch calls",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured drawing the same sample order in every epoch",
+    measure=evidence_key("per_rank"))
 
 
 def _key(site: dict[str, Any] | None) -> tuple[str, int]:

@@ -42,7 +42,9 @@ RULE = Rule(
         copy a different view): no finding. Batches not drawn through a loader (indices drawn in the loop
         from a generator seeded alike on every rank) are found from the digests of the model's first training
         inputs (a DDP or an FSDP2 `fully_shard` model): equal on every rank at each forward while they change
-        from forward to forward (a fixed synthetic batch is a benchmark: no finding).
+        from forward to forward (a fixed synthetic batch is a benchmark: no finding); where no DataLoader or
+        Dataset was read and no sample recurs across the forwards (each batch generated fresh, as a benchmark
+        draws it) the finding is low and says the data is synthetic.
         """
     ),
     why=prose(

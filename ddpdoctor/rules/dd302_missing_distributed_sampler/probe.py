@@ -267,18 +267,59 @@ def _identical_inputs(ctx: RunContext) -> list[Finding]:
         (e for _, e in ctx.run.events("ddp_init")), None) or {}
     wrapper = next((e.get("wrapper") for _, e in ctx.run.events("ddp_input_digest") if e.get("wrapper")), "DDP")
     nranks = len(per_rank)
+    data = _data_source(ctx, common)
     message = (
         f"the first {len(common)} training batches were identical on {fmt_ranks(per_rank)}: the inputs of the "
         f"{wrapper} model's training forwards have equal digests on every rank at each forward, and differ from "
-        f"forward to forward — the ranks draw the same samples (a generator seeded alike on every rank), so each "
-        f"global batch holds every sample {nranks}× and the {nranks} ranks repeat each other's work"
+        f"forward to forward — "
     )
+    if data["synthetic"]:
+        # Identical gradients on every rank: the world trains on one rank's data. With no dataset (every sample
+        # generated fresh in the loop) that is a synthetic benchmark by design, where it changes nothing measured.
+        message += (
+            f"the samples were generated in the training loop from a generator seeded alike on every rank (no "
+            f"DataLoader or Dataset was read, and none of the {data['samples_compared']} samples compared recurred "
+            f"in another forward): synthetic data, as a benchmark draws it, where identical batches change nothing "
+            f"it measures; if this run trains a model, the {nranks} ranks compute one rank's gradient and each "
+            "rank should seed its generator with its rank"
+        )
+    else:
+        message += (
+            f"the ranks draw the same samples (a generator seeded alike on every rank), so each global batch holds "
+            f"every sample {nranks}× and the {nranks} ranks repeat each other's work"
+        )
     return [ctx.finding(
         CODE, message=message, fix_variant="probe", site=start.get("site"), ranks=list(per_rank),
+        severity=Severity.LOW if data["synthetic"] else None,
         evidence={"overlap_fraction": 1.0, "identical_batches_fraction": 1.0, "compared_forwards": len(common),
-                  "index_source": "digests of the inputs of the model's training forwards"},
+                  "index_source": "digests of the inputs of the model's training forwards", **data},
         magnitude=1.0,
     )]
+
+
+def _data_source(ctx: RunContext, forwards: list[int]) -> dict[str, Any]:
+    """Whether the identical batches came from data or were generated fresh (issue 20: a synthetic benchmark drawing
+    torch.randn each step with one seed on every rank): measured, not named — no DataLoader iterated and no Dataset
+    read on any rank, and no sample (row of the digested input) recurring in another forward, where a finite
+    dataset drawn from repeats its samples. A run whose rows were not recorded counts as data."""
+    loaders = any(p.of("loader_iter") or p.of("dataset_items") for p in ctx.ranks.values())
+    p0 = ctx.ranks[min(ctx.ranks)]
+    rows: dict[int, list[str]] = {}
+    for e in p0.of("ddp_input_digest"):
+        n = int(e.get("n") or 0)
+        if n in forwards and isinstance(e.get("rows"), list):
+            rows.setdefault(n, [str(x) for x in e["rows"]])
+    seen: dict[str, int] = {}
+    recurring = 0
+    for n, digests in sorted(rows.items()):
+        for d in set(digests):
+            if d in seen and seen[d] != n:
+                recurring += 1
+            seen.setdefault(d, n)
+    compared = sum(len(v) for v in rows.values())
+    synthetic = not loaders and len(rows) >= 2 and compared > 0 and recurring == 0
+    return {"data_pipeline": loaders, "samples_compared": compared, "samples_recurring": recurring,
+            "synthetic": synthetic}
 
 
 def _repeated_augmentation(ctx: RunContext, per_rank: dict[int, tuple[dict[str, Any], dict[str, Any]]],

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, pct
 from ddpdoctor.analyses.orders import loader_subset, order, subsets_differ
 from ddpdoctor.findings import Finding, Measures
@@ -30,6 +31,18 @@ MEASURES = Measures(
     what="the samples each rank evaluated from every evaluation DataLoader with a DistributedSampler, and the "
     "duplicates padding added",
 )
+
+
+def _padded(evidence: dict) -> float | None:
+    """The samples the sampler repeated to pad the shards, or dropped with drop_last."""
+    value = key("duplicated")(evidence)
+    return value if value is not None else key("dropped")(evidence)
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the evaluation samples measured repeated (padding) or dropped by the sampler",
+    measure=_padded)
 
 
 def _key(site: dict[str, Any] | None) -> tuple[str, int]:

@@ -14,9 +14,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Confidence, Finding
 from ddpdoctor.rules.dd304_identical_rng_streams import CODE
+
+
+def _identical_streams(evidence: dict) -> float | None:
+    """Dropout (one) plus each data-pipeline stream measured identical across ranks: the finding's magnitude."""
+    if "dropout" not in evidence and "data_pipeline" not in evidence:
+        return None
+    return float((1 if evidence.get("dropout") else 0) + len(evidence.get("data_pipeline") or ()))
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the random streams measured identical across ranks (dropout, each data-pipeline stream)",
+    measure=_identical_streams)
 
 
 def _key(site: dict[str, Any] | None) -> tuple[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd305_dataset_differs_across_ranks import CODE
@@ -24,6 +25,20 @@ METHOD = (
 )
 # The probe records where a DataLoader is created, not where its dataset or Subset is: findings point at the loader.
 LOCATION = "the DataLoader over the dataset (where the dataset or its split is created is not recorded)"
+
+
+def _differing(evidence: dict) -> float | None:
+    """Indices whose items differ across ranks, plus one when the dataset's length differs."""
+    if "differing" not in evidence and "lengths" not in evidence:
+        return None
+    lengths = evidence.get("lengths") or {}
+    return float(len(evidence.get("differing") or ()) + (len(set(lengths.values())) > 1))
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the dataset indices measured holding different samples across ranks (a differing length counts one)",
+    measure=_differing)
 
 
 def _key(e: dict[str, Any]) -> tuple:

@@ -12,10 +12,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
 from ddpdoctor.analyses.context import RunContext
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd306_uneven_batches import CODE
 from ddpdoctor.rundata import rle_expand
+
+
+def _uneven(evidence: dict) -> float | None:
+    """How many ways the ranks' epochs were measured to differ: distinct batch counts (planned, or where a loader
+    ran out), distinct last-batch sizes, and a batch that already differed in size, each beyond the first."""
+    if not any(k in evidence for k in ("batches_per_epoch", "last_batch_size", "first_size_difference")):
+        return None
+    counts = {b for b in (evidence.get("batches_per_epoch") or {}).values() if isinstance(b, int)}
+    ran_out = set((evidence.get("ran_out_after") or {}).values())
+    lasts = {v for v in (evidence.get("last_batch_size") or {}).values() if v is not None}
+    return float(max(len(counts), 1) - 1 + max(len(ran_out), 1) - 1 + max(len(lasts), 1) - 1
+                 + (1 if evidence.get("first_size_difference") else 0))
+
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the differences measured between the ranks' batch counts and batch sizes",
+    measure=_uneven)
 
 
 def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.formatting import fmt_count
@@ -22,6 +23,11 @@ MEASURES = Measures(
     scope="run",
     what="the backward passes of every optimizer step and how many of them DDP all-reduced",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the gradient all-reduces measured in a typical optimizer step (one is what accumulation needs)",
+    measure=key("typical_allreduces_per_step"), floor=1)
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -68,6 +74,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
                 "rank": r0,
                 "backwards_per_step": backwards,
                 "allreducing_backwards_per_step": syncing,
+                "typical_allreduces_per_step": typical,
                 "no_sync_backwards_per_step": nosync,
                 "gradient_elements": numel,
             },

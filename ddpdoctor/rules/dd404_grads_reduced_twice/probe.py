@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd404_grads_reduced_twice import CODE, UNCHANGED
@@ -25,6 +26,11 @@ MEASURES = Measures(
     what="every collective whose tensor is the gradient of a parameter DDP reduces, and whether DDP had already "
     "all-reduced in that step",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the parameters measured reduced again after DDP averaged them",
+    measure=key("parameters_reduced"))
 
 
 def _measure_clean(ctx: RunContext) -> None:

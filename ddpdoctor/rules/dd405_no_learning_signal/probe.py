@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key, share
 from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd405_no_learning_signal import CODE, MIN_LOSSES, MIN_STEPS
 
 SINGLE_CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss")
+# a finding its own measurement contradicts is never reported; the share of ranks that learned nothing is the share
+# of the run's training lost, and ranks the finding first among its severity (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured with no non-zero gradient or no change of the loss at any observed step",
+    measure=key("per_rank"), lost=share("per_rank", "ranks_observed"))
 
 
 def _rank_signal(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -87,7 +93,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
             site=s["site"],
             ranks=list(per_rank),
             evidence={
-                "per_rank": {str(r): {k: v for k, v in sig.items() if k != "site"} for r, sig in per_rank.items()}
+                "per_rank": {str(r): {k: v for k, v in sig.items() if k != "site"} for r, sig in per_rank.items()},
+                "ranks_observed": len(ctx.ranks),
             },
             magnitude=float(len(per_rank)) / max(1, len(ctx.ranks)),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding
 from ddpdoctor.rules.dd406_non_finite import CODE
@@ -22,6 +23,20 @@ WORDS = {
     "running_var": "BatchNorm running_var",
     "running_mean": "BatchNorm running_mean",
 }
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+# Once the parameters themselves are non-finite, every later step trains nothing: the share of the observed steps
+# from there on is the share of the training lost (a NaN loss or gradient a GradScaler skips loses nothing).
+CONSEQUENCE = Consequence(
+    what="the non-finite losses, gradients or parameters measured",
+    measure=key("events"), lost=lambda ev: _lost(ev))
+
+
+def _lost(evidence: dict[str, Any]) -> float | None:
+    start, steps = evidence.get("params_nonfinite_from_step"), evidence.get("steps_observed")
+    if not isinstance(start, int) or not isinstance(steps, int) or steps <= 0:
+        return None
+    return max(0.0, min(1.0, (steps - start + 1) / steps))
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
@@ -55,6 +70,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
         for step, words in by_step.items()
     ]
     ranks = sorted({r for r, _ in events})
+    params_from = min((int(e.get("step") or 0) for _, e in events if e.get("tensor") == "param"), default=None)
+    steps_observed = max((len(p.of("optimizer_step")) for p in ctx.ranks.values()), default=0)
     message = (
         f"a non-finite value first appeared at step {first.get('step')} on rank {r0}, in {detail}"
         + (f"; it reached {'; '.join(spread)}" if spread else "")
@@ -75,6 +92,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
                      "count": e.get("count"), "total": e.get("total")}
                     for r, e in events[:20]
                 ],
+                "params_nonfinite_from_step": params_from,
+                "steps_observed": steps_observed,
             },
             magnitude=1.0 / (1 + float(first.get("step") or 0)),
         )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd501_module_prefix_checkpoint import CODE
@@ -17,6 +19,11 @@ MEASURES = Measures(
     scope="site",
     what="the keys of every state dict each torch.save wrote, at the save and at the user lines that called it",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the state-dict keys measured saved with the DDP wrapper prefix module.",
+    measure=evidence_key("module_prefixed"))
 
 
 def prefixed_state_dicts(e: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd502_save_on_every_rank import CODE
@@ -26,6 +27,11 @@ MEASURES = Measures(
     scope="site",
     what="which ranks (and nodes) wrote each checkpoint file, per torch.save call site",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the ranks measured writing the same checkpoint path",
+    measure=key("writers"), floor=1)
 
 
 def _measure_sites(ctx: RunContext, files: dict[str, list[tuple[int, dict[str, Any], str]]]) -> None:

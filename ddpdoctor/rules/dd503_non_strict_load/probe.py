@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence, key, share
 from ddpdoctor.analyses.context import RunContext, fmt_ranks, pct
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.rules.dd503_non_strict_load import CODE
@@ -20,6 +21,11 @@ MEASURES = Measures(
     scope="site",
     what="every load_state_dict(strict=False): the keys it left unloaded and those it ignored",
 )
+# a finding its own measurement contradicts is never reported; the share of the model's keys left at their initial
+# values is the share of the checkpoint's training lost, and ranks the finding (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the model's keys a strict=False load was measured to leave unloaded",
+    measure=key("missing"), lost=share("missing", "model_keys"))
 
 
 def _site_key(site: dict[str, Any] | None) -> tuple[str, int]:

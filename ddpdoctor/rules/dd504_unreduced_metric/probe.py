@@ -8,7 +8,8 @@ and the value the reduction returned: how far the metric the script reports is f
 
 Measured for a static "metric never reduced" suspicion: when the evaluation loop it names ran on every rank and
 each rank then called a reducing collective (all_reduce, all_gather, reduce, gather...: the probe records the
-first calls per call site) that the walk did not see, the suspicion is dropped with where the reduction ran; an
+first calls per call site) that the walk did not see, before its next optimizer step (a training loss reduced for
+logging in the next epoch is not the metric), the suspicion is dropped with where the reduction ran; an
 evaluation loop that did not run during the probe keeps it, with a note.
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.analyses.consequence import Consequence
+from ddpdoctor.analyses.consequence import key as evidence_key
 from ddpdoctor.analyses.context import RunContext, fmt_num
 from ddpdoctor.findings import Finding, Measures
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
@@ -26,6 +29,11 @@ MEASURES = Measures(
     what="the evaluation passes each rank ran and the reducing collectives it called after them; the value each rank "
     "kept from a Horovod reduction whose result the script threw away",
 )
+
+# a finding its own measurement contradicts is never reported (ddpdoctor.analyses.consequence)
+CONSEQUENCE = Consequence(
+    what="the Horovod reductions measured whose result the script threw away",
+    measure=evidence_key("calls"))
 
 
 def _measure_reductions(ctx: RunContext) -> None:
@@ -41,9 +49,13 @@ def _measure_reductions(ctx: RunContext) -> None:
             if not starts:
                 continue
             ran.add(r)
-            t0 = min(float(e.get("t") or 0.0) for e in starts)
+            # between the first evaluation pass and the next optimizer step: a loss all_reduce'd for logging in
+            # the next epoch's training is no reduction of the evaluation's metric
+            s0 = min(int(e.get("seq") or 0) for e in starts)
+            s1 = min((int(e.get("seq") or 0) for e in p.of("train_step") if int(e.get("seq") or 0) > s0),
+                     default=None)
             hit = next((e for e in p.of("collective") if e.get("op") in REDUCING_COLLECTIVES
-                        and float(e.get("t") or 0.0) >= t0), None)
+                        and int(e.get("seq") or 0) > s0 and (s1 is None or int(e.get("seq") or 0) < s1)), None)
             if hit is not None:
                 after[r] = hit
         if not ran:

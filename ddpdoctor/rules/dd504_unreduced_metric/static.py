@@ -30,6 +30,11 @@ from ddpdoctor.rules.dd504_unreduced_metric import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
 _REDUCING_NAME = re.compile(r"reduce|gather|sync|allreduce", re.I)
+# Libraries whose calls with such a name stay on the rank: torch.cuda.synchronize() waits for this rank's device,
+# torch.gather / np.add.reduce / functools.reduce combine values of one process. torch.distributed is not among them.
+_LOCAL_LIBRARIES = ("torch", "numpy", "functools", "operator", "math", "pandas", "scipy")
+# Tensor methods with such a name, told from a helper of the same name by their signature (dim and index)
+_TENSOR_METHODS = frozenset({"gather", "scatter_reduce", "scatter_reduce_", "index_reduce", "index_reduce_"})
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:
@@ -45,7 +50,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         or (ev.data.get("library") == "horovod" and not ev.data.get("discarded")
             and _REDUCING_NAME.search(ev.data["op"]))
     ]
-    reductions += [ev for ev in script.of("call") if _REDUCING_NAME.search(ev.data.get("name") or "")]
+    reductions += [ev for ev in script.of("call") if _reduces_across_ranks(ev)]
     reports = script.of("report")
     seen: set[int] = set()
     for it in script.of("iterate"):
@@ -98,6 +103,25 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             evidence={"eval_loop_line": it.line, "report_line": report.line, "loader": name},
             fix_detail=detail,
         )
+
+
+def _reduces_across_ranks(ev) -> bool:  # noqa: ANN001
+    """A call that may combine the ranks' values: a helper named like a reduction (`meter.all_reduce()`,
+    `reduce_tensor(t)`, `metric_logger.synchronize_between_processes()`), never a library call that stays on the
+    rank (`torch.cuda.synchronize()` timing the evaluation, `iu.gather(0, idx)`, `functools.reduce`): taking those
+    for a reduction left a confusion matrix accumulated per rank and reported from rank 0 unflagged (issue 20)."""
+    name = ev.data.get("name") or ""
+    if not _REDUCING_NAME.search(name):
+        return False
+    qual = ev.data.get("qual") or ""
+    if qual and qual.split(".")[0] in _LOCAL_LIBRARIES and not qual.startswith("torch.distributed"):
+        return False
+    if name == "synchronize":  # a device, stream or event synchronize: this rank waits, nothing moves between ranks
+        return False
+    args = ev.data.get("args")
+    if name in _TENSOR_METHODS and args is not None and (len(args.pos) >= 2 or "index" in args.kw):
+        return False
+    return True
 
 
 _WRITES = re.compile(r"dump|save|write", re.I)
