@@ -39,8 +39,40 @@ LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
 # The option torch.distributed.launch passed to each process (torchrun passes LOCAL_RANK instead).
 LOCAL_RANK_OPTIONS = ("--local_rank", "--local-rank")
 
-_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
+
+
+def _literal_prefix(pattern: str) -> str:
+    """What every string an anchored pattern (`^...`) matches starts with: its characters up to the first one
+    with a meaning in a regex (`\\.` is a dot; a character made optional by the quantifier after it is not
+    part of it)."""
+    out: list[str] = []
+    i = 1
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and pattern[i + 1 : i + 2] == ".":
+            out.append(".")
+            i += 2
+            continue
+        if c in "*?{":
+            out.pop()
+            break
+        if c in ".^$+[]()|\\":
+            break
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=None)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+# (literal prefix, pattern, replacement): a rewrite is compiled and tried only for the names that start with its
+# prefix (compiling the twenty of them cost a static check more than all its rules' imports, and most scripts
+# meet three or four)
+_REWRITES: tuple[tuple[str, str, str], ...] = tuple(
+    (_literal_prefix(p), p, r)
     for p, r in (
         (r"^torch\.distributed\.distributed_c10d\.", "torch.distributed."),
         (r"^torch\.nn\.parallel\.(distributed|data_parallel)\.", "torch.nn.parallel."),
@@ -71,8 +103,9 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 def canonical(qualname: str) -> str:
     """One spelling per API: `torch.nn.parallel.distributed.DistributedDataParallel` →
     `torch.nn.parallel.DistributedDataParallel`."""
-    for pattern, repl in _REWRITES:
-        qualname = pattern.sub(repl, qualname)
+    for prefix, pattern, repl in _REWRITES:
+        if qualname.startswith(prefix):
+            qualname = _compiled(pattern).sub(repl, qualname)
     return qualname
 
 

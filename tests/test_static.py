@@ -167,6 +167,34 @@ def test_spellings_fold_to_one_name(spelling, canonical):
     assert N.canonical(spelling) == canonical
 
 
+def test_rewrites_tried_by_prefix_give_what_every_rewrite_gives():
+    """`canonical` compiles and tries a rewrite only for names that start with its literal prefix: the same names
+    as applying every rewrite to every name."""
+    import re
+
+    names = [
+        "torch.nn.parallel.distributed.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
+        "torch.nn.DataParallel", "torch.nn.DataParallelX", "torch.nn.modules.batchnorm.BatchNorm2d",
+        "torch.nn.modules.Conv2d", "torch.utils.data.sampler.Sampler", "torch.multiprocessing.spawn.spawn",
+        "torch.autograd.no_grad", "torch.autograd.grad_mode.inference_mode", "torch.optim.adamw.AdamW",
+        "torch.optim.lr_scheduler.lr_scheduler.StepLR", "torch.optim.lr_scheduler.StepLR",
+        "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast", "torch.autocast",
+        "apex.parallel.distributed.DistributedDataParallel", "apex.parallel.sync_batchnorm.SyncBatchNorm",
+        "torch.distributed.nn.functional.all_gather", "torch.distributed.nn.all_reduce",
+        "horovod.torch.mpi_ops.allreduce", "pytorch_lightning.Trainer", "lightning.Trainer",
+        "lightning.fabric.Fabric", "lightning.pytorch.trainer.trainer.Trainer", "lightning.pytorch.core.module.X",
+        "accelerate.accelerator.Accelerator", "transformers.trainer.Trainer", "transformers.trainer_seq2seq.S2STrainer",
+        "torch.distributed.distributed_c10d.barrier", "torch.nn.Linear", "os.environ", "", "torch",
+    ]
+    for name in names:
+        every = name
+        for _prefix, pattern, repl in N._REWRITES:
+            every = re.sub(pattern, repl, every)
+        assert N.canonical(name) == every, name
+    for prefix, pattern, _repl in N._REWRITES:  # anchored, and what a match starts with is known
+        assert pattern.startswith("^") and prefix
+
+
 @pytest.mark.parametrize(
     "name, tags",
     [

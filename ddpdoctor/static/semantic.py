@@ -44,7 +44,7 @@ class Family:
         return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)  # its own compact __repr__ (one generated and thrown away cost an exec)
 class Obj:
     """An abstract object: what a name or expression may hold.
 

@@ -41,14 +41,14 @@ class Unknown:
 UNKNOWN: Any = Unknown()
 
 
-def _parser(w: TorchState, c: Call) -> Value:
-    return (w.new("parser", c.node),)
+def _parser(state: TorchState, c: Call) -> Value:
+    return (state.new("parser", c.node),)
 
 
 CALLS = {"argparse.ArgumentParser": _parser}
 
 
-def _add_argument(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _add_argument(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     if not args.pos:
         return None
     flags = tuple(x.value for v in args.pos for x in v if x.kind == "const" and isinstance(x.value, str))
@@ -68,28 +68,28 @@ def _add_argument(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) 
             line=node.lineno,
             node=node,
             args=args,
-            file=w.frame.file,
+            file=state.frame.file,
         )
-        w.cli_args[dest] = arg
-        w.emit("add_argument", node, arg=arg)
-    return (w.unknown(node),)
+        state.cli_args[dest] = arg
+        state.emit("add_argument", node, arg=arg)
+    return (state.unknown(node),)
 
 
-def _group(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("parser", node),)
+def _group(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("parser", node),)
 
 
-def _parse_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("cli_args", node, label="args"),)
+def _parse_args(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("cli_args", node, label="args"),)
 
 
-def _parse_known_args(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("tuple", node, items=((w.new("cli_args", node, label="args"),), (w.unknown(node),))),)
+def _parse_known_args(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("tuple", node, items=((state.new("cli_args", node, label="args"),), (state.unknown(node),))),)
 
 
-def _set_defaults(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("set_defaults", node, args=args)
-    return (w.const(None, node),)
+def _set_defaults(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("set_defaults", node, args=args)
+    return (state.const(None, node),)
 
 
 LATE_METHODS = {
@@ -105,30 +105,30 @@ LATE_METHODS = {
 
 
 def attribute_facts(
-    w: TorchState, base: Obj, ident: str | None, tags: frozenset[str], props: dict[str, Any]
+    state: TorchState, base: Obj, ident: str | None, tags: frozenset[str], props: dict[str, Any]
 ) -> frozenset[str]:
     """`args.<option>`: what the option's default carries, and the option itself."""
-    if base.kind == "cli_args" and ident in w.cli_args:
-        default = w.cli_args[ident].default
-        props["cli_arg"] = w.cli_args[ident]
+    if base.kind == "cli_args" and ident in state.cli_args:
+        default = state.cli_args[ident].default
+        props["cli_arg"] = state.cli_args[ident]
         if default is not None:
             tags = tags | (tags_of(default) - {"rank_cond"})
             props["rank_direct"] = props["rank_direct"] or any(o.props.get("rank_direct") for o in default)
     return tags
 
 
-def given_option(w: TorchState, base: Obj, name: str, node: ast.AST | None) -> Value | None:
+def given_option(state: TorchState, base: Obj, name: str, node: ast.AST | None) -> Value | None:
     """`args.<option>` as the command line sets it, when the interpreter was told (the launch plan)."""
-    options = w.assume.get("options")
+    options = state.assume.get("options")
     if options is None or base.kind != "cli_args" or name in base.fields or name not in options:
         return None
     value = options[name]
     if value is UNKNOWN:
         return None
-    obj = w.const(value, node)
+    obj = state.const(value, node)
     obj.props["cli_option"] = name
-    if name in w.cli_args:
-        obj.props["cli_arg"] = w.cli_args[name]
+    if name in state.cli_args:
+        obj.props["cli_arg"] = state.cli_args[name]
     base.fields[name] = (obj,)
     return (obj,)
 

@@ -13,22 +13,22 @@ from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, PER_RANK_TAGS, Obj, Value, union
 
 
-def _loader(w: TorchState, c: Call) -> Value:
+def _loader(state: TorchState, c: Call) -> Value:
     names = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers")
     values = {n: c.args.get(i, n) for i, n in enumerate(names)}
-    loader = w.new("loader", c.node, qual=N.DATA_LOADER, label="DataLoader", props={"args": c.args})
+    loader = state.new("loader", c.node, qual=N.DATA_LOADER, label="DataLoader", props={"args": c.args})
     for n in ("dataset", "sampler", "batch_sampler"):
         loader.fields[n] = values[n] or EMPTY
     loader.props["batch_size"] = values["batch_size"]
     loader.props["batch_size_node"] = c.args.node(1, "batch_size")
     loader.props["shuffle"] = values["shuffle"]
     loader.props["drop_last"] = c.args.get(None, "drop_last")
-    w.emit("loader", c.node, obj=loader)
+    state.emit("loader", c.node, obj=loader)
     return (loader,)
 
 
-def sampler(w: TorchState, node: ast.Call, args: Args, distributed: bool, qual: str) -> Obj:
-    obj = w.new(
+def sampler(state: TorchState, node: ast.Call, args: Args, distributed: bool, qual: str) -> Obj:
+    obj = state.new(
         "sampler",
         node,
         qual=qual,
@@ -43,21 +43,21 @@ def sampler(w: TorchState, node: ast.Call, args: Args, distributed: bool, qual: 
             "args": args,
         },
     )
-    w.emit("sampler", node, obj=obj)
+    state.emit("sampler", node, obj=obj)
     return obj
 
 
-def _distributed_sampler(w: TorchState, c: Call) -> Value:
-    return (sampler(w, c.node, c.args, distributed=True, qual=c.qual),)
+def _distributed_sampler(state: TorchState, c: Call) -> Value:
+    return (sampler(state, c.node, c.args, distributed=True, qual=c.qual),)
 
 
-def _other_sampler(w: TorchState, c: Call) -> Value:
-    return (sampler(w, c.node, c.args, distributed=False, qual=c.qual),)
+def _other_sampler(state: TorchState, c: Call) -> Value:
+    return (sampler(state, c.node, c.args, distributed=False, qual=c.qual),)
 
 
-def dataset(w: TorchState, node: ast.Call, args: Args, qual: str) -> Obj:
+def dataset(state: TorchState, node: ast.Call, args: Args, qual: str) -> Obj:
     last = qual.rsplit(".", 1)[-1]
-    ds = w.new("dataset", node, qual=qual, label=last, props={"ctor_args": args})
+    ds = state.new("dataset", node, qual=qual, label=last, props={"ctor_args": args})
     if any(o.tags & (PER_RANK_TAGS | {"rank_dep"}) for o in args.all()):
         ds.tags = frozenset({"rank_dep"})
     if last == "TensorDataset" and args.pos:
@@ -71,13 +71,13 @@ def dataset(w: TorchState, node: ast.Call, args: Args, qual: str) -> Obj:
     return ds
 
 
-def _dataset(w: TorchState, c: Call) -> Value:
-    return (dataset(w, c.node, c.args, c.qual),)
+def _dataset(state: TorchState, c: Call) -> Value:
+    return (dataset(state, c.node, c.args, c.qual),)
 
 
-def _random_split(w: TorchState, c: Call) -> Value:
-    ds = dataset(w, c.node, c.args, c.qual)
-    return (w.new("tuple", c.node, props={"elem": (ds,)}),)
+def _random_split(state: TorchState, c: Call) -> Value:
+    ds = dataset(state, c.node, c.args, c.qual)
+    return (state.new("tuple", c.node, props={"elem": (ds,)}),)
 
 
 CALLS = {
@@ -95,8 +95,8 @@ PATTERNS = (
 )
 
 
-def _set_epoch(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
-    w.emit("set_epoch", node, target=(o,), arg=args.get(0, "epoch") or EMPTY, arg_node=args.node(0, "epoch"))
+def _set_epoch(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+    state.emit("set_epoch", node, target=(o,), arg=args.get(0, "epoch") or EMPTY, arg_node=args.node(0, "epoch"))
     return True
 
 
@@ -106,7 +106,7 @@ METHOD_EVENTS = {"set_epoch": _set_epoch}
 # ---------------------------------------------------------------------- iteration
 
 
-def loaders_in(w: TorchState, value: Value, depth: int = 0) -> tuple[Obj, ...]:
+def loaders_in(state: TorchState, value: Value, depth: int = 0) -> tuple[Obj, ...]:
     out: list[Obj] = []
     for o in value:
         if o.kind == "loader":
@@ -115,67 +115,67 @@ def loaders_in(w: TorchState, value: Value, depth: int = 0) -> tuple[Obj, ...]:
             if o.kind == "loader_iter":
                 out.extend(o.props.get("loaders", ()))
             elif o.kind == "enumerate":
-                out.extend(loaders_in(w, o.props.get("inner", EMPTY), depth + 1))
+                out.extend(loaders_in(state, o.props.get("inner", EMPTY), depth + 1))
             elif o.kind == "zip":
                 for inner in o.props.get("inner", []):
-                    out.extend(loaders_in(w, inner, depth + 1))
+                    out.extend(loaders_in(state, inner, depth + 1))
             elif o.kind == "unknown" and "call_args" in o.props:
-                out.extend(loaders_in(w, o.props["call_args"].all(), depth + 1))
+                out.extend(loaders_in(state, o.props["call_args"].all(), depth + 1))
             elif o.kind == "instance" and o.props.get("class") is not None:
                 # a prefetcher / device-loader class of the file wrapping the DataLoader it holds
-                out.extend(loaders_in(w, union(*o.fields.values()), depth + 1))
+                out.extend(loaders_in(state, union(*o.fields.values()), depth + 1))
     return tuple(union(out))
 
 
-def loop_info(w: TorchState, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:
+def loop_info(state: TorchState, node: ast.For | ast.AsyncFor | ast.While, iterable: Value | None) -> dict[str, Any]:
     if isinstance(node, ast.While):
-        return {"loaders": (), "iter": w.text(node.test), "target": "", "kind": "while"}
-    loaders = loaders_in(w, iterable or EMPTY)
+        return {"loaders": (), "iter": state.text(node.test), "target": "", "kind": "while"}
+    loaders = loaders_in(state, iterable or EMPTY)
     if loaders:
-        w.emit("iterate", node, loaders=loaders, loop=node, iterable=w.text(node.iter))
+        state.emit("iterate", node, loaders=loaders, loop=node, iterable=state.text(node.iter))
     if loaders:
         kind = "loader"
     elif any(o.kind == "range" for o in iterable or EMPTY):
         kind = "range"
     else:
         kind = "other"
-    return {"loaders": loaders, "iter": w.text(node.iter), "target": w.text(node.target), "kind": kind}
+    return {"loaders": loaders, "iter": state.text(node.iter), "target": state.text(node.target), "kind": kind}
 
 
-def on_comprehension(w: TorchState, node: ast.AST, gen: ast.comprehension, iterable: Value) -> None:
-    loaders = loaders_in(w, iterable)
+def on_comprehension(state: TorchState, node: ast.AST, gen: ast.comprehension, iterable: Value) -> None:
+    loaders = loaders_in(state, iterable)
     if loaders:
-        w.emit("iterate", node, loaders=loaders, loop=node, iterable=w.text(gen.iter))
+        state.emit("iterate", node, loaders=loaders, loop=node, iterable=state.text(gen.iter))
 
 
-def _iter(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
-    loaders = loaders_in(w, args.get(0, None) or EMPTY)
+def _iter(state: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
+    loaders = loaders_in(state, args.get(0, None) or EMPTY)
     if not loaders:
         return None
-    w.emit("iterate", node, loaders=loaders, loop=None, iterable=w.text(node.args[0]) if node.args else "?")
-    return (w.new("loader_iter", node, props={"loaders": loaders}),)
+    state.emit("iterate", node, loaders=loaders, loop=None, iterable=state.text(node.args[0]) if node.args else "?")
+    return (state.new("loader_iter", node, props={"loaders": loaders}),)
 
 
 BUILTINS = {"iter": _iter}
 
 
-def element_model(w: TorchState, o: Obj, node: ast.AST) -> Value | None:
+def element_model(state: TorchState, o: Obj, node: ast.AST) -> Value | None:
     """One element of what a loop iterates: a batch of a loader, a parameter of `model.parameters()`."""
     kind = o.kind
     if kind in ("loader", "loader_iter"):
-        return (w.new("batch", node, props={"loaders": loaders_in(w, (o,))}),)
+        return (state.new("batch", node, props={"loaders": loaders_in(state, (o,))}),)
     if kind == "params":
-        param = w.new("param", node, label="param", props={"owner": o.props.get("owner", EMPTY)})
+        param = state.new("param", node, label="param", props={"owner": o.props.get("owner", EMPTY)})
         if o.props.get("named"):
-            return (w.new("tuple", node, items=((w.unknown(node),), (param,))),)
+            return (state.new("tuple", node, items=((state.unknown(node),), (param,))),)
         return (param,)
-    if kind in ("unknown", "instance") and loaders_in(w, (o,)):
-        return (w.new("batch", node, props={"loaders": loaders_in(w, (o,))}),)
+    if kind in ("unknown", "instance") and loaders_in(state, (o,)):
+        return (state.new("batch", node, props={"loaders": loaders_in(state, (o,))}),)
     return None
 
 
-def special_attr(w: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
+def special_attr(state: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
     """`loader.sampler`, `loader.dataset`: the objects the loader was built with (its fields), else a derived one."""
     if name in ("sampler", "dataset", "batch_sampler") and name not in obj.fields:
-        return (w._derived(obj, name, node),)
+        return (state._derived(obj, name, node),)
     return None

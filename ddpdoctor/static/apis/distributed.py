@@ -33,39 +33,43 @@ _QUERIES = (
 )
 
 
-def _init_process_group(w: TorchState, c: Call) -> Value:
+def _init_process_group(state: TorchState, c: Call) -> Value:
     params = {n: c.args.get(i, n) for i, n in enumerate(_INIT_PARAMS)}
     nodes = {n: c.args.node(i, n) for i, n in enumerate(_INIT_PARAMS)}
-    w.emit("init_pg", c.node, params=params, nodes=nodes, args=c.args)
-    return (w.const(None, c.node),)
+    state.emit("init_pg", c.node, params=params, nodes=nodes, args=c.args)
+    return (state.const(None, c.node),)
 
 
-def _rank(w: TorchState, c: Call) -> Value:
-    return (w.new("value", c.node, tags=frozenset({"rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}),)
-
-
-def _local_rank(w: TorchState, c: Call) -> Value:
+def _rank(state: TorchState, c: Call) -> Value:
     return (
-        w.new("value", c.node, tags=frozenset({"local_rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}),
+        state.new("value", c.node, tags=frozenset({"rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}),
     )
 
 
-def _world_size(w: TorchState, c: Call) -> Value:
-    return (w.new("value", c.node, tags=frozenset({"world_size"}), label="dist.get_world_size()"),)
+def _local_rank(state: TorchState, c: Call) -> Value:
+    return (
+        state.new(
+            "value", c.node, tags=frozenset({"local_rank"}), label=f"dist.{c.last}()", props={"rank_direct": True}
+        ),
+    )
 
 
-def _collective(w: TorchState, c: Call) -> Value:
-    w.emit("collective", c.node, op=c.last, args=c.args)
-    return (w.unknown(c.node, label=f"dist.{c.last}()"),)
+def _world_size(state: TorchState, c: Call) -> Value:
+    return (state.new("value", c.node, tags=frozenset({"world_size"}), label="dist.get_world_size()"),)
 
 
-def _p2p(w: TorchState, c: Call) -> Value:
-    w.emit("p2p", c.node, op=c.last, args=c.args)
-    return (w.unknown(c.node, label=f"dist.{c.last}()"),)
+def _collective(state: TorchState, c: Call) -> Value:
+    state.emit("collective", c.node, op=c.last, args=c.args)
+    return (state.unknown(c.node, label=f"dist.{c.last}()"),)
 
 
-def _query(w: TorchState, c: Call) -> Value:
-    return (w.new("value", c.node, label=f"dist.{c.last}()"),)
+def _p2p(state: TorchState, c: Call) -> Value:
+    state.emit("p2p", c.node, op=c.last, args=c.args)
+    return (state.unknown(c.node, label=f"dist.{c.last}()"),)
+
+
+def _query(state: TorchState, c: Call) -> Value:
+    return (state.new("value", c.node, label=f"dist.{c.last}()"),)
 
 
 # torch.distributed.<anything>.<name>: the functions of the package, whichever submodule spells them
@@ -79,45 +83,47 @@ _BY_LAST = {
 }
 
 
-def _distributed(w: TorchState, c: Call) -> Value | None:
+def _distributed(state: TorchState, c: Call) -> Value | None:
     handler = _BY_LAST.get(c.last)
-    return handler(w, c) if handler is not None else None
+    return handler(state, c) if handler is not None else None
 
 
 # ---------------------------------------------------------------------- processes
 
 
-def _spawn(w: TorchState, c: Call) -> Value:
+def _spawn(state: TorchState, c: Call) -> Value:
     fn = c.args.get(0, "fn") or EMPTY
-    w.emit("spawn", c.node, fn=fn, nprocs=c.args.get(2, "nprocs"), nprocs_node=c.args.node(2, "nprocs"), qual=c.qual)
-    enter_process_target(w, c.node, fn, c.args.get(1, "args"), rank_first=True)
-    return (w.unknown(c.node, label="spawn()"),)
+    state.emit(
+        "spawn", c.node, fn=fn, nprocs=c.args.get(2, "nprocs"), nprocs_node=c.args.node(2, "nprocs"), qual=c.qual
+    )
+    enter_process_target(state, c.node, fn, c.args.get(1, "args"), rank_first=True)
+    return (state.unknown(c.node, label="spawn()"),)
 
 
-def _process(w: TorchState, c: Call) -> Value:
+def _process(state: TorchState, c: Call) -> Value:
     target = c.args.get(None, "target") or EMPTY
-    w.emit("process", c.node, target=target, qual=c.qual)
-    enter_process_target(w, c.node, target, c.args.get(None, "args"), rank_first=False)
-    return (w.unknown(c.node, label="Process"),)
+    state.emit("process", c.node, target=target, qual=c.qual)
+    enter_process_target(state, c.node, target, c.args.get(None, "args"), rank_first=False)
+    return (state.unknown(c.node, label="Process"),)
 
 
-def _get_context(w: TorchState, c: Call) -> Value:
+def _get_context(state: TorchState, c: Call) -> Value:
     """`ctx = mp.get_context("spawn")`: `ctx.Process(...)` is multiprocessing's Process."""
     package = c.qual.rsplit(".", 1)[0]
-    return (w.new("qual", c.node, qual=f"{package}.context", label="context"),)
+    return (state.new("qual", c.node, qual=f"{package}.context", label="context"),)
 
 
-def _join(w: TorchState, c: Call) -> Value:
-    return (w.new("ctx", c.node, props={"ctx": "join"}),)
+def _join(state: TorchState, c: Call) -> Value:
+    return (state.new("ctx", c.node, props={"ctx": "join"}),)
 
 
-def enter_process_target(w: TorchState, node: ast.Call, fn: Value, extra: Value | None, rank_first: bool) -> None:
+def enter_process_target(state: TorchState, node: ast.Call, fn: Value, extra: Value | None, rank_first: bool) -> None:
     pos: list[Value] = []
     opaque = False
     if rank_first:
         pos.append(
             (
-                w.new(
+                state.new(
                     "value",
                     node,
                     label="process index",
@@ -135,9 +141,9 @@ def enter_process_target(w: TorchState, node: ast.Call, fn: Value, extra: Value 
     call_args = Args(pos=pos, pos_nodes=[node] * len(pos), opaque=opaque)
     for f in fn:
         if f.kind == "function":
-            w.call_function(f, call_args, node)
+            state.call_function(f, call_args, node)
         elif f.kind == "bound":
-            w.call_function(f.props["func"], call_args, node, self_obj=f.props["self"])
+            state.call_function(f.props["func"], call_args, node, self_obj=f.props["self"])
 
 
 CALLS = {

@@ -19,13 +19,13 @@ def is_environ(obj: Obj) -> bool:
     return obj.kind == "qual" and N.canonical(obj.qual or "") == ENVIRON
 
 
-def env_read(w: TorchState, node: ast.AST, key: Any, default: Value | None, how: str) -> Obj:
+def env_read(state: TorchState, node: ast.AST, key: Any, default: Value | None, how: str) -> Obj:
     var = key if isinstance(key, str) else None
     tags = N.env_tags(var) if var else frozenset({"env"})
     if default:
         tags = tags | (tags_of(default) - {"rank_cond", "named"})
-    w.emit("env_read", node, var=var, how=how)
-    return w.new(
+    state.emit("env_read", node, var=var, how=how)
+    return state.new(
         "value",
         node,
         label=f"os.environ[{var!r}]" if var else "os.environ[?]",
@@ -34,30 +34,30 @@ def env_read(w: TorchState, node: ast.AST, key: Any, default: Value | None, how:
     )
 
 
-def _read_call(w: TorchState, c: Call) -> Value:
-    key = w._const_key(c.node.args[0]) if c.node.args else None
-    return (env_read(w, c.node, key, c.args.get(1, "default"), how=c.last),)
+def _read_call(state: TorchState, c: Call) -> Value:
+    key = state._const_key(c.node.args[0]) if c.node.args else None
+    return (env_read(state, c.node, key, c.args.get(1, "default"), how=c.last),)
 
 
 CALLS = dict.fromkeys(("os.environ.get", "os.getenv", "os.environ.setdefault", "os.environ.__getitem__"), _read_call)
 
 
-def load_item(w: TorchState, base: Obj, key: Any, node: ast.Subscript) -> Value | None:
+def load_item(state: TorchState, base: Obj, key: Any, node: ast.Subscript) -> Value | None:
     if is_environ(base):
-        return (env_read(w, node, key, None, how="[]"),)
+        return (env_read(state, node, key, None, how="[]"),)
     return None
 
 
-def store_item(w: TorchState, base: Obj, key: Any, value: Value, target: ast.Subscript) -> bool:
+def store_item(state: TorchState, base: Obj, key: Any, value: Value, target: ast.Subscript) -> bool:
     if is_environ(base):
-        w.emit("env_write", target, var=key, value=value)
+        state.emit("env_write", target, var=key, value=value)
         return True
     return False
 
 
-def membership(w: TorchState, node: ast.Compare, operands: list[Value]) -> None:
+def membership(state: TorchState, node: ast.Compare, operands: list[Value]) -> None:
     """`"RANK" in os.environ`: the script checks whether a launcher set a variable."""
     for i, op in enumerate(node.ops):
         if isinstance(op, (ast.In, ast.NotIn)) and any(is_environ(o) for o in operands[i + 1]):
-            key = w._const_key(node.comparators[i - 1] if i else node.left)
-            w.emit("env_check", node, var=key if isinstance(key, str) else None)
+            key = state._const_key(node.comparators[i - 1] if i else node.left)
+            state.emit("env_check", node, var=key if isinstance(key, str) else None)

@@ -81,11 +81,11 @@ def _const(value: Value | None) -> list[Any] | None:
     return values if len(values) == len(value) else None  # `-1` is computed from a literal, not one
 
 
-def _engine(w: TorchState, node: ast.AST, name: str, modelled: bool, how: str) -> None:
-    w.emit("engine", node, name=name, modelled=modelled, how=how)
+def _engine(state: TorchState, node: ast.AST, name: str, modelled: bool, how: str) -> None:
+    state.emit("engine", node, name=name, modelled=modelled, how=how)
 
 
-def _sharded_loader(w: TorchState, node: ast.AST, loaders: Value, by: str) -> Value:
+def _sharded_loader(state: TorchState, node: ast.AST, loaders: Value, by: str) -> Value:
     """Each loader re-built by the framework with a sampler that shards by rank and reshuffles every epoch (a
     `loader` event of its own: the script never iterates the loader it built)."""
     out: list[Obj] = []
@@ -93,7 +93,7 @@ def _sharded_loader(w: TorchState, node: ast.AST, loaders: Value, by: str) -> Va
         if ld.kind != "loader":
             out.append(ld)
             continue
-        sampler = w.new(
+        sampler = state.new(
             "sampler",
             node,
             label=f"{by}'s DistributedSampler",
@@ -108,13 +108,13 @@ def _sharded_loader(w: TorchState, node: ast.AST, loaders: Value, by: str) -> Va
                 "by_framework": by,
             },
         )
-        new = w.new("loader", node, qual=ld.qual, label=ld.label, props=dict(ld.props))
+        new = state.new("loader", node, qual=ld.qual, label=ld.label, props=dict(ld.props))
         new.props["bound_name"] = ld.props.get("bound_name")
         new.fields.update(ld.fields)
         new.fields["sampler"] = (sampler,)
         new.fields["batch_sampler"] = EMPTY
         new.props["prepared_from"] = ld
-        w.emit("loader", node, obj=new)
+        state.emit("loader", node, obj=new)
         out.append(new)
     return tuple(out)
 
@@ -143,23 +143,23 @@ def _is_lightning_module(o: Obj) -> bool:
     return o.kind == "module" and cls is not None and cls.props.get("framework") == "lightning"
 
 
-def _lightning_trainer(w: TorchState, c: Call) -> Value:
+def _lightning_trainer(state: TorchState, c: Call) -> Value:
     args = c.args
     strategy = _const(args.get(None, "strategy"))
     devices = _const(args.get(None, "devices"))
     nodes = _const(args.get(None, "num_nodes"))
     names = [s.lower() for s in strategy or () if isinstance(s, str)]
     if any("deepspeed" in s for s in names):
-        _engine(w, c.node, "Lightning with strategy='deepspeed'", False, "DeepSpeed runs the optimizer steps")
+        _engine(state, c.node, "Lightning with strategy='deepspeed'", False, "DeepSpeed runs the optimizer steps")
     else:
-        _engine(w, c.node, "Lightning Trainer", True, "lightning.pytorch.Trainer")
+        _engine(state, c.node, "Lightning Trainer", True, "lightning.pytorch.Trainer")
     one_device = devices is not None and all(d == 1 or d == [0] or d == "1" for d in devices)
     one_node = nodes is None or all(n == 1 for n in nodes)
     single = (one_device and one_node) or (
         strategy is not None and names and all(not any(k in s for k in _DDP_STRATEGIES) for s in names)
     )
     sync_bn = _const(args.get(None, "sync_batchnorm"))
-    trainer = w.new(
+    trainer = state.new(
         "instance",
         c.node,
         label="Trainer",
@@ -174,11 +174,11 @@ def _lightning_trainer(w: TorchState, c: Call) -> Value:
     return (trainer,)
 
 
-def _lightning_cli(w: TorchState, c: Call) -> Value:
+def _lightning_cli(state: TorchState, c: Call) -> Value:
     """`LightningCLI(ModelClass, DataModuleClass, trainer_defaults={...})`: it builds the Trainer from the defaults
     (and the command line) and runs `fit` on an instance of the model class, unless `run=False`."""
     run = _const(c.args.get(None, "run"))
-    cli = w.new("instance", c.node, label="LightningCLI", props={"engine": "lightning_cli"})
+    cli = state.new("instance", c.node, label="LightningCLI", props={"engine": "lightning_cli"})
     if run is not None and not any(run):
         return (cli,)
     defaults = c.args.get(None, "trainer_defaults") or EMPTY
@@ -187,32 +187,32 @@ def _lightning_cli(w: TorchState, c: Call) -> Value:
         if d.kind == "dict":
             for k, v in d.fields.items():
                 kw[k] = union(kw.get(k, EMPTY), v)
-    trainer = _lightning_trainer(w, Call("lightning.pytorch.Trainer", "Trainer", c.node, Args(kw=kw), False))
+    trainer = _lightning_trainer(state, Call("lightning.pytorch.Trainer", "Trainer", c.node, Args(kw=kw), False))
 
     def instances(value: Value | None) -> Value:
         out: list[Obj] = []
         for cls in value or EMPTY:
             if cls.kind == "class":
-                out.extend(w.instantiate(cls, c.node, Args()))
+                out.extend(state.instantiate(cls, c.node, Args()))
         return tuple(out)
 
     model = instances(c.args.get(0, "model_class"))
     datamodule = instances(c.args.get(1, "datamodule_class"))
     if model:
-        _fit(w, trainer[0], "fit", c.node, Args(pos=[model], pos_nodes=[c.node],
+        _fit(state, trainer[0], "fit", c.node, Args(pos=[model], pos_nodes=[c.node],
                                                 kw={"datamodule": datamodule} if datamodule else {}))
     return (cli,)
 
 
-def _call_hook(w: TorchState, receiver: Value, name: str, node: ast.AST, args: Args) -> Value | None:
+def _call_hook(state: TorchState, receiver: Value, name: str, node: ast.AST, args: Args) -> Value | None:
     """Call a hook the user's class defines (None where none of the receivers has it)."""
     out: list[Obj] = []
     for m in receiver:
         if m.props.get("class") is None:
             continue
-        found = w._attr_from_class(m, name)
+        found = state._attr_from_class(m, name)
         if found is not None:
-            out.extend(w.call_value(found, node, args))  # type: ignore[arg-type]
+            out.extend(state.call_value(found, node, args))  # type: ignore[arg-type]
     return tuple(out) if out else None
 
 
@@ -223,52 +223,56 @@ def _synthetic_loop(node: ast.AST, iterable: ast.AST | None) -> ast.For:
 
 
 def _loop_over(
-    w: TorchState, node: ast.AST, loaders: Value, text: str, model: Value, hook: str, train: bool,
+    state: TorchState, node: ast.AST, loaders: Value, text: str, model: Value, hook: str, train: bool,
     engine: str = "lightning",
 ) -> tuple[Value, ast.For]:
     """One loop of the framework over `loaders`: an `iterate` event, then `hook(batch, batch_idx)` inside the
     wrapper's forward, in a loop context (and, to evaluate, with gradients off)."""
     loop = _synthetic_loop(node, None)
     if loaders:
-        w.emit("iterate", loop, loaders=loaders, loop=loop, iterable=text, engine=engine)
+        state.emit("iterate", loop, loaders=loaders, loop=loop, iterable=text, engine=engine)
     pushed = 0
     if not train:
-        w.ctx.append(Ctx("grad", node, "off", w.frame.id, file=w.frame.file))
+        state.ctx.append(Ctx("grad", node, "off", state.frame.id, file=state.frame.file))
         pushed += 1
-    w.ctx.append(Ctx("loop", loop, {"loaders": loaders, "iter": text, "target": "batch", "kind": "loader"},
-                     w.frame.id, file=w.frame.file))
+    state.ctx.append(Ctx("loop", loop, {"loaders": loaders, "iter": text, "target": "batch", "kind": "loader"},
+                     state.frame.id, file=state.frame.file))
     pushed += 1
-    w._forward_depth += 1  # the strategy calls the step through the DDP wrapper's forward
+    state._forward_depth += 1  # the strategy calls the step through the DDP wrapper's forward
     try:
-        batch = union(*(w.element_of((ld,), node) for ld in loaders)) if loaders else (w.unknown(node, label="batch"),)
-        step_args = Args(pos=[batch, (w.unknown(node, label="batch_idx"),)], pos_nodes=[node, node])
-        result = _call_hook(w, model, hook, node, step_args) or EMPTY
+        batch = (
+            union(*(state.element_of((ld,), node) for ld in loaders))
+            if loaders
+            else (state.unknown(node, label="batch"),)
+        )
+        step_args = Args(pos=[batch, (state.unknown(node, label="batch_idx"),)], pos_nodes=[node, node])
+        result = _call_hook(state, model, hook, node, step_args) or EMPTY
     finally:
-        w._forward_depth -= 1
+        state._forward_depth -= 1
     return result, loop
 
 
-def _pop(w: TorchState, n: int) -> None:
-    del w.ctx[len(w.ctx) - n:]
+def _pop(state: TorchState, n: int) -> None:
+    del state.ctx[len(state.ctx) - n:]
 
 
-def _loaders_from(w: TorchState, node: ast.AST, given: Value | None, model: Value, datamodule: Value | None,
+def _loaders_from(state: TorchState, node: ast.AST, given: Value | None, model: Value, datamodule: Value | None,
                   hook: str) -> Value:
     if given:
         return given
     for source in (datamodule or EMPTY, model):
-        found = _call_hook(w, source if isinstance(source, tuple) else (source,), hook, node, Args())
+        found = _call_hook(state, source if isinstance(source, tuple) else (source,), hook, node, Args())
         if found:
             return found
     return EMPTY
 
 
-def _fit(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _fit(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     if o.props.get("engine") != "lightning":
         return None
     model = tuple(m for m in (args.get(0, "model") or EMPTY) if m.is_module)
     if not model:
-        return (w.const(None, node),)
+        return (state.const(None, node),)
     datamodule = args.get(None, "datamodule")
     if name == "fit":
         train_given, val_given = args.get(1, "train_dataloaders"), args.get(2, "val_dataloaders")
@@ -284,48 +288,50 @@ def _fit(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value 
     if datamodule:
         for dm in datamodule:
             for hook in ("prepare_data", "setup"):
-                _call_hook(w, (dm,), hook, node, Args(pos=[(w.const("fit", node),)], pos_nodes=[node])
+                _call_hook(state, (dm,), hook, node, Args(pos=[(state.const("fit", node),)], pos_nodes=[node])
                            if hook == "setup" else Args())
     model_node = args.node(0, "model") or node
     if o.props.get("sync_batchnorm") and name == "fit":
-        nn.convert_syncbn(w, node, Args(pos=[model], pos_nodes=[model_node]), SYNC_BN_CONVERTER, False)
+        nn.convert_syncbn(state, node, Args(pos=[model], pos_nodes=[model_node]), SYNC_BN_CONVERTER, False)
     distributed = o.props.get("distributed")
     if distributed and name == "fit":
-        nn.wrap(w, node, Args(pos=[model], pos_nodes=[model_node]), "ddp", "lightning.pytorch.strategies.DDPStrategy")
+        nn.wrap(
+            state, node, Args(pos=[model], pos_nodes=[model_node]), "ddp", "lightning.pytorch.strategies.DDPStrategy"
+        )
 
     def prepared(loaders: Value) -> Value:
-        return _sharded_loader(w, node, loaders, "Lightning") if distributed else loaders
+        return _sharded_loader(state, node, loaders, "Lightning") if distributed else loaders
 
     if name == "fit":
-        optimizers = _optimizers_in(_call_hook(w, model, "configure_optimizers", node, Args()) or EMPTY)
-        train = prepared(_loaders_from(w, node, train_given, model, datamodule, "train_dataloader"))
+        optimizers = _optimizers_in(_call_hook(state, model, "configure_optimizers", node, Args()) or EMPTY)
+        train = prepared(_loaders_from(state, node, train_given, model, datamodule, "train_dataloader"))
         for hook in _TRAIN_EPOCH_START:
-            _call_hook(w, model, hook, node, Args())
-        loss, loop = _loop_over(w, node, train, "the training loader", model, "training_step", True)
+            _call_hook(state, model, hook, node, Args())
+        loss, loop = _loop_over(state, node, train, "the training loader", model, "training_step", True)
         try:
             # `self.automatic_optimization = False`: training_step calls manual_backward and the steps itself
             manual = any(False in (_const(m.fields.get("automatic_optimization")) or ()) for m in model)
             if not manual:
-                w.emit("backward", node, target=loss or (w.unknown(node, label="loss"),))
+                state.emit("backward", node, target=loss or (state.unknown(node, label="loss"),))
                 if optimizers:
-                    w.emit("opt_step", node, target=tuple(optimizers))
+                    state.emit("opt_step", node, target=tuple(optimizers))
         finally:
-            _pop(w, 1)
+            _pop(state, 1)
         for hook in _TRAIN_EPOCH_END:
-            _call_hook(w, model, hook, node, Args())
+            _call_hook(state, model, hook, node, Args())
     hook = {"fit": "validation_step", "validate": "validation_step", "test": "test_step"}.get(name, "predict_step")
-    val = prepared(_loaders_from(w, node, val_given, model, datamodule,
+    val = prepared(_loaders_from(state, node, val_given, model, datamodule,
                                  hook.replace("_step", "_dataloader").replace("validation", "val")))
     if val or _has_hook(model, hook):
-        nn._mode(w, model, "eval", node, Args())
-        _, loop = _loop_over(w, node, val, "the validation loader", model, hook, False)
-        _pop(w, 1)  # the loop
+        nn._mode(state, model, "eval", node, Args())
+        _, loop = _loop_over(state, node, val, "the validation loader", model, hook, False)
+        _pop(state, 1)  # the loop
         ends = _VAL_EPOCH_END if hook == "validation_step" else ("on_test_epoch_end", "test_epoch_end")
         for end in ends:
-            _call_hook(w, model, end, node, Args())
-        _pop(w, 1)  # no_grad
-        nn._mode(w, model, "train", node, Args())
-    return (w.const(None, node),)
+            _call_hook(state, model, end, node, Args())
+        _pop(state, 1)  # no_grad
+        nn._mode(state, model, "train", node, Args())
+    return (state.const(None, node),)
 
 
 def _has_hook(model: Value, name: str) -> bool:
@@ -338,22 +344,22 @@ def _has_hook(model: Value, name: str) -> bool:
     return False
 
 
-def _lightning_log(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
+def _lightning_log(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
     """`self.log(name, value, sync_dist=...)`: with sync_dist true Lightning all-reduces the value across ranks;
     without, the value logged is this rank's own."""
     if not any(_is_lightning_module(m) for m in modules):
         return None
     value = args.get(1, "value") if name == "log" else args.get(0, "dictionary")
     if value and all(_is_metric(o) for o in value):
-        return (w.const(None, node),)  # a torchmetrics Metric: Lightning logs its compute(), which syncs
+        return (state.const(None, node),)  # a torchmetrics Metric: Lightning logs its compute(), which syncs
     sync = _const(args.get(None, "sync_dist"))
     if sync is not None and any(sync):
-        w.emit("collective", node, op="all_reduce", args=args, library="lightning")
+        state.emit("collective", node, op="all_reduce", args=args, library="lightning")
     elif sync is None and args.get(None, "sync_dist") is not None:
-        w.emit("collective", node, op="all_reduce", args=args, library="lightning")  # a flag known at run time
+        state.emit("collective", node, op="all_reduce", args=args, library="lightning")  # a flag known at run time
     else:
-        w.emit("report", node, args=args, name=name)
-    return (w.const(None, node),)
+        state.emit("report", node, args=args, name=name)
+    return (state.const(None, node),)
 
 
 def _is_metric(o: Obj) -> bool:
@@ -367,85 +373,85 @@ def _is_metric(o: Obj) -> bool:
 # ---------------------------------------------------------------------- Accelerate
 
 
-def _accelerator(w: TorchState, c: Call) -> Value:
-    w.emit("init_pg", c.node, params=dict.fromkeys(_INIT_PARAMS), nodes=dict.fromkeys(_INIT_PARAMS), args=c.args,
+def _accelerator(state: TorchState, c: Call) -> Value:
+    state.emit("init_pg", c.node, params=dict.fromkeys(_INIT_PARAMS), nodes=dict.fromkeys(_INIT_PARAMS), args=c.args,
            via="accelerate.Accelerator")
-    _engine(w, c.node, "Accelerate", True, "accelerate.Accelerator")
-    return (w.new("instance", c.node, label="Accelerator", props={"engine": "accelerate", "args": c.args}),)
+    _engine(state, c.node, "Accelerate", True, "accelerate.Accelerator")
+    return (state.new("instance", c.node, label="Accelerator", props={"engine": "accelerate", "args": c.args}),)
 
 
 def _accel(handler):  # noqa: ANN001, ANN202
-    def method_handler(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+    def method_handler(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
         if o.props.get("engine") != "accelerate":
             return None
-        return handler(w, o, name, node, args)
+        return handler(state, o, name, node, args)
 
     return method_handler
 
 
-def _prepare(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _prepare(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     items: list[Value] = []
     for i, value in enumerate(args.pos):
         modules = tuple(m for m in value if m.is_module and m.kind != "wrapper")
         loaders = tuple(ld for ld in value if ld.kind == "loader")
         if modules:
-            items.append(nn.wrap(w, node, Args(pos=[modules], pos_nodes=[args.pos_nodes[i]]), "ddp",
+            items.append(nn.wrap(state, node, Args(pos=[modules], pos_nodes=[args.pos_nodes[i]]), "ddp",
                                  "accelerate.Accelerator.prepare"))
         elif loaders:
-            items.append(_sharded_loader(w, node, value, "Accelerate"))
+            items.append(_sharded_loader(state, node, value, "Accelerate"))
         else:
             items.append(value)
     if len(items) == 1:
         return items[0]
-    return (w.new("tuple", node, items=tuple(items)),)
+    return (state.new("tuple", node, items=tuple(items)),)
 
 
-def _unwrap(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _unwrap(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     value = args.get(0, "model") or EMPTY
     out: list[Obj] = []
     for m in value:
         out.extend(m.props.get("inner", (m,)) if m.kind == "wrapper" else (m,))
-    return tuple(out) or (w.unknown(node),)
+    return tuple(out) or (state.unknown(node),)
 
 
-def _main_only_write(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.const(None, node),)
+def _main_only_write(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.const(None, node),)
 
 
 def _collective(op: str):  # noqa: ANN202
-    def handler(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-        w.emit("collective", node, op=op, args=args, library="accelerate")
+    def handler(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+        state.emit("collective", node, op=op, args=args, library="accelerate")
         if op == "barrier":
-            return (w.const(None, node),)
-        return args.get(0, None) or (w.unknown(node),)
+            return (state.const(None, node),)
+        return args.get(0, None) or (state.unknown(node),)
 
     return handler
 
 
-def _accumulate(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+def _accumulate(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
     # the gradient reduction is skipped on the accumulating steps by Accelerate itself (DDP's no_sync)
-    return (w.new("ctx", node, props={"ctx": "no_sync"}),)
+    return (state.new("ctx", node, props={"ctx": "no_sync"}),)
 
 
-def _passthrough(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return args.get(0, None) or (w.unknown(node),)
+def _passthrough(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return args.get(0, None) or (state.unknown(node),)
 
 
 # ---------------------------------------------------------------------- Hugging Face, unmodelled engines
 
 
-def _hf_trainer(w: TorchState, c: Call) -> Value:
-    _engine(w, c.node, "Hugging Face Trainer", True, c.qual)
+def _hf_trainer(state: TorchState, c: Call) -> Value:
+    _engine(state, c.node, "Hugging Face Trainer", True, c.qual)
     model = c.args.get(0, "model") or EMPTY
     modules = tuple(m for m in model if m.is_module)
     if modules:  # it wraps the model in DDP when launched on several processes, and shards with its own sampler
-        nn.wrap(w, c.node, Args(pos=[modules], pos_nodes=[c.args.node(0, "model") or c.node]), "ddp", c.qual)
-    return (w.new("instance", c.node, label="Trainer", props={"engine": "transformers", "args": c.args}),)
+        nn.wrap(state, c.node, Args(pos=[modules], pos_nodes=[c.args.node(0, "model") or c.node]), "ddp", c.qual)
+    return (state.new("instance", c.node, label="Trainer", props={"engine": "transformers", "args": c.args}),)
 
 
-def _unmodelled(w: TorchState, c: Call) -> Value:
-    _engine(w, c.node, UNMODELLED[c.qual], False, c.qual)
-    return (w.unknown(c.node, label=f"{c.qual.rsplit('.', 1)[-1]}()"),)
+def _unmodelled(state: TorchState, c: Call) -> Value:
+    _engine(state, c.node, UNMODELLED[c.qual], False, c.qual)
+    return (state.unknown(c.node, label=f"{c.qual.rsplit('.', 1)[-1]}()"),)
 
 
 CALLS = {

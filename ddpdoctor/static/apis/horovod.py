@@ -32,37 +32,37 @@ ASYNC = ("allreduce_async", "allreduce_async_", "allgather_async", "broadcast_as
 OTHER = ("barrier", "join", "broadcast_object", "allgather_object")
 
 
-def _init(w: TorchState, c: Call) -> Value:
-    w.emit("init_pg", c.node, params=dict.fromkeys(_INIT_PARAMS), nodes=dict.fromkeys(_INIT_PARAMS), args=c.args,
+def _init(state: TorchState, c: Call) -> Value:
+    state.emit("init_pg", c.node, params=dict.fromkeys(_INIT_PARAMS), nodes=dict.fromkeys(_INIT_PARAMS), args=c.args,
            via="horovod.torch.init")
-    return (w.const(None, c.node),)
+    return (state.const(None, c.node),)
 
 
 def _value(tag: str | None, label: str, direct: bool = False):  # noqa: ANN202
-    def handler(w: TorchState, c: Call) -> Value:
+    def handler(state: TorchState, c: Call) -> Value:
         tags = frozenset({tag}) if tag else frozenset()
-        return (w.new("value", c.node, tags=tags, label=label, props={"rank_direct": True} if direct else {}),)
+        return (state.new("value", c.node, tags=tags, label=label, props={"rank_direct": True} if direct else {}),)
 
     return handler
 
 
-def _distributed_optimizer(w: TorchState, c: Call) -> Value:
+def _distributed_optimizer(state: TorchState, c: Call) -> Value:
     optimizer = c.args.get(0, "optimizer") or ()
-    w.emit("grad_averaging", c.node, optimizer=optimizer, args=c.args, wrapper="horovod.torch.DistributedOptimizer")
-    return optimizer or (w.unknown(c.node, label="hvd.DistributedOptimizer()"),)
+    state.emit("grad_averaging", c.node, optimizer=optimizer, args=c.args, wrapper="horovod.torch.DistributedOptimizer")
+    return optimizer or (state.unknown(c.node, label="hvd.DistributedOptimizer()"),)
 
 
-def _collective(w: TorchState, c: Call) -> Value:
+def _collective(state: TorchState, c: Call) -> Value:
     name = c.qual[len(HVD):]
-    w.emit("collective", c.node, op=f"hvd.{name}", args=c.args, library="horovod",
-           discarded=name in RETURNING and id(c.node) in w._bare_calls)
-    return (w.unknown(c.node, label=f"hvd.{name}()"),)
+    state.emit("collective", c.node, op=f"hvd.{name}", args=c.args, library="horovod",
+           discarded=name in RETURNING and id(c.node) in state._bare_calls)
+    return (state.unknown(c.node, label=f"hvd.{name}()"),)
 
 
 def _broadcast(what: str):  # noqa: ANN202
-    def handler(w: TorchState, c: Call) -> Value:
-        w.emit("hvd_broadcast", c.node, what=what, args=c.args)
-        return (w.const(None, c.node),)
+    def handler(state: TorchState, c: Call) -> Value:
+        state.emit("hvd_broadcast", c.node, what=what, args=c.args)
+        return (state.const(None, c.node),)
 
     return handler
 

@@ -18,16 +18,16 @@ from ddpdoctor.static.semantic import EMPTY, Family, Obj, Value, union
 CONVERT_NAMES = ("convert_sync_batchnorm", "convert_syncbn_model")
 
 
-def family_of(w: TorchState, obj: Obj) -> Family:
+def family_of(state: TorchState, obj: Obj) -> Family:
     if obj.family is None:
-        obj.family = Family(mode="train" if w.reached else None, members=[obj])
+        obj.family = Family(mode="train" if state.reached else None, members=[obj])
     return obj.family
 
 
-def merge_families(w: TorchState, objs: list[Obj]) -> Family:
+def merge_families(state: TorchState, objs: list[Obj]) -> Family:
     fams: list[Family] = []
     for o in objs:
-        f = family_of(w, o)
+        f = family_of(state, o)
         if f not in fams:
             fams.append(f)
     main = fams[0]
@@ -44,18 +44,18 @@ def merge_families(w: TorchState, objs: list[Obj]) -> Family:
     return main
 
 
-def new_module(w: TorchState, node: ast.AST, qual: str | None, label: str, has_bn: bool | None) -> Obj:
-    m = w.new("module", node, qual=qual, label=label)
-    m.family = Family(mode="train" if w.reached else None, has_bn=has_bn, members=[m])
+def new_module(state: TorchState, node: ast.AST, qual: str | None, label: str, has_bn: bool | None) -> Obj:
+    m = state.new("module", node, qual=qual, label=label)
+    m.family = Family(mode="train" if state.reached else None, has_bn=has_bn, members=[m])
     return m
 
 
 # ---------------------------------------------------------------------- wrappers and SyncBN
 
 
-def wrap(w: TorchState, node: ast.Call, args: Args, wrapper: str, qual: str, heuristic: bool = False) -> Value:
+def wrap(state: TorchState, node: ast.Call, args: Args, wrapper: str, qual: str, heuristic: bool = False) -> Value:
     inner = args.get(0, "module") or EMPTY
-    obj = w.new(
+    obj = state.new(
         "wrapper",
         node,
         qual=qual,
@@ -69,85 +69,85 @@ def wrap(w: TorchState, node: ast.Call, args: Args, wrapper: str, qual: str, heu
         },
     )
     objs = [o for o in inner if o.kind not in ("const",)]
-    fam = merge_families(w, objs) if objs else Family(mode="train" if w.reached else None)
+    fam = merge_families(state, objs) if objs else Family(mode="train" if state.reached else None)
     obj.family = fam
     fam.members.append(obj)
-    w.emit("wrap", node, wrapper=obj, inner=inner, wrapper_kind=wrapper, args=args, heuristic=heuristic)
+    state.emit("wrap", node, wrapper=obj, inner=inner, wrapper_kind=wrapper, args=args, heuristic=heuristic)
     return (obj,)
 
 
-def convert_syncbn(w: TorchState, node: ast.Call, args: Args, qual: str, heuristic: bool) -> Value:
+def convert_syncbn(state: TorchState, node: ast.Call, args: Args, qual: str, heuristic: bool) -> Value:
     target = args.get(0, "module") or EMPTY
     for o in target:
         if o.kind in ("const", "qual"):
             continue
-        fam = family_of(w, o)
+        fam = family_of(state, o)
         fam.has_bn = True if fam.has_bn is None else fam.has_bn or True
         fam.syncbn_line = fam.syncbn_line or node.lineno
-    w.emit("convert_syncbn", node, target=target, arg_node=args.node(0, "module"), qual=qual, heuristic=heuristic)
-    return tuple(o for o in target if o.kind not in ("const",)) or (w.unknown(node),)
+    state.emit("convert_syncbn", node, target=target, arg_node=args.node(0, "module"), qual=qual, heuristic=heuristic)
+    return tuple(o for o in target if o.kind not in ("const",)) or (state.unknown(node),)
 
 
-def _ddp(w: TorchState, c: Call) -> Value:
-    return wrap(w, c.node, c.args, "ddp", c.qual, c.heuristic)
+def _ddp(state: TorchState, c: Call) -> Value:
+    return wrap(state, c.node, c.args, "ddp", c.qual, c.heuristic)
 
 
-def _data_parallel(w: TorchState, c: Call) -> Value:
-    return wrap(w, c.node, c.args, "dp", c.qual, c.heuristic)
+def _data_parallel(state: TorchState, c: Call) -> Value:
+    return wrap(state, c.node, c.args, "dp", c.qual, c.heuristic)
 
 
-def _convert(w: TorchState, c: Call) -> Value:
-    return convert_syncbn(w, c.node, c.args, c.qual, c.heuristic)
+def _convert(state: TorchState, c: Call) -> Value:
+    return convert_syncbn(state, c.node, c.args, c.qual, c.heuristic)
 
 
-def _convert_by_name(w: TorchState, c: Call) -> Value:
-    return convert_syncbn(w, c.node, c.args, c.qual, True)
+def _convert_by_name(state: TorchState, c: Call) -> Value:
+    return convert_syncbn(state, c.node, c.args, c.qual, True)
 
 
-def _syncbn_layer(w: TorchState, c: Call) -> Value:
-    m = w.new("module", c.node, qual=c.qual, label="SyncBatchNorm")
-    m.family = Family(mode="train" if w.reached else None, has_bn=True, syncbn_line=c.node.lineno, members=[m])
-    w.emit("syncbn_layer", c.node, obj=m)
+def _syncbn_layer(state: TorchState, c: Call) -> Value:
+    m = state.new("module", c.node, qual=c.qual, label="SyncBatchNorm")
+    m.family = Family(mode="train" if state.reached else None, has_bn=True, syncbn_line=c.node.lineno, members=[m])
+    state.emit("syncbn_layer", c.node, obj=m)
     return (m,)
 
 
-def _nn_class(w: TorchState, c: Call) -> Value:
+def _nn_class(state: TorchState, c: Call) -> Value:
     if c.last.endswith("Loss"):
-        return (w.new("loss", c.node, qual=c.qual, label=c.last),)
+        return (state.new("loss", c.node, qual=c.qual, label=c.last),)
     has_bn: bool | None = "BatchNorm" in c.last
     if c.last in ("Sequential", "ModuleList", "ModuleDict"):
         members = [o for o in c.args.all() if o.family is not None]
         has_bn = any(bool(o.family and o.family.has_bn) for o in members) or (None if c.args.opaque else False)
-    return (new_module(w, c.node, c.qual, c.last, has_bn),)
+    return (new_module(state, c.node, c.qual, c.last, has_bn),)
 
 
-def _torchvision_model(w: TorchState, c: Call) -> Value:
+def _torchvision_model(state: TorchState, c: Call) -> Value:
     name = c.last if c.last != "get_model" else first_const_str(c.args) or ""
-    return (new_module(w, c.node, c.qual, c.last, N.torchvision_model_has_bn(name)),)
+    return (new_module(state, c.node, c.qual, c.last, N.torchvision_model_has_bn(name)),)
 
 
-def _model_factory(w: TorchState, c: Call) -> Value:
-    return (new_module(w, c.node, c.qual, c.last, None),)
+def _model_factory(state: TorchState, c: Call) -> Value:
+    return (new_module(state, c.node, c.qual, c.last, None),)
 
 
-def _compile(w: TorchState, c: Call) -> Value:
-    return c.args.get(0, "model") or (w.unknown(c.node),)
+def _compile(state: TorchState, c: Call) -> Value:
+    return c.args.get(0, "model") or (state.unknown(c.node),)
 
 
-def _deepcopy(w: TorchState, c: Call) -> Value:
+def _deepcopy(state: TorchState, c: Call) -> Value:
     out: list[Obj] = []
     for s in c.args.get(0, None) or EMPTY:
         if s.is_module:
-            m = w.new("module", c.node, label=s.label, props={"copy_of": s, "class": s.props.get("class")})
-            fam = family_of(w, s)
+            m = state.new("module", c.node, label=s.label, props={"copy_of": s, "class": s.props.get("class")})
+            fam = family_of(state, s)
             m.family = Family(mode=fam.mode, has_bn=fam.has_bn, members=[m])
             out.append(m)
-    return tuple(out) or (w.unknown(c.node),)
+    return tuple(out) or (state.unknown(c.node),)
 
 
-def _strip_prefix(w: TorchState, c: Call) -> Value:
-    w.emit("strip_prefix", c.node)
-    return (w.const(None, c.node),)
+def _strip_prefix(state: TorchState, c: Call) -> Value:
+    state.emit("strip_prefix", c.node)
+    return (state.const(None, c.node),)
 
 
 CALLS = {
@@ -184,12 +184,12 @@ PATTERNS = (
 # ---------------------------------------------------------------------- module methods
 
 
-def _move(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("move", node, target=modules, method=name, args=args)
+def _move(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("move", node, target=modules, method=name, args=args)
     return modules
 
 
-def _mode(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _mode(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     mode: str | None = "eval" if name == "eval" else "train"
     if name == "train":
         flag = args.get(0, "mode")
@@ -197,67 +197,67 @@ def _mode(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) 
             vals = [o.value for o in flag if o.kind == "const"]
             mode = ("train" if vals[0] else "eval") if len(vals) == len(flag) == 1 else None
     for m in modules:
-        family_of(w, m).mode = mode
-    w.emit("mode", node, target=modules, mode=mode)
+        family_of(state, m).mode = mode
+    state.emit("mode", node, target=modules, mode=mode)
     return modules
 
 
-def _parameters(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("params", node, props={"owner": modules, "named": name == "named_parameters"}),)
+def _parameters(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("params", node, props={"owner": modules, "named": name == "named_parameters"}),)
 
 
-def _state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("state_dict", node, props={"owner": modules}),)
+def _state_dict(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("state_dict", node, props={"owner": modules}),)
 
 
-def emit_load(w: TorchState, target: Value, node: ast.Call, args: Args) -> None:
-    w.emit(
+def emit_load(state: TorchState, target: Value, node: ast.Call, args: Args) -> None:
+    state.emit(
         "load_state_dict",
         node,
         target=target,
         state=args.get(0, "state_dict") or EMPTY,
         strict=args.get(1, "strict"),
         strict_node=args.node(1, "strict"),
-        result_used=id(node) not in w._bare_calls,
+        result_used=id(node) not in state._bare_calls,
     )
 
 
-def _load_state_dict(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    emit_load(w, modules, node, args)
-    return (w.unknown(node, label="load_state_dict()"),)
+def _load_state_dict(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    emit_load(state, modules, node, args)
+    return (state.unknown(node, label="load_state_dict()"),)
 
 
-def _forward(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    return forward(w, modules, node, args)
+def _forward(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    return forward(state, modules, node, args)
 
 
-def _call_inner(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
+def _call_inner(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value | None:
     inner = union(*(m.props.get("inner", EMPTY) for m in modules if m.kind == "wrapper"))
-    return w.call_value(inner, node, args) if inner else None
+    return state.call_value(inner, node, args) if inner else None
 
 
 def _ctx(kind: str):
-    def handler(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-        return (w.new("ctx", node, props={"ctx": kind, "owner": modules}),)
+    def handler(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+        return (state.new("ctx", node, props={"ctx": kind, "owner": modules}),)
 
     return handler
 
 
-def _same(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def _same(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     return modules
 
 
-def _stats_reset(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("bn_stats_reset", node, target=(o,), how=name)
-    return (w.const(None, node),)
+def _stats_reset(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("bn_stats_reset", node, target=(o,), how=name)
+    return (state.const(None, node),)
 
 
-def _modules_stats_reset(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("bn_stats_reset", node, target=modules, how=name)
-    return (w.const(None, node),)
+def _modules_stats_reset(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("bn_stats_reset", node, target=modules, how=name)
+    return (state.const(None, node),)
 
 
-def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
+def on_assign(state: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
     """`m.momentum = None`: BatchNorm switches to a cumulative average of what it sees next; `m.momentum = 1.0`:
     its running statistics become the next batch's, which the caller collects (precise BN, pycls's way)."""
     if (
@@ -267,7 +267,7 @@ def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.
         and all(o.kind == "const" and (o.value is None or o.value == 1) for o in value)
     ):
         how = "momentum = None" if all(o.value is None for o in value) else "momentum = 1"
-        w.emit("bn_stats_reset", st, target=w.eval(target.value), how=how)
+        state.emit("bn_stats_reset", st, target=state.eval(target.value), how=how)
 
 
 MODULE_METHODS = {
@@ -287,40 +287,40 @@ MODULE_METHODS = {
 }
 
 
-def module_method(w: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
+def module_method(state: TorchState, modules: Value, name: str, node: ast.Call, args: Args) -> Value:
     """A method called on objects that are models (`model.eval()`, `model.module.state_dict()`)."""
-    handler = w.registry.module_methods.get(name)
+    handler = state.registry.module_methods.get(name)
     if handler is not None:
-        result = handler(w, modules, name, node, args)
+        result = handler(state, modules, name, node, args)
         if result is not None:
             return result
     out: list[Obj] = []
     rest: list[Obj] = []
     for m in modules:
         if m.props.get("class") is not None:
-            found = w._attr_from_class(m, name)
+            found = state._attr_from_class(m, name)
             if found is not None:
-                out.extend(w.call_value(found, node, args))
+                out.extend(state.call_value(found, node, args))
                 continue
         if name in m.fields:
-            out.extend(w.call_value(m.fields[name], node, args))
+            out.extend(state.call_value(m.fields[name], node, args))
             continue
         rest.append(m)
     if rest:
-        out.extend(w.generic_call(rest[0], name, node, args))
+        out.extend(state.generic_call(rest[0], name, node, args))
     return tuple(out)
 
 
-def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
+def forward(state: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
     """Calling a model: a `forward` event with the modes its families are in, then the module's own forward."""
     modes = []
     for m in modules:
-        fam = family_of(w, m)
+        fam = family_of(state, m)
         if fam.mode not in modes:
             modes.append(fam.mode)
-    detached = id(node) in w._detached_calls
-    nested = w._forward_depth > 0
-    ev = w.emit(
+    detached = id(node) in state._detached_calls
+    nested = state._forward_depth > 0
+    ev = state.emit(
         "forward",
         node,
         target=modules,
@@ -330,22 +330,24 @@ def forward(w: TorchState, modules: Value, node: ast.Call, args: Args) -> Value:
         inside_forward=nested,
     )
     out: list[Obj] = []
-    w._forward_depth += 1
+    state._forward_depth += 1
     try:
         for m in modules:
             inner = m.props.get("inner", EMPTY) if m.kind == "wrapper" else (m,)
             for im in inner:
                 if im.props.get("class") is not None and im.kind == "module":
-                    fwd = w._attr_from_class(im, "forward")
+                    fwd = state._attr_from_class(im, "forward")
                     if fwd:
-                        out.extend(_own_forward(w, im, fwd, node, args) if nested else w.call_value(fwd, node, args))
+                        out.extend(
+                            _own_forward(state, im, fwd, node, args) if nested else state.call_value(fwd, node, args)
+                        )
     finally:
-        w._forward_depth -= 1
-    result = w.new("tensor", node, props={"forward": ev})
+        state._forward_depth -= 1
+    result = state.new("tensor", node, props={"forward": ev})
     return union(out, (result,)) if out else (result,)
 
 
-def _own_forward(w: TorchState, module: Obj, fwd: Value, node: ast.Call, args: Args) -> Value:
+def _own_forward(state: TorchState, module: Obj, fwd: Value, node: ast.Call, args: Args) -> Value:
     """A project module's forward called inside another model's forward. Layers of one class that the same call of
     the parent runs in the same context (a ResNet stage's blocks, a transformer's layers: `self.layer3(self.layer2(
     self.layer1(x)))`) run the same code for the same events at the same lines: the first is walked, the others
@@ -353,21 +355,21 @@ def _own_forward(w: TorchState, module: Obj, fwd: Value, node: ast.Call, args: A
     flag its forward tests), in another mode, or called from another branch, loop or call of the parent is walked
     on its own."""
     try:
-        key = _sibling_key(w, module, fwd, args)
-        done = w._sibling_forwards.get(key)
+        key = _sibling_key(state, module, fwd, args)
+        done = state._sibling_forwards.get(key)
     except TypeError:  # a literal that cannot be a key (a list built from literals): walk it
-        return w.call_value(fwd, node, args)
+        return state.call_value(fwd, node, args)
     if done is None:
-        done = w._sibling_forwards[key] = w.call_value(fwd, node, args)
+        done = state._sibling_forwards[key] = state.call_value(fwd, node, args)
     return done
 
 
-def _sibling_key(w: TorchState, module: Obj, fwd: Value, args: Args) -> tuple:
+def _sibling_key(state: TorchState, module: Obj, fwd: Value, args: Args) -> tuple:
     return (
-        w.frames[-1].id,
+        state.frames[-1].id,
         tuple(id(f.props["func"].props.get("node")) if f.kind == "bound" else id(f) for f in fwd),
-        tuple((c.kind, id(c.node), c.frame, c.branch) for c in w.ctx),
-        family_of(w, module).mode,
+        tuple((c.kind, id(c.node), c.frame, c.branch) for c in state.ctx),
+        family_of(state, module).mode,
         tuple((name, _layer_shape(v)) for name, v in module.fields.items()),
         tuple(_argument_shape(v) for v in args.pos),
         tuple((k, _argument_shape(v)) for k, v in args.kw.items()),
@@ -427,7 +429,7 @@ def _named_wrapper_kinds(value: Value, depth: int = 0) -> frozenset[str] | None:
     return frozenset(kinds)
 
 
-def _wrapper_check(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
+def _wrapper_check(state: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
     """`isinstance(model, DDP)`, `hasattr(model, "module")`: a test of whether a variable holds the wrapper, which
     the branches it decides narrow (`model.module if wrapped else model`, pycls's and timm's unwrap helpers)."""
     if len(node.args) != 2 or not isinstance(node.args[0], ast.Name) or len(args.pos) != 2:
@@ -437,15 +439,15 @@ def _wrapper_check(w: TorchState, name: str, node: ast.Call, args: Args) -> Valu
     if name == "hasattr" and not (isinstance(node.args[1], ast.Constant) and node.args[1].value == "module"):
         return None
     kinds = _named_wrapper_kinds(args.pos[1]) if name == "isinstance" else None
-    test = w.new("value", node, props={"builtin": name, "wrapper_test": (w.frame.id, node.args[0].id, kinds)})
-    w._wrapper_tests[id(node)] = test.props["wrapper_test"]
+    test = state.new("value", node, props={"builtin": name, "wrapper_test": (state.frame.id, node.args[0].id, kinds)})
+    state._wrapper_tests[id(node)] = test.props["wrapper_test"]
     return (test,)
 
 
 BUILTINS = {"isinstance": _wrapper_check, "hasattr": _wrapper_check}
 
 
-def wrapper_narrowing(w: TorchState, node: ast.expr) -> tuple[str, object, bool] | None:
+def wrapper_narrowing(state: TorchState, node: ast.expr) -> tuple[str, object, bool] | None:
     """(variable, "is a wrapper", whether that holds when the test is true) for a test of the current frame that
     asks whether a local variable holds the DDP/DataParallel wrapper — the call itself, `not` of it, or a name
     bound to its result (`wrapped = isinstance(model, DDP)`)."""
@@ -454,11 +456,11 @@ def wrapper_narrowing(w: TorchState, node: ast.expr) -> tuple[str, object, bool]
         node, positive = node.operand, not positive
     found = None
     if isinstance(node, ast.Call):
-        found = w._wrapper_tests.get(id(node))
+        found = state._wrapper_tests.get(id(node))
     elif isinstance(node, ast.Name):
-        marks = {o.props.get("wrapper_test") for o in w.frame.locals.get(node.id, ())}
+        marks = {o.props.get("wrapper_test") for o in state.frame.locals.get(node.id, ())}
         found = marks.pop() if len(marks) == 1 else None
-    if found is None or found[0] != w.frame.id:
+    if found is None or found[0] != state.frame.id:
         return None
     kinds = found[2] if len(found) > 2 else None
     if kinds is None:
@@ -479,28 +481,28 @@ def _is_wrapper(o: Obj, kinds: frozenset[str] | None = None) -> bool | None:
 # ---------------------------------------------------------------------- methods on other objects
 
 
-def _convert_method(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return convert_syncbn(w, node, args, name, True)
+def _convert_method(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return convert_syncbn(state, node, args, name, True)
 
 
 def _ctx_of(kind: str):
-    def handler(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-        return (w.new("ctx", node, props={"ctx": kind, "owner": (o,)}),)
+    def handler(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+        return (state.new("ctx", node, props={"ctx": kind, "owner": (o,)}),)
 
     return handler
 
 
-def _obj_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("state_dict", node, props={"owner": (o,)}),)
+def _obj_state_dict(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("state_dict", node, props={"owner": (o,)}),)
 
 
-def _obj_load_state_dict(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    emit_load(w, (o,), node, args)
-    return (w.unknown(node),)
+def _obj_load_state_dict(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    emit_load(state, (o,), node, args)
+    return (state.unknown(node),)
 
 
-def _unresolved_mode(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("mode", node, target=(o,), mode="eval" if name == "eval" else None, unresolved=True)
+def _unresolved_mode(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("mode", node, target=(o,), mode="eval" if name == "eval" else None, unresolved=True)
     return (o,)
 
 
@@ -519,13 +521,13 @@ LATE_METHODS = {
 # ---------------------------------------------------------------------- classes of the file
 
 
-def class_has_bn(w: TorchState, cls_node: ast.AST, file: str) -> bool:
+def class_has_bn(state: TorchState, cls_node: ast.AST, file: str) -> bool:
     """Whether an nn.Module class of this file builds BatchNorm layers (directly, or through its own helpers)."""
-    memo = w._has_bn_memo
+    memo = state._has_bn_memo
     if cls_node in memo:
         return memo[cls_node]
     memo[cls_node] = False
-    defs = w.index_of(file).defs_by_name
+    defs = state.index_of(file).defs_by_name
     found = False
     for n in walk(cls_node):
         ident = n.id if isinstance(n, ast.Name) else (n.attr if isinstance(n, ast.Attribute) else None)
@@ -536,7 +538,7 @@ def class_has_bn(w: TorchState, cls_node: ast.AST, file: str) -> bool:
         elif isinstance(n, ast.Attribute) and dotted(n).startswith(("models.", "torchvision.models.")):
             found = N.torchvision_model_has_bn(ident)
         elif ident in defs and isinstance(n, ast.Name):
-            found = any(class_has_bn(w, d, file) for d in defs[ident] if d is not cls_node)
+            found = any(class_has_bn(state, d, file) for d in defs[ident] if d is not cls_node)
         if found:
             break
     memo[cls_node] = found

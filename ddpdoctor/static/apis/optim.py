@@ -12,15 +12,15 @@ from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import EMPTY, WORLD_TAGS, Obj, Value, tags_of
 
 
-def _scheduler(w: TorchState, c: Call) -> Value:
-    s = w.new("scheduler", c.node, qual=c.qual, label=c.last, props={"cls": c.last, "args": c.args})
-    w.emit("scheduler", c.node, obj=s)
+def _scheduler(state: TorchState, c: Call) -> Value:
+    s = state.new("scheduler", c.node, qual=c.qual, label=c.last, props={"cls": c.last, "args": c.args})
+    state.emit("scheduler", c.node, obj=s)
     return (s,)
 
 
-def _optimizer(w: TorchState, c: Call) -> Value:
+def _optimizer(state: TorchState, c: Call) -> Value:
     positional_lr = 1 if c.qual.startswith("torch.optim.") else None
-    o = w.new(
+    o = state.new(
         "optimizer",
         c.node,
         qual=c.qual,
@@ -32,7 +32,7 @@ def _optimizer(w: TorchState, c: Call) -> Value:
             "lr_node": c.args.node(positional_lr, "lr"),
         },
     )
-    w.emit("optimizer", c.node, obj=o)
+    state.emit("optimizer", c.node, obj=o)
     return (o,)
 
 
@@ -56,49 +56,49 @@ PATTERNS = ((_is_scheduler, _scheduler), (_is_optimizer, _optimizer))
 # ---------------------------------------------------------------------- methods
 
 
-def _backward_event(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+def _backward_event(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     if o.kind == "class":
         return False
     if o.props.get("engine") == "accelerate":  # accelerator.backward(loss): the loss's backward
-        w.emit("backward", node, target=args.get(0, "loss") or (w.unknown(node, label="loss"),))
+        state.emit("backward", node, target=args.get(0, "loss") or (state.unknown(node, label="loss"),))
         return True
-    w.emit("backward", node, target=(o,))
+    state.emit("backward", node, target=(o,))
     return True
 
 
-def _step_event(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
+def _step_event(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> bool:
     if o.kind != "optimizer":
         return False
-    w.emit("opt_step", node, target=(o,))
+    state.emit("opt_step", node, target=(o,))
     return True
 
 
 METHOD_EVENTS = {"backward": _backward_event, "step": _step_event}
 
 
-def _zero_grad(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.const(None, node),)
+def _zero_grad(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.const(None, node),)
 
 
-def _optimizer_state(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (w.new("state_dict", node, props={"owner": (o,), "optimizer": True}),)
+def _optimizer_state(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (state.new("state_dict", node, props={"owner": (o,), "optimizer": True}),)
 
 
-def _scheduler_step(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("sched_step", node, target=(o,))
-    return (w.const(None, node),)
+def _scheduler_step(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("sched_step", node, target=(o,))
+    return (state.const(None, node),)
 
 
-def _step_by_argument_or_name(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _step_by_argument_or_name(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     """`scaler.step(optimizer)` steps the optimizer it is given; `self.optim.step()` on an object we cannot see
     into is an optimizer step by its name."""
     optimizers = tuple(x for x in args.all() if x.kind == "optimizer")
     if optimizers:
-        w.emit("opt_step", node, target=optimizers)
-        return (w.unknown(node),)
+        state.emit("opt_step", node, target=optimizers)
+        return (state.unknown(node),)
     if o.kind == "unknown" and named_like_optimizer(o):
-        w.emit("opt_step", node, target=(o,), heuristic=True)
-        return (w.unknown(node),)
+        state.emit("opt_step", node, target=(o,), heuristic=True)
+        return (state.unknown(node),)
     return None
 
 
@@ -122,12 +122,12 @@ METHODS = {
 # ---------------------------------------------------------------------- assignments
 
 
-def on_assign(w: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
+def on_assign(state: TorchState, ident: str, target: ast.AST, value: Value, st: ast.stmt) -> None:
     tags = tags_of(value)
     if N.is_lr_name(ident):
-        w.emit("lr_assign", st, target=w.text(target), value=value, tags=tags)
+        state.emit("lr_assign", st, target=state.text(target), value=value, tags=tags)
     elif N.is_loss_name(ident) and any(multiplied_by_world(o) for o in value):
-        w.emit("loss_scaled", st, target=w.text(target), tags=tags)
+        state.emit("loss_scaled", st, target=state.text(target), tags=tags)
 
 
 def multiplied_by_world(obj: Obj, depth: int = 0) -> bool:

@@ -30,11 +30,11 @@ def text_of(value: Value | None) -> str | None:
     return v if isinstance(v, str) and v is not NOT_COMPUTED else None
 
 
-def path(w: TorchState, node: ast.AST | None, text: str) -> Obj:
-    return w.new("path", node, const=True, value=text, label="Path")
+def path(state: TorchState, node: ast.AST | None, text: str) -> Obj:
+    return state.new("path", node, const=True, value=text, label="Path")
 
 
-def _string(w: TorchState, c: Call, fn: Any) -> Value | None:
+def _string(state: TorchState, c: Call, fn: Any) -> Value | None:
     texts = [text_of(v) for v in c.args.pos]
     if not texts or any(t is None for t in texts) or c.args.kw or c.args.opaque:
         return None
@@ -42,21 +42,21 @@ def _string(w: TorchState, c: Call, fn: Any) -> Value | None:
         result = fn(*texts)
     except (TypeError, ValueError):
         return None
-    return (w.const(result, c.node),)
+    return (state.const(result, c.node),)
 
 
 def _os_path(fn: Any):
-    def handler(w: TorchState, c: Call) -> Value | None:
-        return _string(w, c, fn)
+    def handler(state: TorchState, c: Call) -> Value | None:
+        return _string(state, c, fn)
 
     return handler
 
 
-def _path_ctor(w: TorchState, c: Call) -> Value | None:
+def _path_ctor(state: TorchState, c: Call) -> Value | None:
     texts = [text_of(v) for v in c.args.pos]
     if any(t is None for t in texts) or c.args.kw or c.args.opaque:
         return None
-    return (path(w, c.node, posixpath.join(*texts) if texts else "."),)
+    return (path(state, c.node, posixpath.join(*texts) if texts else "."),)
 
 
 def _resolved(text: str) -> str:
@@ -74,14 +74,14 @@ CALLS = {
 }
 
 
-def _sys_path_add(w: TorchState, c: Call) -> Value:
+def _sys_path_add(state: TorchState, c: Call) -> Value:
     value = c.args.pos[-1] if c.args.pos else None
     text = text_of(value)
     added = False
-    if text is not None and w.project is not None:
-        added = w.project.add_root(text)
-    w.emit("sys_path", c.node, dir=text, added=added)
-    return (w.const(None, c.node),)
+    if text is not None and state.project is not None:
+        added = state.project.add_root(text)
+    state.emit("sys_path", c.node, dir=text, added=added)
+    return (state.const(None, c.node),)
 
 
 CALLS.update({"sys.path.append": _sys_path_add, "sys.path.insert": _sys_path_add})
@@ -90,33 +90,33 @@ CALLS.update({"sys.path.append": _sys_path_add, "sys.path.insert": _sys_path_add
 # ---------------------------------------------------------------------- path objects
 
 
-def special_attr(w: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
+def special_attr(state: TorchState, obj: Obj, name: str, node: ast.AST | None) -> Value | None:
     text = obj.value
     if name == "parent":
-        return (path(w, node, posixpath.dirname(text) or "."),)
+        return (path(state, node, posixpath.dirname(text) or "."),)
     if name == "parents":
         parents: list[Value] = []
         current = text
         while posixpath.dirname(current) not in ("", current):
             current = posixpath.dirname(current)
-            parents.append((path(w, node, current),))
-        return (w.new("tuple", node, items=tuple(parents)),)
+            parents.append((path(state, node, current),))
+        return (state.new("tuple", node, items=tuple(parents)),)
     if name in ("name", "stem", "suffix"):
         base = posixpath.basename(text)
         stem, suffix = posixpath.splitext(base)
-        return (w.const({"name": base, "stem": stem, "suffix": suffix}[name], node),)
+        return (state.const({"name": base, "stem": stem, "suffix": suffix}[name], node),)
     return None
 
 
-def _same_path(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    return (path(w, node, _resolved(o.value)),)
+def _same_path(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    return (path(state, node, _resolved(o.value)),)
 
 
-def _joinpath(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _joinpath(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     texts = [text_of(v) for v in args.pos]
     if any(t is None for t in texts):
         return None
-    return (path(w, node, posixpath.join(o.value, *texts)),)
+    return (path(state, node, posixpath.join(o.value, *texts)),)
 
 
 METHODS = {
@@ -125,19 +125,19 @@ METHODS = {
 }
 
 
-def divide(w: TorchState, node: ast.AST, left: Value, right: Value) -> Obj | None:
+def divide(state: TorchState, node: ast.AST, left: Value, right: Value) -> Obj | None:
     """`Path(...) / "sub"`."""
     if len(left) == 1 and left[0].kind == "path":
         text = text_of(right)
         if text is not None:
-            return path(w, node, posixpath.join(left[0].value, text))
+            return path(state, node, posixpath.join(left[0].value, text))
     return None
 
 
-def as_string(w: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
+def as_string(state: TorchState, name: str, node: ast.Call, args: Args) -> Value | None:
     """`str(path)`."""
     if name == "str" and len(args.pos) == 1 and len(args.pos[0]) == 1 and args.pos[0][0].kind == "path":
-        return (w.const(args.pos[0][0].value, node),)
+        return (state.const(args.pos[0][0].value, node),)
     return None
 
 

@@ -55,10 +55,10 @@ def rank_condition(value: Value) -> str | None:
     return None
 
 
-def mark_made_on(w: TorchState, obj: Obj) -> None:
+def mark_made_on(state: TorchState, obj: Obj) -> None:
     """An object made inside a test for the main rank exists only there (`saver = Saver()` under
     `if is_primary():`): recorded so a later `if saver is not None:` reads as the same test."""
-    for c in reversed(w.ctx):
+    for c in reversed(state.ctx):
         if c.kind == "rank":
             if c.info == "main":
                 obj.props["made_on"] = c.scope or "global"
@@ -85,23 +85,23 @@ def rank_scope(value: Value) -> str:
     return value_scope(value)
 
 
-def classify_branch(w: TorchState, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
+def classify_branch(state: TorchState, test: Value, node: ast.expr) -> tuple[str, Any, Any, str | None]:
     polarity = rank_condition(test)
     if polarity is not None:
         return "rank", polarity, flip(polarity), rank_scope(test)
-    text = w.text(node)
+    text = state.text(node)
     return "cond", text, "not " + text, None
 
 
-def negation(w: TorchState, node: ast.UnaryOp, operand: Value) -> Value | None:
+def negation(state: TorchState, node: ast.UnaryOp, operand: Value) -> Value | None:
     polarity = rank_condition(operand)
     if polarity is None:
         return None
     props = {"polarity": flip(polarity), "scope": rank_scope(operand)}
-    return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
+    return (state.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
 
 
-def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None:
+def boolop(state: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None:
     polarities = [rank_condition(v) for v in values]
     present = [p for p in polarities if p is not None]
     if not present:
@@ -115,7 +115,7 @@ def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None
         scope = "global" if "global" in main_scopes else narrowest_local(main_scopes)
         # `not use_fsdp and not is_main`: the conjuncts that test no rank; where one of them is known false (under
         # `if use_fsdp:`), the test's false side holds on every rank (see ControlMixin.lift_rank_guards)
-        plain = tuple(w.text(v) for v, p in zip(node.values, polarities, strict=True) if p is None)
+        plain = tuple(state.text(v) for v, p in zip(node.values, polarities, strict=True) if p is None)
         if plain:
             props["plain"] = plain
     else:
@@ -124,13 +124,13 @@ def boolop(w: TorchState, node: ast.BoolOp, values: list[Value]) -> Value | None
         local = [s for s in scopes if s != "global"]
         scope = narrowest_local(local) if local else "global"
     props.update(polarity=polarity, scope=scope)
-    return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
+    return (state.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
 
 
-def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
+def compare(state: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
     ranked = [i for i, v in enumerate(operands) if is_rank_value(v)]
     if not ranked:
-        return _made_on_main_test(w, node, operands)
+        return _made_on_main_test(state, node, operands)
     results: list[str | None] = []
     for i, op in enumerate(node.ops):
         left, right = operands[i], operands[i + 1]
@@ -148,13 +148,13 @@ def compare(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | 
         results.append(_rank_polarity(type(op), consts[0], rank_on_left=lr))
     present = [r for r in results if r is not None]
     if not present:
-        return (w.new("value", node),)
+        return (state.new("value", node),)
     polarity = present[0] if all(p == present[0] for p in present) else "other"
     scope = combine_scopes([value_scope(operands[i]) for i in ranked])
-    return (w.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
+    return (state.new("value", node, tags=frozenset({"rank_cond"}), props={"polarity": polarity, "scope": scope}),)
 
 
-def _made_on_main_test(w: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
+def _made_on_main_test(state: TorchState, node: ast.Compare, operands: list[Value]) -> Value | None:
     """`saver is not None` (or `is None`) where saver exists only on the main rank: a test of the rank."""
     if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
         return None
@@ -168,7 +168,7 @@ def _made_on_main_test(w: TorchState, node: ast.Compare, operands: list[Value]) 
     present = isinstance(node.ops[0], (ast.IsNot, ast.NotEq))
     scope = combine_scopes([o.props["made_on"] for o in made if o.props.get("made_on")])
     props = {"polarity": "main" if present else "nonmain", "scope": scope}
-    return (w.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
+    return (state.new("value", node, tags=frozenset({"rank_cond"}), props=props),)
 
 
 def _is_none(value: Value) -> bool:
@@ -307,12 +307,12 @@ _DISTRIBUTED_FLAG = re.compile(r"^(is_|use_|enable_|args_)?(distributed|ddp|dist
 _DISTRIBUTED_CALL = re.compile(r"^(is_)?dist(ributed)?(_avail(able)?_and)?_?(is_)?initiali[sz]ed$|^is_distributed$")
 
 
-def asks_distributed(w: TorchState, node: ast.expr) -> bool:
+def asks_distributed(state: TorchState, node: ast.expr) -> bool:
     """An `if` test that asks whether the run is distributed — a flag (`args.distributed`, `self._distributed`,
     `use_ddp`), `dist.is_initialized()` or a helper named like it (`is_dist_avail_and_initialized()`), or a world
     size above one: its `else` side runs in a single process."""
     if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
-        return any(asks_distributed(w, v) for v in node.values)
+        return any(asks_distributed(state, v) for v in node.values)
     if isinstance(node, (ast.Name, ast.Attribute)):
         ident = node.id if isinstance(node, ast.Name) else node.attr
         return bool(_DISTRIBUTED_FLAG.match(ident.lower().lstrip("_")))
@@ -323,5 +323,5 @@ def asks_distributed(w: TorchState, node: ast.expr) -> bool:
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Gt, ast.NotEq)):
         right = node.comparators[0]
         if isinstance(right, ast.Constant) and right.value == 1:
-            return "world_size" in w.text(node.left).lower() or "num_gpus" in w.text(node.left).lower()
+            return "world_size" in state.text(node.left).lower() or "num_gpus" in state.text(node.left).lower()
     return False

@@ -88,9 +88,9 @@ class ApiModels:
                 raise ValueError(f"{module.__name__}: {name!r} is modelled twice")
             into[name] = handler
 
-    def call(self, w: TorchState, call: Call) -> Value | None:
+    def call(self, state: TorchState, call: Call) -> Value | None:
         for handler in self.candidates(call.qual, call.last):
-            result = handler(w, call)
+            result = handler(state, call)
             if result is not None:
                 return result
         return None
@@ -105,11 +105,11 @@ class ApiModels:
         return found
 
     def method(
-        self, table: dict[str, list[Method]], w: TorchState, o: Obj, name: str, node: ast.Call, args: Args
+        self, table: dict[str, list[Method]], state: TorchState, o: Obj, name: str, node: ast.Call, args: Args
     ) -> Value | None:
         for m in table.get(name, ()):
             if m.kinds is None or o.kind in m.kinds:
-                result = m.handler(w, o, name, node, args)
+                result = m.handler(state, o, name, node, args)
                 if result is not None:
                     return result
         return None

@@ -36,31 +36,31 @@ TENSOR_FACTORIES = frozenset(
 GRAD_OFF = ("torch.no_grad", "torch.inference_mode")
 
 
-def _save(w: TorchState, c: Call) -> Value:
-    w.emit(
+def _save(state: TorchState, c: Call) -> Value:
+    state.emit(
         "save",
         c.node,
         obj=c.args.get(0, "obj") or EMPTY,
         path=c.args.get(1, "f") or EMPTY,
         path_node=c.args.node(1, "f"),
     )
-    return (w.const(None, c.node),)
+    return (state.const(None, c.node),)
 
 
-def _load(w: TorchState, c: Call) -> Value:
-    return (w.unknown(c.node, label="torch.load()", loaded=True),)
+def _load(state: TorchState, c: Call) -> Value:
+    return (state.unknown(c.node, label="torch.load()", loaded=True),)
 
 
-def _set_device(w: TorchState, c: Call) -> Value:
-    w.emit("set_device", c.node, arg=c.args.get(0, "device") or EMPTY, arg_node=c.args.node(0, "device"))
-    return (w.const(None, c.node),)
+def _set_device(state: TorchState, c: Call) -> Value:
+    state.emit("set_device", c.node, arg=c.args.get(0, "device") or EMPTY, arg_node=c.args.node(0, "device"))
+    return (state.const(None, c.node),)
 
 
-def _device_count(w: TorchState, c: Call) -> Value:
-    nproc = w.assume.get("device_count")
+def _device_count(state: TorchState, c: Call) -> Value:
+    nproc = state.assume.get("device_count")
     if nproc is not None:
         return (
-            w.new(
+            state.new(
                 "value",
                 c.node,
                 tags=frozenset({"device_count"}),
@@ -69,54 +69,54 @@ def _device_count(w: TorchState, c: Call) -> Value:
                 value=nproc,
             ),
         )
-    return (w.new("value", c.node, tags=frozenset({"device_count"}), label="torch.cuda.device_count()"),)
+    return (state.new("value", c.node, tags=frozenset({"device_count"}), label="torch.cuda.device_count()"),)
 
 
-def _cuda_query(w: TorchState, c: Call) -> Value:
-    if c.qual == "torch.cuda.is_available" and "cuda_available" in w.assume:
-        return (w.const(w.assume["cuda_available"], c.node),)
-    return (w.new("value", c.node, label=c.qual),)
+def _cuda_query(state: TorchState, c: Call) -> Value:
+    if c.qual == "torch.cuda.is_available" and "cuda_available" in state.assume:
+        return (state.const(state.assume["cuda_available"], c.node),)
+    return (state.new("value", c.node, label=c.qual),)
 
 
-def _device(w: TorchState, c: Call) -> Value:
+def _device(state: TorchState, c: Call) -> Value:
     parts = c.args.all()
     text = ":".join(str(o.value) for o in parts if o.kind == "const")
     tags = tags_of(parts) - {"rank_cond"}
     return (
-        w.new("device", c.node, tags=tags, const=is_constant(parts) or not parts, value=text, props={"text": text}),
+        state.new("device", c.node, tags=tags, const=is_constant(parts) or not parts, value=text, props={"text": text}),
     )
 
 
 def _grad_ctx(mode: str):
-    def handler(w: TorchState, c: Call) -> Value:
-        return (w.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
+    def handler(state: TorchState, c: Call) -> Value:
+        return (state.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
 
     return handler
 
 
-def _set_grad_enabled(w: TorchState, c: Call) -> Value:
+def _set_grad_enabled(state: TorchState, c: Call) -> Value:
     flag = c.args.get(0, "mode") or EMPTY
     vals = [o.value for o in flag if o.kind == "const"]
     mode = ("on" if vals[0] else "off") if len(vals) == len(flag) == 1 else None
-    return (w.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
+    return (state.new("ctx", c.node, props={"ctx": "grad", "mode": mode}),)
 
 
-def _autocast(w: TorchState, c: Call) -> Value:
-    return (w.new("ctx", c.node, props={"ctx": "autocast"}),)
+def _autocast(state: TorchState, c: Call) -> Value:
+    return (state.new("ctx", c.node, props={"ctx": "autocast"}),)
 
 
-def _partial(w: TorchState, c: Call) -> Value:
+def _partial(state: TorchState, c: Call) -> Value:
     args = c.args
     bound = Args(args.pos[1:], args.pos_nodes[1:], args.kw, args.kw_nodes, args.opaque)
-    return (w.new("partial", c.node, props={"func": args.pos[0] if args.pos else EMPTY, "args": bound}),)
+    return (state.new("partial", c.node, props={"func": args.pos[0] if args.pos else EMPTY, "args": bound}),)
 
 
-def _logging(w: TorchState, c: Call) -> Value:
-    w.emit("report", c.node, args=c.args, name=c.last)
-    return (w.const(None, c.node),)
+def _logging(state: TorchState, c: Call) -> Value:
+    state.emit("report", c.node, args=c.args, name=c.last)
+    return (state.const(None, c.node),)
 
 
-def _tensor_factory(w: TorchState, c: Call) -> Value:
+def _tensor_factory(state: TorchState, c: Call) -> Value:
     args, last = c.args, c.last
     rows = None
     shape = args.get(None, "size")
@@ -138,7 +138,7 @@ def _tensor_factory(w: TorchState, c: Call) -> Value:
         vals = [o.value for o in args.pos[0] if o.kind == "const"]
         rows = vals[0] if vals and isinstance(vals[0], int) else None
     tags = tags_of(args.all()) - CALL_DROPS
-    return (w.new("tensor", c.node, tags=tags, props={"rows": rows}),)
+    return (state.new("tensor", c.node, tags=tags, props={"rows": rows}),)
 
 
 CALLS = {
@@ -166,21 +166,21 @@ PATTERNS = (
 # ---------------------------------------------------------------------- builtins and methods
 
 
-def _print(w: TorchState, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("report", node, args=args, name="print")
-    return (w.const(None, node),)
+def _print(state: TorchState, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("report", node, args=args, name="print")
+    return (state.const(None, node),)
 
 
 BUILTINS = {"print": _print}
 
 
-def _report(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    w.emit("report", node, args=args, name=name)
-    return (w.const(None, node),)
+def _report(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    state.emit("report", node, args=args, name=name)
+    return (state.const(None, node),)
 
 
-def _tensor_move(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
-    derived = w.new(
+def _tensor_move(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value:
+    derived = state.new(
         "tensor" if o.kind in ("tensor", "grad") else "unknown",
         node,
         label=o.label,
@@ -197,11 +197,11 @@ def _tensor_move(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -
 _KEEPS_RANK = ("item", "strip", "lower", "upper", "__int__", "tolist", "split")
 
 
-def _value_method(w: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
+def _value_method(state: TorchState, o: Obj, name: str, node: ast.Call, args: Args) -> Value | None:
     """Methods on numbers and tensors keep where the value came from (`rank_t.item()` is still a rank)."""
     if o.kind not in ("value", "unknown", "const", "tensor", "grad"):
         return None
-    result = w.generic_call(o, name, node, args)
+    result = state.generic_call(o, name, node, args)
     for r in result:
         r.tags = r.tags | (o.tags - {"rank_cond"})
         if "grad" in o.tags:
