@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # honoured with the test extra's pytest<9.2; tests/conftest.py refuses the pair that ignores it)
 XDIST ?= -n 2 --dist loadgroup
 
-.PHONY: setup demo lint test test-fast test-gpu bench bench-overhead bench-gpu docs clean
+.PHONY: setup bytecode demo lint test test-fast test-gpu bench bench-overhead bench-gpu docs clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,16 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-demo: setup
+# ddpdoctor's bytecode, compiled once before the commands that start it: every process of a probe run (ddpdoctor,
+# its agent, each rank, each arm's) imports ddpdoctor, and where PYTHONDONTWRITEBYTECODE=1 (containers, CI images)
+# none of them may cache what it compiled, so each compiled the same modules from source again (~0.3 s CPU per
+# process, hundreds of processes in `make test`). compileall writes whatever that variable says. checked-hash: the
+# interpreter uses a .pyc only while its source hashes the same, so an edit (or a copy that keeps mtimes) never runs
+# stale bytecode; recompiling everything takes about a second.
+bytecode: setup
+	$(PY) -m compileall -q -f --invalidation-mode checked-hash ddpdoctor
+
+demo: bytecode
 	@echo "--- ddpdoctor check on the bundled buggy example (fixtures/demo/train.py) ---"
 	@# the demo is buggy on purpose: exit 1 (findings at or above --fail-on) is the expected end, said in words
 	@$(VENV)/bin/ddpdoctor check fixtures/demo/train.py --base-lr 0.1 --base-batch 32; code=$$?; \
@@ -35,32 +44,32 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check .
 
-test: setup lint
+test: bytecode lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Skips the multi-rank tests (seconds each); `make test` runs everything.
-test-fast: setup lint
+test-fast: bytecode lint
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # On a GPU node: the gpu-marked tests (skipped everywhere else).
-test-gpu: setup
+test-gpu: bytecode
 	$(PY) -m pytest -m gpu -v -s $(PYTEST_ARGS)
 
-bench: setup
+bench: bytecode
 	$(PY) benchmarks/bench_static.py
 	$(PY) benchmarks/bench_probe.py
 	$(PY) benchmarks/bench_compare_bn.py
 
 # The probe against a bare torchrun on a ResNet-style workload (wall time, peak RSS per rank): minutes.
-bench-overhead: setup
+bench-overhead: bytecode
 	$(PY) benchmarks/bench_overhead.py
 
 # On a GPU node: the probe's per-step overhead with real CUDA tensors.
-bench-gpu: setup
+bench-gpu: bytecode
 	$(PY) benchmarks/bench_gpu_step.py
 
 # The terminal pictures in docs/ that the README shows, captured from real runs of the tool.
-docs: setup
+docs: bytecode
 	$(PY) docs/capture.py
 
 clean:

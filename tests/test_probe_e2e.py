@@ -90,8 +90,19 @@ def _above(report: dict, severity: Severity) -> list[dict]:
     return [f for f in report["findings"] if Severity.parse(f["severity"]) > severity]
 
 
-def test_missing_set_epoch_repeats_the_order(probe) -> None:
-    report, run_dir, _ = probe("missing_set_epoch")
+def test_missing_set_epoch_repeats_the_order(probe, tmp_path: Path) -> None:
+    """Also `check --quiet` as the user runs it (the installed module in its own process, stderr a pipe): the report
+    on stdout and nothing on stderr (one launch for both: test_progress's quiet test was this same run)."""
+    import json
+
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}  # MARK stays: it is DDPD_TEST_*
+    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/missing_set_epoch.py",
+                           "--format", "json", "--quiet", "--keep-run", str(run_dir), "--timeout", "600"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode in (0, 1) and done.stderr == "", done.stderr
+    assert _marked_processes(os.environ[MARK]) == [], "processes of the run are still alive"
+    report = json.loads(done.stdout)  # stdout is the report alone
     f = _by_rule(report)["DD301"]
     assert f["severity"] == "high" and f["line"] == 16 and f["ranks"] == [0, 1]
     for r in ("0", "1"):

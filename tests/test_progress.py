@@ -173,11 +173,8 @@ def test_check_without_a_terminal_prints_plain_progress_lines_on_stderr() -> Non
     assert len(lines) <= 8 and "\x1b" not in done.stderr
 
 
-@pytest.mark.slow
-def test_check_quiet_prints_nothing_on_stderr() -> None:
-    done = subprocess.run(_check_cmd("--quiet"), check=False, cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode in (0, 1) and done.stderr == ""
+# `check --quiet` prints nothing on stderr: test_probe_e2e.py::test_missing_set_epoch_repeats_the_order runs this
+# fixture so (one launch for its findings and the quiet stderr)
 
 
 @pytest.mark.slow
