@@ -54,21 +54,25 @@ def run_triage(script: Path, options: list[str], steps: list[str], tail: list[st
                tree: Path = REPO) -> tuple[float, float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         keep = Path(tmp) / "keep"
-        wall, cpu, _ = timed(["triage", str(script), *options, *steps, "--format", "json", "-o", f"{tmp}/t.json",
+        wall, cpu, rc = timed(["triage", str(script), *options, *steps, "--format", "json", "-o", f"{tmp}/t.json",
                               "-q", "--keep-run", str(keep), *tail], tree)
         try:
             launch = json.loads((keep / "triage.json").read_text(encoding="utf-8"))["layout"].get("launch") or {}
         except (OSError, ValueError, KeyError):
             launch = {}
+    if rc not in (0, 1):  # 2: it could not analyse (or it crashed): this time is not a triage's
+        launch["exit"] = rc
     return wall, cpu, launch
 
 
 def pair(script: Path, options: list[str], script_args: list[str], steps: list[str],
          baseline: Path | None) -> dict:
     tail = ["--", *script_args] if script_args else []
-    check, check_cpu, _ = timed(["check", str(script), *options, *steps, "--format", "json", "-q", *tail])
+    check, check_cpu, check_rc = timed(["check", str(script), *options, *steps, "--format", "json", "-q", *tail])
     triage, triage_cpu, launch = run_triage(script, options, steps, tail)
     out = {"check": check, "check_cpu": check_cpu, "triage": triage, "triage_cpu": triage_cpu, "launch": launch}
+    if check_rc not in (0, 1):
+        launch["check_exit"] = check_rc
     if baseline is not None:
         out["base"], out["base_cpu"], _ = run_triage(script, options, steps, tail, baseline)
     return out
@@ -90,6 +94,8 @@ def main() -> None:
         # --timeout 600 for both: on a loaded 2-core machine an arm of it can pass the default 120 s
         jobs.append(("resnet18_syncbn", RESNET, ["--timeout", "600"], ["--sync-bn", "--epochs", "2", "--steps", "5"],
                      ["--epochs", "2", "--steps", "5"]))
+    if not jobs:
+        sys.exit("no script selected: --only takes fixture names of fixtures/triage/ and resnet")
     baseline = args.baseline.resolve() if args.baseline is not None else None
     print(f"load before: {tuple(round(x, 2) for x in os.getloadavg())}", flush=True)
     ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "base": [], "base_cpu": []}
@@ -101,6 +107,9 @@ def main() -> None:
         ratios["cpu"].append(m["triage_cpu"] / m["check_cpu"])
         how = "one launch" if launch.get("shared") and not launch.get("separate") else \
             f"separate: {','.join(launch.get('separate') or []) or '?'} ({launch.get('why')})"
+        failed = " ".join(f"{k}={launch[k]}" for k in ("exit", "check_exit") if k in launch)
+        if failed:
+            how += f" EXIT CODE {failed}: not comparable"
         base = ""
         if baseline is not None:
             ratios["base"].append(m["base"] / m["check"])
