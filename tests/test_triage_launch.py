@@ -31,6 +31,46 @@ def _triage(tmp_path: Path, name: str, keep: Path) -> dict:
             "layout": json.loads((keep / "triage.json").read_text(encoding="utf-8"))["layout"]}
 
 
+def _left_when_stopped(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The zygotes' `left-rank<r>.json` present in a shared launch's control folder when its supervisor is
+    stopped, one list per shared launch stopped."""
+    from ddpdoctor.probe import shared
+
+    seen: list[list[str]] = []
+    stop = shared.Supervisor.stop
+
+    def recording(self: shared.Supervisor, *args: object, **kwargs: object) -> dict:
+        for scratch in self.scratch:
+            if (Path(scratch) / "ctrl").is_dir():
+                seen.append(sorted(p.name for p in (Path(scratch) / "ctrl").glob("left-*")))
+        return stop(self, *args, **kwargs)
+
+    monkeypatch.setattr(shared.Supervisor, "stop", recording)
+    return seen
+
+
+def test_a_zygote_told_to_stop_says_so_and_exits_0(tmp_path: Path) -> None:
+    """A stop order: the zygote writes left-rank<r>.json and exits 0 — the children's way (threads, atexit,
+    os._exit), not through the interpreter's teardown of torch, which the launch's end waited for (seconds)."""
+    import subprocess
+    import sys
+
+    from ddpdoctor.probe.settings import RUN_DIR_ENV
+    from ddpdoctor.probe.zygote import SHARED_ENV, left_file, order_file, write_atomic
+
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    write_atomic(order_file(ctrl, 0), {"stop": True})
+    env = {**os.environ, SHARED_ENV: "1", RUN_DIR_ENV: str(ctrl), "RANK": "1"}
+    done = subprocess.run([sys.executable, "-c", "import atexit, sys; atexit.register(print, 'atexit ran'); "
+                           "from ddpdoctor.probe.zygote import main; sys.exit(main(['x.py']))"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "atexit ran"
+    assert json.loads(left_file(ctrl, 1).read_text(encoding="utf-8"))["pid"] > 0
+    assert not left_file(ctrl, 0).exists()
+
+
 @pytest.mark.parametrize("name", ["fused_act_torch", "class_sorted"])
 def test_arms_in_one_launch_are_the_runs_separate_launches_make(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
@@ -41,8 +81,11 @@ def test_arms_in_one_launch_are_the_runs_separate_launches_make(
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    left_at_stop = _left_when_stopped(monkeypatch)
     one = _triage(tmp_path, name, tmp_path / "one")
     assert one["layout"]["launch"] == {"shared": True, "separate": [], "why": None}
+    # the zygotes left when told to (the launch is stopped once they have, not after the agent's teardown)
+    assert left_at_stop == [["left-rank0.json", "left-rank1.json"]], left_at_stop
     for arm in ("arm-A", "arm-P"):
         launcher = json.loads((tmp_path / "one" / arm / "launcher.json").read_text(encoding="utf-8"))
         assert launcher["shared_launch"]["run"] == (1 if arm == "arm-A" else 2), launcher

@@ -209,13 +209,16 @@ class SharedLaunch:
         if sup is None:
             return None
         self.ended = self.ended or "closed"
-        from ddpdoctor.probe.zygote import order_file, write_atomic
+        from ddpdoctor.probe.zygote import left_file, order_file, write_atomic
 
         try:
             if self.ctrl.is_dir() and sup.running and not self.in_flight:
                 write_atomic(order_file(self.ctrl, self.k), {"stop": True})
                 end = time.monotonic() + 5.0
-                while sup.running and sup.poll()[0] is None and time.monotonic() < end:
+                # every zygote has left: the agent's own shutdown (its interpreter's teardown, seconds) tells us
+                # nothing more, as for a run launched alone (launcher: the ranks exited)
+                while sup.running and sup.poll()[0] is None and time.monotonic() < end and not all(
+                        left_file(self.ctrl, r).exists() for r in range(self.cfg.nproc)):
                     time.sleep(0.05)
         except OSError:
             pass
