@@ -19,6 +19,7 @@ EMULATION_WORDS = {
     "grad_scaler": "GradScaler on CPU",
     "map_location": "torch.load onto CPU",
     "data_parallel": "DataParallel replicas run one after another",
+    "flat_collective": "NCCL's flat all_gather_into_tensor/reduce_scatter_tensor buffers viewed as gloo takes them",
 }
 
 
