@@ -147,6 +147,8 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"the script imports Horovod, so it was launched as `horovodrun -np {meta.get('nproc')}` launches it: one "
             "process per slot, with HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK... and no torchrun variables"
         )
+    if plan.get("launcher") == "fabric-run" and any(True for _ in ctx.run.events("launch_env")):
+        ctx.notes.append(f"{plan.get('reason')}: the ranks got that environment")
     for package, event in _standins(ctx).items():
         ctx.notes.append(
             f"{STANDIN_WORDS.get(package, package)} is {event.get('reason') or 'not installed'}: ddpdoctor's stand-in "
