@@ -335,8 +335,7 @@ def _inside(node: ast.AST, outer: ast.AST) -> bool:
 # --------------------------------------------------------------------------------------------- the plan
 
 
-FABRIC_CLASSES = ("lightning.fabric.Fabric", "lightning.fabric.fabric.Fabric", "lightning_fabric.Fabric",
-                  "lightning_fabric.fabric.Fabric", "lightning.Fabric", "lightning.pytorch.Fabric")
+FABRIC_CLASSES = ("lightning.fabric.Fabric",)  # canonical (torchnames): lightning.Fabric, lightning_fabric.Fabric
 
 
 def fabric_run_style(model: Any) -> int | None:
