@@ -403,6 +403,24 @@ def test_a_run_the_timeout_ended_before_its_first_step_measured_nothing(tmp_path
     assert "DD904" not in {f.rule for f in analyze_run(tmp_path / "stepped").findings}
 
 
+def test_a_bare_state_dict_the_user_had_is_not_called_a_resume(tmp_path: Path) -> None:
+    """A backbone constructor loading ImageNet weights the user downloaded (a bare state dict, no epoch or step)
+    is not "a resume from an earlier run": the note says what the file may be, and DD904 (a run without a step)
+    does not say "it resumed where an earlier run ended". A file with training counters is still a resume."""
+    for name, counters, resumed in (("weights", None, False), ("resume", {"epoch": 2}, True)):
+        run = Run(tmp_path / name, timed_out=False, started=0.0, ended=10.0)
+        load = {"t": 3.0, "site": {"file": SCRIPT, "line": 12, "function": "<module>"}, "path": "init.pth",
+                "abspath": "/proj/init.pth", "users_file": True, "object": "OrderedDict", "counters": counters}
+        for pid, rank in ((10, 0), (11, 1)):
+            run.process(pid, rank, events=[("checkpoint_load", load)])
+        result = analyze_run(tmp_path / name)
+        note = next(n for n in result.notes if "init.pth" in n)
+        assert ("it resumed from an earlier run" in note) is resumed, (name, note)
+        assert ("pretrained weights or an earlier run's state" in note) is not resumed, (name, note)
+        dd904 = next(f for f in result.findings if f.rule == "DD904")
+        assert ("resumed where an earlier run ended" in dd904.message) is resumed, (name, dd904.message)
+
+
 def _lr_run(root: Path, train_batches: list[int], backwards: list[int]) -> dict:
     """Two ranks, SGD at lr 0.1, per-rank batch 8: each step drew `train_batches[i]` batches from grad-enabled
     loaders and ran `backwards[i]` backward passes."""

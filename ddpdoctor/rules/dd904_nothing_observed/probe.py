@@ -99,7 +99,8 @@ def _steps_seen(p: Any) -> int:
 
 def _reason(ctx: RunContext, procs: list[Any]) -> tuple[str, str | None, dict[str, Any] | None, dict[str, Any]]:
     """(why, fix variant, user site, evidence) — the most specific reason the run shows."""
-    resumed = [e for _, e in ctx.run.events("checkpoint_load") if e.get("users_file")]
+    # a file the user had, holding training counters: a resume (a bare state dict is as likely pretrained weights)
+    resumed = [e for _, e in ctx.run.events("checkpoint_load") if e.get("users_file") and e.get("counters")]
     iterations = [e for _, e in ctx.run.events("loader_iter_end")]
     batches = sum(int(e.get("batches") or 0) for e in iterations)
     optimizers = [e for _, e in ctx.run.events("optimizer_init")]
