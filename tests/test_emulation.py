@@ -411,6 +411,19 @@ def test_nccl_ddp_and_syncbn_run_on_gloo_in_process(emulated, tmp_path):
     assert dist.is_nccl_available()
 
 
+def test_histc_of_integer_tensors_counts_as_cuda_does(emulated):
+    """CUDA's histc takes integer tensors (per-class pixel counts in segmentation metrics); the CPU's raises
+    "histogram_cpu" not implemented for 'Long' — a crash of a public segmentation recipe that only the emulation
+    produced. Counted in float64 and returned in the input's dtype; floating inputs are untouched."""
+    classes = torch.tensor([0, 2, 2, 1, 2], device="cuda")
+    counts = torch.histc(classes, bins=3, min=0, max=2)
+    assert counts.dtype == torch.int64 and counts.tolist() == [1, 1, 3]
+    assert classes.histc(bins=3, min=0, max=2).tolist() == [1, 1, 3]
+    floats = torch.histc(classes.float(), bins=3, min=0, max=2)
+    assert floats.dtype == torch.float32 and floats.tolist() == [1.0, 1.0, 3.0]
+    assert emulated.detail("integer_histc") == {"dtype": "int64"}
+
+
 def test_nccl_flat_gather_buffers_run_on_the_gloo_group_that_replaced_nccl(emulated, tmp_path):
     """Accelerate gathers into a flat buffer of world × numel (NCCL takes any shape of that size); gloo insists on
     the stacked shape and raised "invalid tensor size" in the script's own gather — the emulation's limit, which

@@ -20,6 +20,7 @@ EMULATION_WORDS = {
     "map_location": "torch.load onto CPU",
     "data_parallel": "DataParallel replicas run one after another",
     "flat_collective": "NCCL's flat all_gather_into_tensor/reduce_scatter_tensor buffers viewed as gloo takes them",
+    "integer_histc": "histc of integer tensors counted in float64 (CUDA-only kernel)",
 }
 
 

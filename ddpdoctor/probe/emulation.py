@@ -68,7 +68,8 @@ Decisions worth knowing:
 "cuda_device" (a CUDA device mapped to the CPU), "nccl_to_gloo", "ddp_device_ids", "syncbn_ddp_check",
 "sync_batchnorm", "autocast_cuda", "grad_scaler", "map_location", "cuda_rng" (the script seeded CUDA generators
 itself), "cuda_rng_state_ignored", "pin_memory", "data_parallel", "flat_collective" (an NCCL-style flat tensor of
-an nccl group moved to gloo viewed in gloo's stacked shape). `detail` holds JSON values only. An exception
+an nccl group moved to gloo viewed in gloo's stacked shape), "integer_histc" (`histc` of an integer tensor, which
+only CUDA has a kernel for, counted in float64). `detail` holds JSON values only. An exception
 raised by `notify` is swallowed: the recorder's problems must never break the user's run.
 
 `undo()` restores every patched attribute in reverse order (`ddpdoctor.probe.patching.Patcher`). Patches installed
@@ -541,7 +542,23 @@ def _handle_pin_memory(state: _Emulation, func: Any, args: tuple, kwargs: dict) 
     return args[0]
 
 
+def _handle_histc(state: _Emulation, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`histc` of an integer tensor: CUDA has the kernel, the CPU only for floating types ("histogram_cpu" not
+    implemented for 'Long'), so a GPU script's per-class counts (torch.histc(pred[pred == target], bins=K)) would
+    crash only under emulation. Counted in float64 (exact for the integers a histogram of classes holds) and
+    returned in the input's dtype, as CUDA returns it; floating inputs pass through."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.is_complex():
+        return func(*args, **kwargs)
+    state.notify("integer_histc", {"dtype": str(x.dtype).removeprefix("torch.")})
+    rest = dict(kwargs)
+    rest.pop("input", None)
+    return torch.histc(x.double(), *args[1:], **rest).to(x.dtype)
+
+
 _HANDLERS: dict[Any, Callable[[_Emulation, Any, tuple, dict], Any]] = {
+    torch.histc: _handle_histc,
+    torch.Tensor.histc: _handle_histc,
     torch.Tensor.to: _handle_tensor_to,
     torch.Tensor.cuda: _handle_tensor_cuda,
     torch.Tensor.type: _handle_tensor_type,
