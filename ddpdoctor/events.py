@@ -222,7 +222,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         _k("collectives_summary", "per call site counts of collectives at the end", sites="[{op, site, count}]"),
         # --- launch styles and stand-ins (probe/launch_env.py, probe/standins/)
         _k("launch_env", "the rank's environment was given the contract of the launcher the script is written for "
-           "(ddpdoctor.probe.launch_env)", launcher="'horovodrun'", set="{variable: value} set",
+           "(ddpdoctor.probe.launch_env)", launcher="'horovodrun' | 'fabric-run'", set="{variable: value} set",
            removed="torchrun variables removed"),
         _k(
             "standin",

@@ -91,6 +91,10 @@ _REWRITES: tuple[tuple[str, str, str], ...] = tuple(
         (r"^horovod\.torch\.(?:mpi_ops|functions|optimizer|sync_batch_norm|compression)\.", "horovod.torch."),
         # Lightning's three spellings (`lightning.Trainer`, `lightning.pytorch.Trainer`, `pytorch_lightning.Trainer`)
         (r"^pytorch_lightning\.", "lightning.pytorch."),
+        # `lightning.Fabric` is Fabric's (lightning/__init__ re-exports it), not Lightning's Trainer package's
+        (r"^lightning_fabric\.(?:fabric\.)?Fabric$", "lightning.fabric.Fabric"),
+        (r"^lightning\.fabric\.(?:fabric\.)?Fabric$", "lightning.fabric.Fabric"),
+        (r"^lightning\.Fabric$", "lightning.fabric.Fabric"),
         (r"^lightning\.(?!pytorch\.|fabric\.|app\.)(\w+)", r"lightning.pytorch.\1"),
         (r"^lightning\.pytorch\.(?:trainer\.trainer|trainer|core\.module|core)\.([A-Z]\w*)$", r"lightning.pytorch.\1"),
         (r"^accelerate\.accelerator\.Accelerator$", "accelerate.Accelerator"),

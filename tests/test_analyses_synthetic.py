@@ -14,6 +14,7 @@ import numpy as np
 from ddpdoctor.analyses import analyze_run
 from ddpdoctor.analyses.orders import consistent
 from ddpdoctor.events import SCHEMA
+from ddpdoctor.levels import Severity
 
 SCRIPT = "/proj/train.py"
 
@@ -374,6 +375,50 @@ def test_a_long_first_backward_is_not_a_hang(tmp_path: Path) -> None:
     result = analyze_run(tmp_path)
     assert "DD901" not in {f.rule for f in result.findings}
     assert any("were still working — not a hang: 0 optimizer steps per rank observed" in n for n in result.notes)
+
+
+def test_a_run_the_timeout_ended_before_its_first_step_measured_nothing(tmp_path: Path) -> None:
+    """Slow, not hung, and not one optimizer step: no rank started within the timeout, or both were busy in their
+    first step. Not DD901 (the note gives the pace), but not "No findings" either: DD904 says nothing that needs
+    training was measured, above the default gate, so that CI never passes on a run that checked nothing. A slow
+    run that did take steps measured them: no DD904 there."""
+    Run(tmp_path / "unstarted", timed_out=True, started=0.0, ended=10.5, timeout=10)
+    busy = Run(tmp_path / "busy", timed_out=True, started=0.0, ended=30.5, timeout=30)
+    for pid, rank in ((10, 0), (11, 1)):
+        busy.process(pid, rank, events=_training([]) + [("loader_iter", {"t": 5.0, "loader": 7, "it": 1})])
+        _stack(busy, pid, (f"{TORCH}/nn/modules/conv.py", 548, "_conv_forward"), (SCRIPT, 30, "<module>"))
+    for name, where in (("unstarted", "before any rank had started the script (interpreter start-up and imports)"),
+                        ("busy", "while ranks 0, 1 still worked towards the first step")):
+        result = analyze_run(tmp_path / name)
+        found = {f.rule: f for f in result.findings}
+        assert "DD901" not in found, name
+        f = found["DD904"]
+        assert f.severity >= Severity.MEDIUM and f.evidence["optimizer_steps"] == 0, name
+        assert f"timeout ended the run {where}: no optimizer step was observed" in f.message, (name, f.message)
+        assert "--timeout" in f.fix, name
+    stepped = Run(tmp_path / "stepped", timed_out=True, started=0.0, ended=30.0, timeout=30)
+    for pid, rank in ((10, 0), (11, 1)):
+        stepped.process(pid, rank, events=_training([10.0, 14.0, 18.0, 22.0, 26.0]))
+        _stack(stepped, pid, (f"{TORCH}/nn/modules/conv.py", 548, "_conv_forward"), (SCRIPT, 30, "<module>"))
+    assert "DD904" not in {f.rule for f in analyze_run(tmp_path / "stepped").findings}
+
+
+def test_a_bare_state_dict_the_user_had_is_not_called_a_resume(tmp_path: Path) -> None:
+    """A backbone constructor loading ImageNet weights the user downloaded (a bare state dict, no epoch or step)
+    is not "a resume from an earlier run": the note says what the file may be, and DD904 (a run without a step)
+    does not say "it resumed where an earlier run ended". A file with training counters is still a resume."""
+    for name, counters, resumed in (("weights", None, False), ("resume", {"epoch": 2}, True)):
+        run = Run(tmp_path / name, timed_out=False, started=0.0, ended=10.0)
+        load = {"t": 3.0, "site": {"file": SCRIPT, "line": 12, "function": "<module>"}, "path": "init.pth",
+                "abspath": "/proj/init.pth", "users_file": True, "object": "OrderedDict", "counters": counters}
+        for pid, rank in ((10, 0), (11, 1)):
+            run.process(pid, rank, events=[("checkpoint_load", load)])
+        result = analyze_run(tmp_path / name)
+        note = next(n for n in result.notes if "init.pth" in n)
+        assert ("it resumed from an earlier run" in note) is resumed, (name, note)
+        assert ("pretrained weights or an earlier run's state" in note) is not resumed, (name, note)
+        dd904 = next(f for f in result.findings if f.rule == "DD904")
+        assert ("resumed where an earlier run ended" in dd904.message) is resumed, (name, dd904.message)
 
 
 def _lr_run(root: Path, train_batches: list[int], backwards: list[int]) -> dict:

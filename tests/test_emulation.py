@@ -411,6 +411,47 @@ def test_nccl_ddp_and_syncbn_run_on_gloo_in_process(emulated, tmp_path):
     assert dist.is_nccl_available()
 
 
+def test_histc_of_integer_tensors_counts_as_cuda_does(emulated):
+    """CUDA's histc takes integer tensors (per-class pixel counts in segmentation metrics); the CPU's raises
+    "histogram_cpu" not implemented for 'Long' — a crash of a public segmentation recipe that only the emulation
+    produced. Counted in float64 and returned in the input's dtype; floating inputs are untouched."""
+    classes = torch.tensor([0, 2, 2, 1, 2], device="cuda")
+    counts = torch.histc(classes, bins=3, min=0, max=2)
+    assert counts.dtype == torch.int64 and counts.tolist() == [1, 1, 3]
+    assert classes.histc(bins=3, min=0, max=2).tolist() == [1, 1, 3]
+    floats = torch.histc(classes.float(), bins=3, min=0, max=2)
+    assert floats.dtype == torch.float32 and floats.tolist() == [1.0, 1.0, 3.0]
+    assert emulated.detail("integer_histc") == {"dtype": "int64"}
+
+
+def test_nccl_flat_gather_buffers_run_on_the_gloo_group_that_replaced_nccl(emulated, tmp_path):
+    """Accelerate gathers into a flat buffer of world × numel (NCCL takes any shape of that size); gloo insists on
+    the stacked shape and raised "invalid tensor size" in the script's own gather — the emulation's limit, which
+    a probe reported as the script's crash. On the nccl group the emulation moved to gloo the flat buffer is viewed
+    in gloo's shape (the result lands in it, as on NCCL); a buffer of the wrong size still raises."""
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        preds = torch.arange(8.0, device="cuda").view(8, 1)
+        flat = torch.empty(8, device="cuda")
+        dist.all_gather_into_tensor(flat, preds)
+        torch.testing.assert_close(flat, torch.arange(8.0))
+        with pytest.raises(RuntimeError):
+            dist.all_gather_into_tensor(torch.empty(7), preds)
+    finally:
+        dist.destroy_process_group()
+    assert emulated.detail("flat_collective") == {"shape": [8], "viewed_as": [8, 1]}
+
+
+def test_a_gloo_group_the_script_chose_keeps_gloos_shape_rule(emulated, tmp_path):
+    """A script that asked for gloo itself gets gloo as it is: the same flat buffer raises there without emulation."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="invalid tensor size"):
+            dist.all_gather_into_tensor(torch.empty(8), torch.arange(8.0).view(8, 1))
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize(
     ("requested", "used"),
     [(None, "gloo"), ("nccl", "gloo"), ("NCCL", "gloo"), ("cpu:gloo,cuda:nccl", "gloo"), ("cuda:nccl", "gloo"),

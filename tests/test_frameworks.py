@@ -176,3 +176,39 @@ def test_triage_confirms_the_conversion_lightning_performs_first(tmp_path: Path)
     assert (tri["causes"][0]["rule"], tri["causes"][0]["verdict"]) == ("DD208", "confirmed")
     assert tri["paired"] is True
     assert [a["name"] for a in tri["arms"]] == ["A", "L", "P"] and all(a["steps"] > 0 for a in tri["arms"])
+
+
+def test_a_fabric_script_without_launch_is_started_as_fabric_run_starts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fabric() without .launch() is written for `fabric run`, which sets LT_CLI_USED: under torchrun's variables
+    alone Fabric refuses more than one device ("you must call .launch() or use the CLI"), and a public Fabric
+    example got a critical DD902 "fix the error raised by the script" for the launcher the probe left out. A script
+    that calls .launch() is started as before (`fabric run` would make its .launch() raise)."""
+    import os
+
+    from ddpdoctor.probe import launch_env
+    from ddpdoctor.probe.plan import plan_launch
+    from ddpdoctor.probe.settings import ProbeSettings
+
+    cli = plan_launch("import lightning as L\nfabric = L.Fabric()\nfabric.setup(model, opt)\n", nproc=2)
+    assert cli.launcher == "fabric-run" and cli.mode == "torchrun" and "fabric run --devices 2" in cli.reason
+    assert plan_launch((PROBE_FIXTURES / "fabric_run_good.py").read_text()).launcher == "fabric-run"
+    launched = "from lightning.fabric import Fabric\nfabric = Fabric(devices=2)\nfabric.launch()\n"
+    assert plan_launch(launched).launcher == "torchrun"
+    assert plan_launch("import torch.distributed as dist\ndist.init_process_group('nccl')\n").launcher == "torchrun"
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("LT_CLI_USED", "LT_DEVICES", "LT_NUM_NODES", "GROUP_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    done = launch_env.apply(ProbeSettings(run_dir="/nonexistent", launcher="fabric-run"))
+    assert done == {"launcher": "fabric-run", "removed": [],
+                    "set": {"LT_CLI_USED": "1", "LT_DEVICES": "2", "LT_NUM_NODES": "1"}}
+    assert os.environ["RANK"] == "1" and os.environ["LT_CLI_USED"] == "1"
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_correct_fabric_run_script_passes(tmp_path: Path) -> None:
+    code, report = _check("fabric_run_good", tmp_path=tmp_path)
+    assert "DD902" not in _rules(report) and "DD904" not in _rules(report)
+    assert any("never calls .launch()" in n for n in report["notes"])
+    assert _above_low(report) == [] and code == 0

@@ -161,6 +161,9 @@ def test_static_check_never_imports_torch():
         ("torch.optim.lr_scheduler.LinearLR", "torch.optim.lr_scheduler.LinearLR"),
         ("torch.autograd.grad_mode.no_grad", "torch.no_grad"),
         ("torch.multiprocessing.spawn.spawn", N.SPAWN),
+        ("lightning.Fabric", "lightning.fabric.Fabric"),  # re-exported by lightning, not lightning.pytorch's
+        ("lightning_fabric.fabric.Fabric", "lightning.fabric.Fabric"),
+        ("lightning.Trainer", "lightning.pytorch.Trainer"),
     ],
 )
 def test_spellings_fold_to_one_name(spelling, canonical):

@@ -104,8 +104,10 @@ def add_file_notes(ctx: RunContext) -> None:
     for e in resumed_from(ctx):
         counters = e.get("counters") or {}
         state = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:4])
+        # training counters in the file say it resumed; a bare state dict is as likely pretrained weights
+        what = ("it resumed from an earlier run, so what the probe measured starts from that state" if state else
+                "pretrained weights or an earlier run's state, so what the probe measured starts from those weights")
         ctx.notes.append(
             f"the script loaded {ctx.path(e.get('abspath')) or e.get('path')} at {ctx.at(e.get('site'))}, a file "
-            f"that was there before the probe{f' ({state})' if state else ''}: it resumed from an earlier run, so "
-            "what the probe measured starts from that state"
+            f"that was there before the probe{f' ({state})' if state else ''}: {what}"
         )

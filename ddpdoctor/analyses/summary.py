@@ -20,6 +20,8 @@ EMULATION_WORDS = {
     "grad_scaler": "GradScaler on CPU",
     "map_location": "torch.load onto CPU",
     "data_parallel": "DataParallel replicas run one after another",
+    "flat_collective": "NCCL's flat all_gather_into_tensor/reduce_scatter_tensor buffers viewed as gloo takes them",
+    "integer_histc": "histc of integer tensors counted in float64 (CUDA-only kernel)",
 }
 
 
@@ -148,6 +150,8 @@ def add_notes_and_tables(ctx: RunContext, findings: list[Finding]) -> None:
             f"the script imports Horovod, so it was launched as `horovodrun -np {meta.get('nproc')}` launches it: one "
             "process per slot, with HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK... and no torchrun variables"
         )
+    if plan.get("launcher") == "fabric-run" and any(True for _ in ctx.run.events("launch_env")):
+        ctx.notes.append(f"{plan.get('reason')}: the ranks got that environment")
     for package, event in _standins(ctx).items():
         ctx.notes.append(
             f"{STANDIN_WORDS.get(package, package)} is {event.get('reason') or 'not installed'}: ddpdoctor's stand-in "

@@ -14,7 +14,9 @@ devices while every tensor really lives on the CPU and every collective goes ove
   `torch._C._nn._parse_to` (what `Module.to(rank)` uses), and makes `pin_memory` a no-op. The mode is
   thread-local in PyTorch, so every thread started after installation enters it too (DataLoader pin-memory
   threads, prefetchers, thread pools).
-- nccl becomes gloo in `init_process_group` / `new_group` (`device_id`, NCCL `pg_options` dropped); DDP is built
+- nccl becomes gloo in `init_process_group` / `new_group` (`device_id`, NCCL `pg_options` dropped), and NCCL's
+  flat buffers in `all_gather_into_tensor` / `reduce_scatter_tensor` (world × numel in any shape, as Accelerate's
+  gather passes them) are viewed in the stacked shape gloo insists on; DDP is built
   without `device_ids` / `output_device`, and its CPU refusal of SyncBatchNorm is skipped; `nn.SyncBatchNorm` on
   CPU input runs `ddpdoctor.bn.syncbn.sync_batch_norm_forward` (exact global-batch statistics over gloo).
 - `autocast("cuda", dtype)` (also `torch.cuda.amp.autocast`, `custom_fwd`) becomes CPU autocast, so
@@ -65,7 +67,9 @@ Decisions worth knowing:
 `notify(what, detail)` is called at most once per `what`, the first time something was actually emulated:
 "cuda_device" (a CUDA device mapped to the CPU), "nccl_to_gloo", "ddp_device_ids", "syncbn_ddp_check",
 "sync_batchnorm", "autocast_cuda", "grad_scaler", "map_location", "cuda_rng" (the script seeded CUDA generators
-itself), "cuda_rng_state_ignored", "pin_memory", "data_parallel". `detail` holds JSON values only. An exception
+itself), "cuda_rng_state_ignored", "pin_memory", "data_parallel", "flat_collective" (an NCCL-style flat tensor of
+an nccl group moved to gloo viewed in gloo's stacked shape), "integer_histc" (`histc` of an integer tensor, which
+only CUDA has a kernel for, counted in float64). `detail` holds JSON values only. An exception
 raised by `notify` is swallowed: the recorder's problems must never break the user's run.
 
 `undo()` restores every patched attribute in reverse order (`ddpdoctor.probe.patching.Patcher`). Patches installed
@@ -538,7 +542,23 @@ def _handle_pin_memory(state: _Emulation, func: Any, args: tuple, kwargs: dict) 
     return args[0]
 
 
+def _handle_histc(state: _Emulation, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`histc` of an integer tensor: CUDA has the kernel, the CPU only for floating types ("histogram_cpu" not
+    implemented for 'Long'), so a GPU script's per-class counts (torch.histc(pred[pred == target], bins=K)) would
+    crash only under emulation. Counted in float64 (exact for the integers a histogram of classes holds) and
+    returned in the input's dtype, as CUDA returns it; floating inputs pass through."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.is_complex():
+        return func(*args, **kwargs)
+    state.notify("integer_histc", {"dtype": str(x.dtype).removeprefix("torch.")})
+    rest = dict(kwargs)
+    rest.pop("input", None)
+    return torch.histc(x.double(), *args[1:], **rest).to(x.dtype)
+
+
 _HANDLERS: dict[Any, Callable[[_Emulation, Any, tuple, dict], Any]] = {
+    torch.histc: _handle_histc,
+    torch.Tensor.histc: _handle_histc,
     torch.Tensor.to: _handle_tensor_to,
     torch.Tensor.cuda: _handle_tensor_cuda,
     torch.Tensor.type: _handle_tensor_type,
@@ -863,6 +883,54 @@ def _rebind(signature: inspect.Signature, args: tuple, kwargs: dict) -> inspect.
         return None  # let the original raise its own error
 
 
+def _install_flat_tensor_collectives(state: _Emulation, patches: Patcher, retargeted: list[bool]) -> None:
+    """NCCL's `all_gather_into_tensor` / `reduce_scatter_tensor` take the large tensor by its number of elements
+    (a flat buffer of world × numel, which Accelerate's gather passes); gloo insists on the stacked shape
+    (world × dim 0, the rest of the shape). Where the emulation moved the script's nccl group to gloo, a large
+    tensor of the right size in another shape is viewed in the shape gloo takes (the same storage, so the result
+    lands where NCCL would put it); a wrong size still raises, as it would on GPUs."""
+    c10d = dist.distributed_c10d
+
+    def _stacked(big: Any, small: Any, group: Any) -> Any:
+        if not retargeted or not isinstance(big, torch.Tensor) or not isinstance(small, torch.Tensor):
+            return big
+        if small.dim() == 0 or not big.is_contiguous():
+            return big
+        try:
+            world = dist.get_world_size(group)
+        except Exception:
+            return big
+        shape = (world * small.shape[0], *small.shape[1:])
+        if tuple(big.shape) == shape or big.numel() != world * small.numel():
+            return big
+        state.notify("flat_collective", {"shape": list(big.shape), "viewed_as": list(shape)})
+        return big.view(shape)
+
+    for name, big_first in (("all_gather_into_tensor", True), ("all_gather_single", True),
+                            ("reduce_scatter_tensor", False), ("reduce_scatter_single", False)):
+        orig = getattr(c10d, name, None)
+        if orig is None:
+            continue
+        sig = inspect.signature(orig)
+
+        def collective(*args: Any, _orig: Any = orig, _sig: Any = sig, _out_big: bool = big_first,
+                       **kwargs: Any) -> Any:
+            bound = _rebind(_sig, args, kwargs)
+            if bound is None:
+                return _orig(*args, **kwargs)
+            arguments = bound.arguments
+            group = arguments.get("group")
+            if _out_big:  # all_gather_into_tensor(output_tensor, input_tensor): the output is world × input
+                arguments["output_tensor"] = _stacked(arguments.get("output_tensor"), arguments.get("input_tensor"),
+                                                      group)
+            else:  # reduce_scatter_tensor(output, input): the input is world × output
+                arguments["input"] = _stacked(arguments.get("input"), arguments.get("output"), group)
+            return _orig(*bound.args, **bound.kwargs)
+
+        _copy_identity(collective, orig)
+        patches.setattr_everywhere([c10d, dist], name, collective)
+
+
 def _install_distributed(state: _Emulation, patches: Patcher) -> None:
     c10d = dist.distributed_c10d
     orig_init = c10d.init_process_group
@@ -884,12 +952,16 @@ def _install_distributed(state: _Emulation, patches: Patcher) -> None:
         if arguments.get("device_id") is not None:
             dropped.append(f"device_id={arguments['device_id']}")
             arguments["device_id"] = None
+        if changed and not retargeted:
+            retargeted.append(True)
         if changed or dropped:
             state.notify(
                 "nccl_to_gloo",
                 {"call": call, "requested": None if requested is None else str(requested),
                  "used": None if used is None else str(used), "dropped": dropped},
             )  # fmt: skip
+
+    retargeted: list[bool] = []  # the emulation moved an nccl process group to gloo
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         bound = _rebind(init_sig, args, kwargs)
@@ -910,6 +982,7 @@ def _install_distributed(state: _Emulation, patches: Patcher) -> None:
         patches.setattr_everywhere([c10d, dist], name, fn)
     # Only the public name: torch's own code keeps asking the real question.
     patches.setattr(dist, "is_nccl_available", lambda: True)
+    _install_flat_tensor_collectives(state, patches, retargeted)
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -7,6 +7,9 @@ HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE, HOROVOD_HOSTNAME and
 none of torchrun's variables. The difference matters: a script that reads `"WORLD_SIZE" in os.environ` to choose
 torch.distributed over Horovod would take the other path under torchrun's contract.
 
+A script written for `fabric run` (Lightning Fabric, no `.launch()`) gets torchrun's contract plus what
+`fabric run` adds: LT_CLI_USED=1, LT_DEVICES, LT_NUM_NODES.
+
 `apply(settings)` rewrites this process's environment to the contract of `settings.launcher` ("torchrun": nothing
 to do) and returns what it did, for the `launch_env` event. Horovod's gloo rendezvous variables name the port the
 probe chose for the script's own rendezvous (settings.rendezvous_port), which ddpdoctor's Horovod stand-in joins.
@@ -76,12 +79,26 @@ def horovodrun_environment(env: dict[str, str], rendezvous_port: int) -> dict[st
     return out
 
 
+def fabric_run_environment(env: dict[str, str]) -> dict[str, str]:
+    """What `fabric run --devices N` adds to torchrun's variables (lightning.fabric.cli._set_env_variables): Fabric
+    reads them as its devices and node count, and LT_CLI_USED tells it the processes exist already."""
+    return {
+        "LT_CLI_USED": "1",
+        "LT_DEVICES": env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or "1",
+        "LT_NUM_NODES": env.get("GROUP_WORLD_SIZE") or "1",
+    }
+
+
 def apply(settings: ProbeSettings) -> dict[str, Any] | None:
     """Give this process the environment of `settings.launcher`; None when nothing changed."""
-    if settings.launcher != "horovodrun" or settings.mode is not LaunchMode.TORCHRUN:
+    if settings.launcher not in ("horovodrun", "fabric-run") or settings.mode is not LaunchMode.TORCHRUN:
         return None
     if "RANK" not in os.environ:
         return None
+    if settings.launcher == "fabric-run":
+        added = fabric_run_environment(dict(os.environ))
+        os.environ.update(added)
+        return {"launcher": "fabric-run", "set": added, "removed": []}
     new = horovodrun_environment(dict(os.environ), settings.rendezvous_port)
     removed = [k for k in TORCHRUN_VARIABLES if k in os.environ]
     for key in removed:

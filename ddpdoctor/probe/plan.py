@@ -26,6 +26,9 @@ arguments set them. Never imports or runs the script.
 - A script that imports Horovod is launched the way `horovodrun -np N` launches it: one process per slot whose
   environment has Horovod's contract (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ...) and not torchrun's
   (no RANK, WORLD_SIZE, MASTER_ADDR...): `launcher` is "horovodrun" (ddpdoctor.probe.launch_env applies it).
+- A script that builds a Lightning Fabric and never calls `.launch()` is written for `fabric run`: torchrun's
+  contract plus Fabric's LT_CLI_USED=1, LT_DEVICES, LT_NUM_NODES (`launcher` "fabric-run"); without them Fabric
+  refuses more than one device and the run would report the launcher's absence as the script's crash.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +68,8 @@ class LaunchPlan:
     reason: str = ""
     # the guard of the spawn call could not be settled from the source: the single launch checks it at run time
     decided_at_runtime: bool = False
-    # whose environment contract each process gets: "torchrun" (RANK, WORLD_SIZE, ...) or "horovodrun" (HOROVOD_*)
+    # whose environment contract each process gets: "torchrun" (RANK, WORLD_SIZE, ...), "horovodrun" (HOROVOD_*)
+    # or "fabric-run" (torchrun's and Lightning Fabric's LT_CLI_USED, LT_DEVICES, LT_NUM_NODES)
     launcher: str = "torchrun"
     # one process drives every GPU (nn.DataParallel without a process group): started once, as `python train.py`
     single_process: bool = False
@@ -332,10 +336,37 @@ def _inside(node: ast.AST, outer: ast.AST) -> bool:
 # --------------------------------------------------------------------------------------------- the plan
 
 
+FABRIC_CLASSES = ("lightning.fabric.Fabric",)  # canonical (torchnames): lightning.Fabric, lightning_fabric.Fabric
+
+
+def fabric_run_style(model: Any) -> int | None:
+    """The line that builds a Lightning Fabric, when the script never calls `.launch()` (nothing named launch is
+    called as a method): such a script is written for `fabric run`, which starts the ranks itself and tells
+    Fabric so (LT_CLI_USED); started under torchrun alone, Fabric refuses to run on more than one device."""
+    built = [ev for ev in model.of("call") if (ev.data.get("qual") or "") in FABRIC_CLASSES]
+    if not built:
+        return None
+    if any((ev.data.get("name") or "").rsplit(".", 1)[-1] == "launch" and not ev.data.get("qual")
+           for ev in model.of("call")):
+        return None
+    return min(built, key=lambda ev: ev.seq).line
+
+
 def plan_for_model(model: Any, args: Sequence[str] = (), nproc: int = 2, rebuild: Any = None) -> LaunchPlan:
     """The launch plan from a script's static model. `rebuild(assume)` interprets the script again with facts
     the source cannot tell (the options as `args` set them, the devices the probe gives): needed only for a
-    script that spawns its own ranks, to decide whether its spawn call runs."""
+    script that spawns its own ranks, to decide whether its spawn call runs. A torchrun-style script written for
+    `fabric run` (fabric_run_style) gets that launcher's contract: torchrun's variables and Fabric's LT_*."""
+    plan = _plan_for_model(model, args, nproc, rebuild)
+    line = fabric_run_style(model) if plan.mode is LaunchMode.TORCHRUN and plan.launcher == "torchrun" else None
+    if line is None:
+        return plan
+    return replace(plan, launcher="fabric-run", reason=(
+        f"it builds a Lightning Fabric (line {line}) and never calls .launch(): it is written for `fabric run "
+        f"--devices {nproc}`, which starts the ranks under torchrun with LT_CLI_USED=1, LT_DEVICES and LT_NUM_NODES"))
+
+
+def _plan_for_model(model: Any, args: Sequence[str], nproc: int, rebuild: Any) -> LaunchPlan:
     spawns = model.of("spawn", "process")
     inits = bool(model.of("init_pg")) or any(
         (ev.data.get("name") or "").endswith("init_process_group") for ev in model.of("call")

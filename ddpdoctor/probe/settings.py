@@ -41,7 +41,7 @@ class ProbeSettings:
     # a free port on 127.0.0.1 the launcher chose for the script's own rendezvous (tcp://host:port init methods,
     # MASTER_PORT set by a self-spawning script): a fixed port could collide with another job; 0 = leave it alone
     rendezvous_port: int = 0
-    # the launcher whose environment contract the ranks get: torchrun | horovodrun (ddpdoctor.probe.launch_env)
+    # the launcher whose environment contract the ranks get: torchrun | horovodrun | fabric-run (probe.launch_env)
     launcher: str = "torchrun"
     # `ddpdoctor triage` arms (ddpdoctor.probe.arms); all empty/0 for `check`.
     arm: str = ""  # the arm's name: "A" | "L" | "P" | "G" ("" = not a triage arm)

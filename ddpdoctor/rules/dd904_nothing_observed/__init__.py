@@ -15,7 +15,8 @@ RULE = Rule(
     code=CODE,
     name="nothing-observed",
     severity=Severity.HIGH,
-    summary="the probe observed no optimizer step (resumed past the last epoch, empty loader, early exit), or the "
+    summary="the probe observed no optimizer step (resumed past the last epoch, empty loader, early exit, a timeout "
+    "before the first step), or the "
     "training loop runs in an engine static analysis does not model (\"not analysed: <engine>\"): what needs "
     "training steps could not be checked, and the report says why",
     what=prose(
@@ -29,7 +30,9 @@ RULE = Rule(
         drops the static note.
 
         The probe fires when the script ran to its end without a single optimizer step on any rank, and
-        neither a failure (DD902) nor a hang (DD901) explains it. The message says why, as far as the run
+        neither a failure (DD902) nor a hang (DD901) explains it; and when the probe's timeout ended a run that
+        was slow, not hung, before any rank's first optimizer step (start-up and a first step that take longer
+        than --timeout on a loaded machine or a large model). The message says why, as far as the run
         shows it: the script loaded a checkpoint that was there before the probe and had no epoch left to
         train, a training loader yielded no batch, no optimizer was ever built, or the script exited or
         returned before its loop.
@@ -82,6 +85,10 @@ RULE = Rule(
         "not_analysed": (
             "Run `ddpdoctor check SCRIPT --nproc N` (without --static): the probe measures on the ranks what the "
             "engine does; `--ignore DD904` in a static-only gate that accepts the engine unread."
+        ),
+        "timeout": (
+            "Rerun with a longer --timeout (or fewer --steps, a smaller input through the script's own options): "
+            "the run was still starting or computing its first step when the probe stopped it."
         ),
         "no_process": (
             "Nothing of the script ran under the probe: check the script path and its arguments, then read the "

@@ -1,7 +1,9 @@
 """DD904 nothing-observed: the run ended without any optimizer step, and no failure or hang explains it.
 
-What it does: counts the optimizer steps of every process of the run. None at all, while the run neither timed
-out (DD901) nor failed (DD902): the script did not train under the probe. The reason is the most specific one the
+What it does: counts the optimizer steps of every process of the run. None at all, while the run did not fail
+(DD902): the script did not train under the probe. A run the probe's timeout ended is DD901's when it stalled; when
+it was only slow (still starting, or still computing its first step) and took no step, it measured nothing that
+needs training, and this says so (the DD901 note gives the pace). The reason is the most specific one the
 events show, in this order: it loaded a checkpoint the user had before the probe (`checkpoint_load` with
 `users_file`: it resumed, and had nothing left to train); a training loader iterated and yielded no batch; it drew
 batches but never stepped an optimizer; it never built one; it exited (sys.exit) or returned early. A run where no
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.analyses.context import RunContext, fmt_ranks
-from ddpdoctor.analyses.outcome import failures
+from ddpdoctor.analyses.context import RunContext, fmt_num, fmt_ranks
+from ddpdoctor.analyses.outcome import failures, timeout_view
 from ddpdoctor.findings import Finding, Measures, Severity
 from ddpdoctor.records import LaunchEnd
 from ddpdoctor.rules.dd904_nothing_observed import CODE
@@ -28,10 +30,12 @@ _TRAINING_ROLES = ("rank", "attached", "spawned", "main", "forked")
 
 
 def analyze(ctx: RunContext) -> list[Finding]:
-    if ctx.timed_out or failures(ctx) or ctx.end is LaunchEnd.INTERRUPTED:
-        return []  # DD901 / DD902 say why the run is short; an interrupted run is not reported
+    if failures(ctx) or ctx.end is LaunchEnd.INTERRUPTED:
+        return []  # DD902 says why the run is short; an interrupted run is not reported
     procs = [p for p in ctx.run.processes if p.role in _TRAINING_ROLES]
     steps = sum(_steps_seen(p) for p in procs)
+    if ctx.timed_out:
+        return _cut_short(ctx, steps)
     if steps:
         ctx.measured(CODE, run_wide=True,
                      reason=f"the probe observed {steps} optimizer step{'s' if steps != 1 else ''} on the ranks")
@@ -59,6 +63,30 @@ def analyze(ctx: RunContext) -> list[Finding]:
     )]
 
 
+def _cut_short(ctx: RunContext, steps: int) -> list[Finding]:
+    """The probe's timeout ended the run. A stall is DD901's; a slow run that still took a step measured something
+    (the note says how much). A slow run that took none measured nothing that needs training: said as a finding, so
+    that the report never reads "No findings" (and CI never passes) on a run that checked nothing."""
+    view = timeout_view(ctx)
+    if steps or view is None or (view.ranks and not view.out_of_time):
+        return []
+    ranks = sorted(ctx.ranks)
+    if not view.ranks:
+        where = "before any rank had started the script (interpreter start-up and imports)"
+    else:
+        where = f"while {fmt_ranks(ranks) if ranks else 'the ranks'} still worked towards the first step"
+    return [ctx.finding(
+        CODE,
+        message=(
+            f"the probe's {fmt_num(view.timeout)} s timeout ended the run {where}: no optimizer step was observed, "
+            "so nothing that needs training was measured — a slow run, not a hang"
+        ),
+        fix_variant="timeout",
+        ranks=ranks,
+        evidence={"optimizer_steps": 0, "timeout_s": view.timeout, "ranks_started": sorted(view.ranks)},
+    )]
+
+
 def _steps_seen(p: Any) -> int:
     """Optimizer steps a process recorded, by any record of them: its step events, the steps counted during its
     loader iterations, the count it gave when it finished."""
@@ -72,7 +100,8 @@ def _steps_seen(p: Any) -> int:
 
 def _reason(ctx: RunContext, procs: list[Any]) -> tuple[str, str | None, dict[str, Any] | None, dict[str, Any]]:
     """(why, fix variant, user site, evidence) — the most specific reason the run shows."""
-    resumed = [e for _, e in ctx.run.events("checkpoint_load") if e.get("users_file")]
+    # a file the user had, holding training counters: a resume (a bare state dict is as likely pretrained weights)
+    resumed = [e for _, e in ctx.run.events("checkpoint_load") if e.get("users_file") and e.get("counters")]
     iterations = [e for _, e in ctx.run.events("loader_iter_end")]
     batches = sum(int(e.get("batches") or 0) for e in iterations)
     optimizers = [e for _, e in ctx.run.events("optimizer_init")]
