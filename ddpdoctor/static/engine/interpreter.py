@@ -320,8 +320,8 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
             keep = kept[:KEPT_CAP]
         return tuple(keep + plain[: max(0, VALUE_CAP - len(keep))])
 
-    def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
-        return merge_env(a, b, self.capped)
+    def merge(self, a: dict[str, Value], b: dict[str, Value], written: set[str] | None = None) -> dict[str, Value]:
+        return merge_env(a, b, self.capped, written)
 
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])

@@ -246,15 +246,32 @@ class SourceFile:
         return frozenset(names), (frozenset(exported) if exported is not None else None)
 
 
-def merge_env(a: dict[str, Value], b: dict[str, Value], cap: Any) -> dict[str, Value]:
+def merge_env(
+    a: dict[str, Value], b: dict[str, Value], cap: Any, written: set[str] | None = None
+) -> dict[str, Value]:
     """The variables after two paths join: each name holds what either path left in it.
 
     Both paths usually start from the same variables and change a few (a long function holds thousands at every
     `if`), so the names whose values differ are picked out first in one comprehension, and only those are
-    joined; a name in `b` alone is appended in `b`'s order, as before."""
+    joined; a name in `b` alone is appended in `b`'s order, as before. `written`, when given, holds every name
+    bound on either path since they parted (`Frame.written`): only those can differ, and only those are compared
+    (a loop at module level would otherwise compare all the module's variables)."""
     out = dict(a)
     get = a.get
-    for k in [k for k, v in b.items() if get(k) is not v]:
+    if written is None:
+        changed = [k for k, v in b.items() if get(k) is not v]
+    else:
+        changed = [k for k in written if k in b and get(k) is not b[k]]
+        added = {k for k in changed if k not in a}
+        if added:  # appended in b's order: they are among the names b gained last, so walk b from its end
+            tail: list[str] = []
+            for k in reversed(b):
+                if k in added:
+                    tail.append(k)
+                    if len(tail) == len(added):
+                        break
+            changed = [k for k in changed if k in a] + tail[::-1]
+    for k in changed:
         v = b[k]
         out[k] = cap(union(a[k], v)) if k in a else v
     return out
