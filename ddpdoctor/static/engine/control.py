@@ -197,7 +197,7 @@ class ControlMixin:
         finally:
             self.ctx.pop()
             written = self._untrack_writes(frame, outer)
-        frame.locals = self.merge(before, frame.locals, written)
+        frame.locals = self.merge_loop(before, frame.locals, written)
         self.block(st.orelse)
 
     st_AsyncFor = st_For
@@ -258,7 +258,7 @@ class ControlMixin:
         finally:
             self.ctx.pop()
             written = self._untrack_writes(frame, outer)
-        frame.locals = self.merge(before, frame.locals, written)
+        frame.locals = self.merge_loop(before, frame.locals, written)
         self.block(st.orelse)
 
     def st_With(self, st: ast.With | ast.AsyncWith) -> bool:

@@ -39,6 +39,7 @@ from ddpdoctor.static.engine.support import (
     SourceIndex,
     dotted_name,
     merge_env,
+    merge_loop_env,
     target_ident,
 )
 from ddpdoctor.static.project import ModuleFile, Project
@@ -322,6 +323,9 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
 
     def merge(self, a: dict[str, Value], b: dict[str, Value], written: set[str] | None = None) -> dict[str, Value]:
         return merge_env(a, b, self.capped, written)
+
+    def merge_loop(self, before: dict[str, Value], after: dict[str, Value], written: set[str]) -> dict[str, Value]:
+        return merge_loop_env(before, after, self.capped, written)
 
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])

@@ -277,6 +277,33 @@ def merge_env(
     return out
 
 
+def merge_loop_env(before: dict[str, Value], after: dict[str, Value], cap: Any, written: set[str]) -> dict[str, Value]:
+    """`merge_env(before, after, cap, written)` where `after` is the end of a loop body walked from a copy of
+    `before`, joined into `after` itself instead of a new copy (a module-level loop would copy the module's
+    variables once more). The same dict results: no name is ever removed from a frame's variables, so `after`
+    holds `before`'s names in their order and then the names the body added, which the counts confirm (else the
+    copying merge runs)."""
+    added = 0
+    for k in written:
+        v = after.get(k)
+        if v is None:
+            if k in after:
+                return merge_env(before, after, cap, written)  # a name holding None: merge_env keeps it out
+            continue
+        old = before.get(k)
+        if old is None:
+            added += 1
+    if len(after) != len(before) + added:
+        return merge_env(before, after, cap, written)
+    for k in written:
+        old = before.get(k)
+        if old is not None:
+            v = after[k]
+            if old is not v:
+                after[k] = cap(union(old, v))
+    return after
+
+
 def const_key(node: ast.AST) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)):
         return node.value
@@ -357,6 +384,7 @@ __all__ = [
     "first_const_str",
     "is_main_guard",
     "merge_env",
+    "merge_loop_env",
     "target_ident",
 ]
 
