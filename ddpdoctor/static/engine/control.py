@@ -11,6 +11,11 @@ from ddpdoctor.static.engine.expressions import CMP_OPS, NOT_COMPUTED, known_val
 from ddpdoctor.static.engine.support import DEAD, Args, counters, is_main_guard
 from ddpdoctor.static.semantic import Ctx, Frame, Obj, Value, union
 
+# Where paths join, a frame of at least this many variables merges only the names bound since they parted
+# (`Frame.written`); a smaller one compares them all, which costs less than collecting the names bound.
+TRACK_WRITES_FROM = 48
+UNTRACKED: Any = object()
+
 
 class ControlMixin:
     """The control-flow half of `Interpreter`."""
@@ -41,7 +46,8 @@ class ControlMixin:
         try:
             if body_side is not None:
                 frame.locals[narrowing[0]] = body_side
-                frame.written.add(narrowing[0])
+                if frame.written is not None:
+                    frame.written.add(narrowing[0])
             if kind:
                 self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
             lifted = self.lift_rank_guards(st.test, True)
@@ -56,7 +62,8 @@ class ControlMixin:
             frame.locals = dict(before)
             if else_side is not None:
                 frame.locals[narrowing[0]] = else_side
-                frame.written.add(narrowing[0])
+                if frame.written is not None:
+                    frame.written.add(narrowing[0])
             if kind:
                 self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
             lifted = self.lift_rank_guards(st.test, False) if st.orelse else []
@@ -91,16 +98,23 @@ class ControlMixin:
         return False
 
     @staticmethod
-    def _track_writes(frame: Frame) -> set[str] | None:
+    def _track_writes(frame: Frame) -> Any:
         """Start collecting the names bound in `frame` (for a merge where paths join); returns the collection of
-        the enclosing loop or branch, to give back to `_untrack_writes`."""
+        the enclosing loop or branch, to give back to `_untrack_writes`. A frame of few variables is merged whole
+        (cheaper than collecting): then nothing starts (UNTRACKED), and the names bound go on into the enclosing
+        collection, if any."""
+        if len(frame.locals) < TRACK_WRITES_FROM:
+            return UNTRACKED
         outer = frame.written
         frame.written = set()
         return outer
 
     @staticmethod
-    def _untrack_writes(frame: Frame, outer: set[str] | None) -> set[str]:
-        """The names bound since `_track_writes`; the enclosing loop or branch (if any) bound them too."""
+    def _untrack_writes(frame: Frame, outer: Any) -> set[str] | None:
+        """The names bound since `_track_writes` (None: not collected, merge every name); the enclosing loop or
+        branch (if any) bound them too."""
+        if outer is UNTRACKED:
+            return None
         written = frame.written
         assert written is not None
         frame.written = outer

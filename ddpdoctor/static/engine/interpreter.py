@@ -324,7 +324,11 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
     def merge(self, a: dict[str, Value], b: dict[str, Value], written: set[str] | None = None) -> dict[str, Value]:
         return merge_env(a, b, self.capped, written)
 
-    def merge_loop(self, before: dict[str, Value], after: dict[str, Value], written: set[str]) -> dict[str, Value]:
+    def merge_loop(
+        self, before: dict[str, Value], after: dict[str, Value], written: set[str] | None
+    ) -> dict[str, Value]:
+        if written is None:
+            return merge_env(before, after, self.capped)
         return merge_loop_env(before, after, self.capped, written)
 
     def _conditional_here(self) -> bool:
