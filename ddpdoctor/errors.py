@@ -79,14 +79,25 @@ def is_peer_error(text: str) -> bool:
 # The CUDA emulation's error for a device index beyond the devices it gives the run (probe/emulation.py raises it,
 # DD902 recognises it: the script addresses more GPUs than the probe emulated, not a bug of the script).
 EMULATED_ORDINAL = "CUDA error: invalid device ordinal (cuda:{index}; this run emulates {devices} CUDA devices)"
-EMULATED_ORDINAL_RE = re.compile(r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)")
+_EMULATED_ORDINAL_PATTERN = r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)"
 # What a CPU machine says where a GPU machine would have a device: raised in a run whose CUDA was emulated, it is a
 # call the emulation does not reproduce (`torch.Generator("cuda")`, `torch.cuda.FloatTensor(...)`, a C++ path that
 # asks for the accelerator), not an error of the script, which runs on the GPUs it was written for (DD902).
-EMULATION_LIMIT_RE = re.compile(
+_EMULATION_LIMIT_PATTERN = (
     r"Torch not compiled with CUDA enabled|Cannot access accelerator device when none is available|"
     r"No CUDA GPUs are available|Found no NVIDIA driver|CUDA driver initialization failed|"
     r"no CUDA-capable device is detected|Could not run '[^']+' with arguments from the 'CUDA' backend|"
     r"device type at start of device string: cuda|type torch\.cuda\.\w+Tensor not available|"
     r"Cannot get CUDA generator without ATen_cuda library"
 )
+_LAZY_PATTERNS = {"EMULATED_ORDINAL_RE": _EMULATED_ORDINAL_PATTERN, "EMULATION_LIMIT_RE": _EMULATION_LIMIT_PATTERN}
+
+
+def __getattr__(name: str) -> re.Pattern[str]:
+    """EMULATED_ORDINAL_RE and EMULATION_LIMIT_RE, compiled when a failed run is first read (DD902's probe half):
+    every command imports this module, and `check --static` never reads a run."""
+    pattern = _LAZY_PATTERNS.get(name)
+    if pattern is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    compiled = globals()[name] = re.compile(pattern)
+    return compiled

@@ -29,9 +29,10 @@ from pathlib import Path
 
 from ddpdoctor.errors import UsageError
 
-# names of an already open descriptor of this process: written through it, never reopened
-_OWN_FD = re.compile(r"^(?:/dev/(?:fd/(?P<fd>\d+)|(?P<std>stdout|stderr))|/proc/(?:self|thread-self|\d+)/fd/"
-                     r"(?P<pfd>\d+))$")
+# names of an already open descriptor of this process: written through it, never reopened (compiled by `re` on
+# the first `--output FILE`, not when the module is imported: `check --static` writes to stdout)
+_OWN_FD = (r"^(?:/dev/(?:fd/(?P<fd>\d+)|(?P<std>stdout|stderr))|/proc/(?:self|thread-self|\d+)/fd/"
+           r"(?P<pfd>\d+))$")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def is_stdout(output: Path | str | None) -> bool:
 
 def _own_fd(output: Path) -> int | None:
     text = str(output)
-    m = _OWN_FD.match(text)
+    m = re.match(_OWN_FD, text)
     if m is None:
         return None
     if m.group("std"):

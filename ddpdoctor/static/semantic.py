@@ -214,3 +214,6 @@ class Frame:
     yields: list[Value] = field(default_factory=list)  # what a generator's body yields
     generator: bool = False  # the body yielded
     stack: tuple[tuple[int, ...], tuple[Any, ...]] | None = None  # (frame ids, call sites) of the stack up to here
+    # the names bound in `locals` since the innermost loop or branch of this frame being walked began (None when
+    # none is): where the paths join, only these can differ (`Interpreter.merge`)
+    written: set[str] | None = None

@@ -37,6 +37,8 @@ class BindingMixin:
             starred = self.from_stars(module_frame, name, node)
             if starred is not None:
                 module_frame.locals[name] = starred
+                if module_frame.written is not None:
+                    module_frame.written.add(name)
                 return starred
         if name not in self.index_of(frame.file).bound_names:
             guessed = self.unbound_name(name, node)
@@ -54,16 +56,23 @@ class BindingMixin:
     def bind_name(self, name: str, value: Value) -> None:
         frame = self.frame
         if name in frame.globals_declared:
-            self.module_frame_of(frame.file).locals[name] = value
+            module_frame = self.module_frame_of(frame.file)
+            module_frame.locals[name] = value
+            if module_frame.written is not None:
+                module_frame.written.add(name)
             return
         if name in frame.nonlocal_declared:
             f = frame.lexical
             while f is not None:
                 if name in f.locals:
                     f.locals[name] = value
+                    if f.written is not None:
+                        f.written.add(name)
                     return
                 f = f.lexical
         frame.locals[name] = self.tag_binding(name, value)
+        if frame.written is not None:
+            frame.written.add(name)
         self._label(value, name)
 
     def _label(self, value: Value, text: str) -> None:

@@ -9,7 +9,12 @@ from typing import Any
 
 from ddpdoctor.static.engine.expressions import CMP_OPS, NOT_COMPUTED, known_value, truth_of
 from ddpdoctor.static.engine.support import DEAD, Args, counters, is_main_guard
-from ddpdoctor.static.semantic import Ctx, Obj, Value, union
+from ddpdoctor.static.semantic import Ctx, Frame, Obj, Value, union
+
+# Where paths join, a frame of at least this many variables merges only the names bound since they parted
+# (`Frame.written`); a smaller one compares them all, which costs less than collecting the names bound.
+TRACK_WRITES_FROM = 48
+UNTRACKED: Any = object()
 
 
 class ControlMixin:
@@ -32,41 +37,49 @@ class ControlMixin:
                 if decided is not None:
                     return self.block(st.body if decided else st.orelse)
         frame = self.frame
-        before = dict(frame.locals)
         narrowing = self.narrowing(st.test)
         body_side, else_side = self.narrowed(narrowing, True), self.narrowed(narrowing, False)
         if (body_side is DEAD) != (else_side is DEAD):  # the variable's objects decide the test in this call
             return self.block(st.orelse if body_side is DEAD else st.body)
-        if body_side is not None:
-            frame.locals[narrowing[0]] = body_side
-        if kind:
-            self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
-        lifted = self.lift_rank_guards(st.test, True)
+        before = dict(frame.locals)
+        outer = self._track_writes(frame)
         try:
-            ended_body = self.block(st.body)
-        finally:
-            self.ctx[: len(lifted)] = lifted
+            if body_side is not None:
+                frame.locals[narrowing[0]] = body_side
+                if frame.written is not None:
+                    frame.written.add(narrowing[0])
             if kind:
-                self.ctx.pop()
-        body_guard = self._trailing_guard
-        after_body = frame.locals
-        frame.locals = dict(before)
-        if else_side is not None:
-            frame.locals[narrowing[0]] = else_side
-        if kind:
-            self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
-        lifted = self.lift_rank_guards(st.test, False) if st.orelse else []
-        try:
-            ended_else = self.block(st.orelse)
-            if kind == "cond" and not ended_else:
-                self._leave_other_side(frame.locals)
-        finally:
-            self.ctx[: len(lifted)] = lifted
+                self.ctx.append(Ctx(kind, st, info, frame.id, 0, scope, test, file=self.frame.file))
+            lifted = self.lift_rank_guards(st.test, True)
+            try:
+                ended_body = self.block(st.body)
+            finally:
+                self.ctx[: len(lifted)] = lifted
+                if kind:
+                    self.ctx.pop()
+            body_guard = self._trailing_guard
+            after_body = frame.locals
+            frame.locals = dict(before)
+            if else_side is not None:
+                frame.locals[narrowing[0]] = else_side
+                if frame.written is not None:
+                    frame.written.add(narrowing[0])
             if kind:
-                self.ctx.pop()
+                self.ctx.append(Ctx(kind, st, else_info, frame.id, 1, scope, test, file=self.frame.file))
+            lifted = self.lift_rank_guards(st.test, False) if st.orelse else []
+            try:
+                ended_else = self.block(st.orelse)
+                if kind == "cond" and not ended_else:
+                    self._leave_other_side(frame.locals)
+            finally:
+                self.ctx[: len(lifted)] = lifted
+                if kind:
+                    self.ctx.pop()
+        finally:
+            written = self._untrack_writes(frame, outer)
         after_else = frame.locals
         if ended_body and ended_else:
-            frame.locals = self.merge(after_body, after_else)
+            frame.locals = self.merge(after_body, after_else, written)
             return True
         if ended_body:
             frame.locals = after_else
@@ -77,12 +90,37 @@ class ControlMixin:
             if kind:
                 self._guard = (kind, info, 0, scope, test)
         else:
-            frame.locals = self.merge(after_body, after_else)
+            frame.locals = self.merge(after_body, after_else, written)
             if body_guard is not None and body_guard[0] == "rank" and self.single_process_otherwise(st.test, test):
                 # `if distributed: ...; if not is_main(): return` then `else: ...`: past the `if`, the other
                 # ranks have left, and without distribution there is one process (detectron2's evaluators)
                 self._guard = body_guard
         return False
+
+    @staticmethod
+    def _track_writes(frame: Frame) -> Any:
+        """Start collecting the names bound in `frame` (for a merge where paths join); returns the collection of
+        the enclosing loop or branch, to give back to `_untrack_writes`. A frame of few variables is merged whole
+        (cheaper than collecting): then nothing starts (UNTRACKED), and the names bound go on into the enclosing
+        collection, if any."""
+        if len(frame.locals) < TRACK_WRITES_FROM:
+            return UNTRACKED
+        outer = frame.written
+        frame.written = set()
+        return outer
+
+    @staticmethod
+    def _untrack_writes(frame: Frame, outer: Any) -> set[str] | None:
+        """The names bound since `_track_writes` (None: not collected, merge every name); the enclosing loop or
+        branch (if any) bound them too."""
+        if outer is UNTRACKED:
+            return None
+        written = frame.written
+        assert written is not None
+        frame.written = outer
+        if outer is not None:
+            outer |= written
+        return written
 
     def _decided_by_path(self, st: ast.If, test: Value) -> bool | None:
         """The side of a test that an enclosing branch on the same test (by its text, `not x` folded into x)
@@ -111,6 +149,8 @@ class ControlMixin:
                 kept = self._on_path(value)
                 if kept is not value:
                     env[name] = kept
+                    if self.frame.written is not None:
+                        self.frame.written.add(name)
 
     def lift_rank_guards(self, node: ast.expr, body: bool) -> list[Ctx]:
         """Inside one side of an `if`, the rank contexts that no longer restrict the ranks: the false side of
@@ -163,13 +203,15 @@ class ControlMixin:
         frame = self.frame
         self._widen_counters(st)
         before = dict(frame.locals)
+        outer = self._track_writes(frame)
         self.ctx.append(Ctx("loop", st, info, frame.id, file=self.frame.file))
         try:
             self.bind(st.target, element)
             self.block(st.body)
         finally:
             self.ctx.pop()
-        frame.locals = self.merge(before, frame.locals)
+            written = self._untrack_writes(frame, outer)
+        frame.locals = self.merge_loop(before, frame.locals, written)
         self.block(st.orelse)
 
     st_AsyncFor = st_For
@@ -184,6 +226,8 @@ class ControlMixin:
             value = frame.locals.get(name)
             if value and any(o.const for o in value):
                 frame.locals[name] = union(value, (self.new("value", st, label=name, props={"counter": True}),))
+                if frame.written is not None:
+                    frame.written.add(name)
         for base, attr in attrs:
             value = frame.locals.get(base)
             for o in value or ():
@@ -221,12 +265,14 @@ class ControlMixin:
         test = self.eval(st.test)
         frame = self.frame
         before = dict(frame.locals)
+        outer = self._track_writes(frame)
         self.ctx.append(Ctx("loop", st, self.loop_info(st, None), frame.id, 0, None, test, file=self.frame.file))
         try:
             self.block(st.body)
         finally:
             self.ctx.pop()
-        frame.locals = self.merge(before, frame.locals)
+            written = self._untrack_writes(frame, outer)
+        frame.locals = self.merge_loop(before, frame.locals, written)
         self.block(st.orelse)
 
     def st_With(self, st: ast.With | ast.AsyncWith) -> bool:
@@ -263,14 +309,18 @@ class ControlMixin:
         after_body = frame.locals
         for handler in st.handlers:
             frame.locals = dict(after_body)
-            if handler.name:
-                self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
-            self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
+            outer = self._track_writes(frame)
             try:
-                self.block(handler.body)
+                if handler.name:
+                    self.bind_name(handler.name, (self.unknown(handler, label=handler.name),))
+                self.ctx.append(Ctx("try", handler, None, frame.id, file=self.frame.file))
+                try:
+                    self.block(handler.body)
+                finally:
+                    self.ctx.pop()
             finally:
-                self.ctx.pop()
-            after_body = self.merge(after_body, frame.locals)
+                written = self._untrack_writes(frame, outer)
+            after_body = self.merge(after_body, frame.locals, written)
         frame.locals = after_body
         self.block(st.orelse)
         return self.block(st.finalbody)
@@ -282,14 +332,19 @@ class ControlMixin:
         frame = self.frame
         before = dict(frame.locals)
         merged = dict(before)
-        for i, case in enumerate(st.cases):
-            frame.locals = dict(before)
-            self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
-            try:
-                self.block(case.body)
-            finally:
-                self.ctx.pop()
-            merged = self.merge(merged, frame.locals)
+        outer = self._track_writes(frame)
+        try:
+            for i, case in enumerate(st.cases):
+                frame.locals = dict(before)
+                self.ctx.append(Ctx("cond", st, self.text(case.pattern), frame.id, i, file=self.frame.file))
+                try:
+                    self.block(case.body)
+                finally:
+                    self.ctx.pop()
+                # the names any case so far bound: only those can differ between `merged` and this case's end
+                merged = self.merge(merged, frame.locals, frame.written)
+        finally:
+            self._untrack_writes(frame, outer)
         frame.locals = merged
 
     def parameter_truth(self, test_node: ast.expr, test: Value) -> bool | None:

@@ -284,6 +284,8 @@ class ExpressionsMixin:
             held = None
             if kept is not None:  # an expression binds nothing: the variable is narrowed for this side only
                 held, self.frame.locals[narrowing[0]] = self.frame.locals[narrowing[0]], kept
+                if self.frame.written is not None:
+                    self.frame.written.add(narrowing[0])
             self.ctx.append(Ctx("cond", node, self.text(node.test), frame_id, branch, None, test, file=self.frame.file))
             try:
                 sides.append(self.eval(part))

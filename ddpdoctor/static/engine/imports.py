@@ -158,6 +158,8 @@ class ImportsMixin:
                 out.append(o)
         resolved = union(out)
         frame.locals[name] = resolved
+        if frame.written is not None:
+            frame.written.add(name)
         return resolved
 
     def from_stars(self, frame: Frame, name: str, node: ast.AST | None) -> Value | None:

@@ -39,6 +39,7 @@ from ddpdoctor.static.engine.support import (
     SourceIndex,
     dotted_name,
     merge_env,
+    merge_loop_env,
     target_ident,
 )
 from ddpdoctor.static.project import ModuleFile, Project
@@ -320,8 +321,15 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
             keep = kept[:KEPT_CAP]
         return tuple(keep + plain[: max(0, VALUE_CAP - len(keep))])
 
-    def merge(self, a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
-        return merge_env(a, b, self.capped)
+    def merge(self, a: dict[str, Value], b: dict[str, Value], written: set[str] | None = None) -> dict[str, Value]:
+        return merge_env(a, b, self.capped, written)
+
+    def merge_loop(
+        self, before: dict[str, Value], after: dict[str, Value], written: set[str] | None
+    ) -> dict[str, Value]:
+        if written is None:
+            return merge_env(before, after, self.capped)
+        return merge_loop_env(before, after, self.capped, written)
 
     def _conditional_here(self) -> bool:
         return any(c.kind in ("cond", "rank", "loop", "try") for c in self.ctx[self.frame.ctx_base :])

@@ -246,18 +246,62 @@ class SourceFile:
         return frozenset(names), (frozenset(exported) if exported is not None else None)
 
 
-def merge_env(a: dict[str, Value], b: dict[str, Value], cap: Any) -> dict[str, Value]:
+def merge_env(
+    a: dict[str, Value], b: dict[str, Value], cap: Any, written: set[str] | None = None
+) -> dict[str, Value]:
     """The variables after two paths join: each name holds what either path left in it.
 
     Both paths usually start from the same variables and change a few (a long function holds thousands at every
     `if`), so the names whose values differ are picked out first in one comprehension, and only those are
-    joined; a name in `b` alone is appended in `b`'s order, as before."""
+    joined; a name in `b` alone is appended in `b`'s order, as before. `written`, when given, holds every name
+    bound on either path since they parted (`Frame.written`): only those can differ, and only those are compared
+    (a loop at module level would otherwise compare all the module's variables)."""
     out = dict(a)
     get = a.get
-    for k in [k for k, v in b.items() if get(k) is not v]:
+    if written is None:
+        changed = [k for k, v in b.items() if get(k) is not v]
+    else:
+        changed = [k for k in written if k in b and get(k) is not b[k]]
+        added = {k for k in changed if k not in a}
+        if added:  # appended in b's order: they are among the names b gained last, so walk b from its end
+            tail: list[str] = []
+            for k in reversed(b):
+                if k in added:
+                    tail.append(k)
+                    if len(tail) == len(added):
+                        break
+            changed = [k for k in changed if k in a] + tail[::-1]
+    for k in changed:
         v = b[k]
         out[k] = cap(union(a[k], v)) if k in a else v
     return out
+
+
+def merge_loop_env(before: dict[str, Value], after: dict[str, Value], cap: Any, written: set[str]) -> dict[str, Value]:
+    """`merge_env(before, after, cap, written)` where `after` is the end of a loop body walked from a copy of
+    `before`, joined into `after` itself instead of a new copy (a module-level loop would copy the module's
+    variables once more). The same dict results: no name is ever removed from a frame's variables, so `after`
+    holds `before`'s names in their order and then the names the body added, which the counts confirm (else the
+    copying merge runs)."""
+    added = 0
+    for k in written:
+        v = after.get(k)
+        if v is None:
+            if k in after:
+                return merge_env(before, after, cap, written)  # a name holding None: merge_env keeps it out
+            continue
+        old = before.get(k)
+        if old is None:
+            added += 1
+    if len(after) != len(before) + added:
+        return merge_env(before, after, cap, written)
+    for k in written:
+        old = before.get(k)
+        if old is not None:
+            v = after[k]
+            if old is not v:
+                after[k] = cap(union(old, v))
+    return after
 
 
 def const_key(node: ast.AST) -> Any:
@@ -340,6 +384,7 @@ __all__ = [
     "first_const_str",
     "is_main_guard",
     "merge_env",
+    "merge_loop_env",
     "target_ident",
 ]
 
