@@ -302,7 +302,11 @@ def test_syncbn_backward_all_reduce_is_no_hand_reduction(tmp_path: Path, monkeyp
         assert len(steps) == 8  # 2 epochs x 4 steps, each a DDP-synchronising backward through 2 SyncBN layers
         assert all(s["syncing_backwards"] == 1 and s["hand_reduced"] is None for s in steps)
         assert any(e["what"] == "sync_batchnorm" for e in log.of("emulation"))
-        assert len(log.of("collective")) == 8  # the script's own all_reduce of the logged loss, seen as such
+        own = [e for e in log.of("collective") if not e.get("implicit")]
+        assert len(own) == 8  # the script's own all_reduce of the logged loss, seen as such
+        # and DDP's broadcast of rank 0's buffers before each forward, recorded as torch's, not the script's
+        assert all(e["implicit"] == "ddp_buffers" and e["op"] == "broadcast"
+                   for e in log.of("collective") if e.get("implicit"))
 
 
 def test_two_ddp_models_each_reduce_once(probe: Any, one_rank_group: None) -> None:
