@@ -193,3 +193,48 @@ def test_one_poll_loop():
         assert "watch" in called, name
         assert not called & {"trap_stop_signals", "hold_signals"}, name
         assert "time.sleep(" not in source.split("def close(")[0], name  # shared's close waits for its zygotes
+
+
+@pytest.fixture
+def short_tmpdir(monkeypatch: pytest.MonkeyPatch):
+    """A short temporary directory of the test's own as the user's TMPDIR (scratch_dir keeps it: its socket paths
+    fit), removed after the test."""
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ddt-", dir="/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", base)
+    yield Path(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _broken(*_args, **_kwargs):
+    raise RuntimeError("could not start")
+
+
+def test_a_launch_that_fails_before_its_supervisor_runs_leaves_no_scratch_folder(short_tmpdir, tmp_path,
+                                                                                 monkeypatch):
+    """The run's scratch folder (its TMPDIR) is removed by the poll loop however the run ends; a failure before the
+    loop (building the command, the environment, the supervisor) left it behind (an empty ddpd-* in /tmp)."""
+    from ddpdoctor.config import CheckConfig
+    from ddpdoctor.probe import launcher
+
+    monkeypatch.setattr(launcher, "Supervisor", _broken)
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    cfg = CheckConfig(script=Path("train.py"), nproc=2, timeout=60)
+    settings = ProbeSettings(run_dir=str(run_dir), mode=LaunchMode.TORCHRUN)
+    with pytest.raises(RuntimeError):
+        launcher._launch_once(cfg, run_dir, settings, time.monotonic() + 60)
+    assert list(short_tmpdir.iterdir()) == []
+
+
+def test_a_shared_launch_that_fails_to_start_leaves_no_scratch_folder(short_tmpdir, monkeypatch):
+    from ddpdoctor.config import CheckConfig
+    from ddpdoctor.probe import shared
+
+    monkeypatch.setattr(shared, "Supervisor", _broken)
+    launch = shared.SharedLaunch(CheckConfig(script=Path("train.py"), nproc=2, timeout=60), runs=2)
+    with pytest.raises(RuntimeError):
+        launch.start()
+    assert list(short_tmpdir.iterdir()) == []

@@ -236,22 +236,26 @@ def _launch_once(
     # wall-clock moment of the timeout, for the processes of the run (they do not share our monotonic clock)
     timeout_at = time.time() + max(0.0, deadline - time.monotonic())
     scratch = scratch_dir()
-    settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
-    cmd = _command(mode, cfg, run_dir, port)
-    env = _environment(settings, port, scratch)
-    logs = run_dir / LOGS_DIR
-    who = "main" if mode.starts_once else "agent"
-    started = time.time()
-    t0 = time.monotonic()
-    supervisor = Supervisor(
-        [Command(argv=cmd, stdout=str(logs / f"{who}.stdout"), stderr=str(logs / f"{who}.stderr"))],
-        env=env,
-        cwd=os.getcwd(),
-        tag=settings.run_tag,
-        deadline=timeout_at + STACK_WAIT,
-        scratch=[scratch],
-        log=str(logs / "supervisor.stderr"),
-    )
+    try:  # until `watch` owns it (it removes it however the run ends), the scratch folder is ours to remove
+        settings = replace(settings, stacks_at=timeout_at - STACK_LEAD, scratch=scratch)
+        cmd = _command(mode, cfg, run_dir, port)
+        env = _environment(settings, port, scratch)
+        logs = run_dir / LOGS_DIR
+        who = "main" if mode.starts_once else "agent"
+        started = time.time()
+        t0 = time.monotonic()
+        supervisor = Supervisor(
+            [Command(argv=cmd, stdout=str(logs / f"{who}.stdout"), stderr=str(logs / f"{who}.stderr"))],
+            env=env,
+            cwd=os.getcwd(),
+            tag=settings.run_tag,
+            deadline=timeout_at + STACK_WAIT,
+            scratch=[scratch],
+            log=str(logs / "supervisor.stderr"),
+        )
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
 
     def ended() -> LaunchEnd | None:
         return None if supervisor.poll()[0] is None and supervisor.running else LaunchEnd.EXITED

@@ -5,6 +5,7 @@ settings, timeout, rendezvous, TMPDIR, launcher.json); `run_probe(..., shared=Sh
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -47,10 +48,18 @@ class SharedLaunch:
         self.in_flight = False  # a run's children may still be running: `close` does not wait for the zygotes
 
     def start(self) -> SharedLaunch:
+        self.scratch = scratch_dir()
+        try:
+            return self._start()
+        except BaseException:  # before the supervisor owns it, the scratch folder is ours to remove
+            if self.supervisor is None or not self.supervisor.running:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
+
+    def _start(self) -> SharedLaunch:
         from ddpdoctor.probe.zygote import SHARED_ENV
 
         cfg = self.cfg
-        self.scratch = scratch_dir()
         self.ctrl = Path(self.scratch) / "ctrl"
         self.ctrl.mkdir()
         port = free_port()
