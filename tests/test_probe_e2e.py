@@ -434,14 +434,19 @@ def _steps_per_rank(report: dict) -> dict[int, int]:
     return {row[0]: row[3] for row in rows}
 
 
-def _once_the_ranks_stepped(probe, name: str, timeouts: tuple[int, ...], **options: Any) -> tuple[dict, Path, float,
-                                                                                                   int]:
-    """Probe `name` with the first timeout; if a rank took no step in it (a loaded machine can spend any fixed
-    timeout starting the ranks), again with the next. What the test then holds to is what the ranks did."""
+def _stepped(report: dict) -> bool:
+    steps = _steps_per_rank(report)
+    return len(steps) == 2 and min(steps.values()) >= 1
+
+
+def _once_the_ranks_stepped(probe, name: str, timeouts: tuple[int, ...], until: Any = _stepped,
+                            **options: Any) -> tuple[dict, Path, float, int]:
+    """Probe `name` with the first timeout; if the ranks had not got as far as the test needs (`until`: by default
+    a step on every rank) before it hit (a loaded machine can spend any fixed timeout starting the ranks), again
+    with the next. What the test then holds to is what the ranks did."""
     for timeout in timeouts:
         report, run_dir, wall = probe(name, timeout=timeout, **options)
-        steps = _steps_per_rank(report)
-        if len(steps) == 2 and min(steps.values()) >= 1:
+        if until(report):
             break
     return report, run_dir, wall, timeout
 
@@ -462,7 +467,13 @@ def test_a_stall_after_the_probe_ended_the_peers_is_not_called_the_scripts_hang(
     """Rank 0's rank-only eval forward through DDP pairs, in the script's own run, with the other ranks' next
     training forward; the probe's epoch limit ends rank 1 first, so rank 0 waits in the last one until the
     timeout (issue 20: DD901 critical, first, on KAIR's trainer, above the run's real sampler finding)."""
-    report, _, _, _ = _once_the_ranks_stepped(probe, "rank0_eval_through_ddp", (15, 45, 135))
+    def rank1_ended(report: dict) -> bool:  # under load the timeout can hit while rank 1 still steps or exits
+        rows = {row[0]: row for row in report.get("tables", {}).get("ranks", {}).get("rows", [])}
+        return _stepped(report) and str(rows[1][2]).startswith("finished")
+
+    report, _, _, _ = _once_the_ranks_stepped(probe, "rank0_eval_through_ddp", (15, 45, 135), until=rank1_ended)
+    rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
+    assert rows[0][2] == "stuck" and rows[1][2].startswith("finished"), rows
     found = _by_rule(report)
     assert "DD902" not in found
     # the last observed step (4 per epoch) is an evaluation step on rank 0: it waits until the timeout
