@@ -42,6 +42,39 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="session")
+def _launch_pool():
+    """This worker's running launch for in-process probe runs (tests/launchpool.py)."""
+    from launchpool import Pool
+
+    pool = Pool(str(REPO))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pooled_launches(request: pytest.FixtureRequest):
+    """A module's in-process probe runs, its module-scoped fixtures' included, are orders of the worker's running
+    launch (tests/launchpool.py), unless the module is marked `own_launch` or DDPDOCTOR_TEST_POOL=0 is set."""
+    from launchpool import POOL_ENV, install
+
+    if request.node.get_closest_marker("own_launch") is not None or os.environ.get(POOL_ENV) == "0":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        install(request.getfixturevalue("_launch_pool"), patch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_launch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `own_launch` in a pooled module: its runs are launched alone."""
+    if request.node.get_closest_marker("own_launch") is not None:
+        from launchpool import uninstall
+
+        uninstall(monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def _report_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Text reports are as wide as `COLUMNS` says (in a pipe too): every test reads them at the 100 columns a pipe

@@ -4,18 +4,16 @@ selects norm layers by exact class — in a helper module static analysis does n
 file and line of its class test, next to DD208, DD210 and DD216 from the run itself; a static exact-class suspicion
 the arms measured as harmless is cleared; a script without SyncBN runs no arm.
 
-Slow: each SyncBN case is one `check` (its run, then arms A and P) on 2 CPU ranks, made once per module, two at a
-time in the background, and shared by the tests that read it."""
+Slow: each SyncBN case is one `check` (its run, then arms A and P) on 2 CPU ranks, made once per module, and shared
+by the tests that read it."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures" / "triage"
@@ -35,36 +33,23 @@ CASES = {
 
 pytestmark = pytest.mark.xdist_group("check_conversion")
 
-_RUNS: dict[str, Future] = {}
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="check-conversion")
+_RUNS: dict[str, tuple[int, dict, Path, str]] = {}
 
 
 def _check(folder: Path, name: str) -> tuple[int, dict, Path, str]:
+    """`ddpdoctor check` as the user runs it (in this process: tests/conftest.py run_cli), with --keep-run."""
     keep, out = folder / "keep", folder / f"{name}.json"
-    argv = [sys.executable, "-m", "ddpdoctor", "check", str(FIXTURES / f"{name}.py"), "--format", "json", "-o",
-            str(out), "--keep-run", str(keep), *OPTIONS]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    done = run_cli("check", str(FIXTURES / f"{name}.py"), "--format", "json", "-o", str(out), "--keep-run", str(keep),
+                   *OPTIONS)
     assert out.is_file(), done.stderr[-3000:]
     return done.returncode, json.loads(out.read_text(encoding="utf-8")), keep, done.stderr
 
 
 def checked(factory: pytest.TempPathFactory, name: str) -> tuple[int, dict, Path, str]:
+    """One check per fixture, shared by the tests of this module that read it."""
     if name not in _RUNS:
-        _RUNS[name] = _POOL.submit(_check, factory.mktemp(name), name)
-    return _RUNS[name].result()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _prefetch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    wanted = set()
-    for item in request.session.items:
-        if item.module is not None and item.module.__name__ == __name__ and hasattr(item, "callspec"):
-            wanted.add(item.callspec.params.get("name"))
-    for name in sorted(n for n in wanted if n):
-        if name not in _RUNS:
-            _RUNS[name] = _POOL.submit(_check, tmp_path_factory.mktemp(name), name)
-    yield
-    _POOL.shutdown(wait=True)
+        _RUNS[name] = _check(factory.mktemp(name), name)
+    return _RUNS[name]
 
 
 def _all(findings: list[dict]) -> list[dict]:
@@ -118,9 +103,8 @@ def test_the_progress_says_why_the_arms_run(tmp_path_factory: pytest.TempPathFac
 def test_no_arm_runs_without_syncbn(tmp_path: Path) -> None:
     """A plain-BN script costs no extra launch: one run, no conversion check."""
     keep, out = tmp_path / "keep", tmp_path / "r.json"
-    argv = [sys.executable, "-m", "ddpdoctor", "check", str(FIXTURES / "plain_bn_small.py"), "--format", "json",
-            "-o", str(out), "--keep-run", str(keep), *OPTIONS]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    done = run_cli("check", str(FIXTURES / "plain_bn_small.py"), "--format", "json", "-o", str(out), "--keep-run",
+                   str(keep), *OPTIONS)
     assert out.is_file(), done.stderr[-3000:]
     assert not (keep / "conversion.json").exists()
     assert "conversion check" not in done.stderr

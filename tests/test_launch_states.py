@@ -20,6 +20,8 @@ from ddpdoctor.probe.settings import ProbeSettings
 from ddpdoctor.probe.watch import watch
 from ddpdoctor.records import LaunchEnd, LaunchMode, LaunchRecord, RunMeta
 
+pytestmark = pytest.mark.own_launch  # its subject is the launch itself: never the pool of tests/launchpool.py
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "fixtures" / "runs"
 

@@ -6,12 +6,10 @@ verdicts of these scenarios do not need L, which one case runs), each observing 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from ddpdoctor.cli import main
 
@@ -69,52 +67,32 @@ def triage(tmp_path: Path, name: str, *options: str, script_args: tuple[str, ...
 
 
 # one xdist worker runs this module's tests (`make test` runs two): its runs are made once, for the tests that share
-# them, by the module's own pool
+# them (module-scoped, in this process: each triage's arms are orders of the worker's running launch,
+# tests/launchpool.py)
 pytestmark = pytest.mark.xdist_group("triage_e2e")
 
-# (fixture, options) → the run: made once for every test of this module that reads it, two at a time in the
-# background (a triage's ranks leave a core idle while they start, rendezvous and stop: on a 2-core CI machine two
-# runs side by side take about 1.3x the wall time of one, not 2x)
-_KEPT: dict[tuple[str, tuple[str, ...]], Future] = {}
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="triage-e2e")
+# (fixture, options) → the run: made once for every test of this module that reads it
+_KEPT: dict[tuple[str, tuple[str, ...]], tuple[int, dict, Path]] = {}
 
 
 def _run_triage(folder: Path, name: str, options: tuple[str, ...]) -> tuple[int, dict, Path]:
-    """`ddpdoctor triage` as the user runs it, in its own process (two runs cannot share one: signal handlers,
-    the working directory)."""
+    """`ddpdoctor triage` as the user runs it (in this process: tests/conftest.py run_cli), with --keep-run."""
     keep, out = folder / "keep", folder / f"{name}.json"
     cut = options.index("--") if "--" in options else len(options)  # the script's own arguments stay last
-    argv = [sys.executable, "-m", "ddpdoctor", "triage", str(FIXTURES / f"{name}.py"), "--format", "json", "-o",
-            str(out), *options[:cut], "--keep-run", str(keep), *options[cut:]]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    done = run_cli("triage", str(FIXTURES / f"{name}.py"), "--format", "json", "-o", str(out), *options[:cut],
+                   "--keep-run", str(keep), *options[cut:])
     assert out.is_file(), done.stderr[-3000:]
     (folder / "stderr.txt").write_text(done.stderr, encoding="utf-8")  # the progress lines, for the test reading them
     return done.returncode, json.loads(out.read_text(encoding="utf-8")), keep
 
 
-def _submit(factory: pytest.TempPathFactory, name: str, options: tuple[str, ...]) -> Future:
-    key = (name, options)
-    if key not in _KEPT:
-        _KEPT[key] = _POOL.submit(_run_triage, factory.mktemp(name), name, options)
-    return _KEPT[key]
-
-
 def kept_triage(factory: pytest.TempPathFactory, name: str, *options: str) -> tuple[int, dict, Path]:
     """A triage run with --keep-run, shared by the tests of this module that ask for the same fixture and options
-    (each arm is a 2-rank launch of ~5 s on CI; none of these tests changes the kept directory)."""
-    return _submit(factory, name, tuple(options)).result()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _prefetch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Start every verdict run the session selected, in test order, so that each test finds its run made or under
-    way; the pool is shut down (its runs finished) when the module's tests are done."""
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if item.originalname == "test_triage_fixture_verdict" and hasattr(item, "callspec")}
-    for name in sorted(selected):
-        _submit(tmp_path_factory, name, ("--arms", ARMS.get(name, "A,P"), *CASES[name][2]))
-    yield
-    _POOL.shutdown(wait=True)
+    (none of these tests changes the kept directory)."""
+    key = (name, tuple(options))
+    if key not in _KEPT:
+        _KEPT[key] = _run_triage(factory.mktemp(name), name, tuple(options))
+    return _KEPT[key]
 
 
 # arms per fixture: A and P unless a case needs more (the clean control runs all three: A against L is the
@@ -211,14 +189,13 @@ def test_confirmed_verdicts_do_not_depend_on_the_seed(
     tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> None:
     # seed 0 is the verdict test's run: triage's --seed and the fixture's --seed both default to 0
-    # two other seeds, side by side in the module's pool, with fewer steps: a CONFIRMED verdict comes from the
-    # deterministic checks at identical weights (one step), not from the statistics the steps accumulate
-    others = [_submit(tmp_path_factory, name, ("--arms", "A,P", "--epochs", "2", "--steps", "5", "--seed", str(seed),
-                                               "--", "--seed", str(seed))) for seed in (1, 2)]
+    # two other seeds, with fewer steps: a CONFIRMED verdict comes from the deterministic checks at identical
+    # weights (one step), not from the statistics the steps accumulate
     _, report, _ = kept_triage(tmp_path_factory, name, "--arms", "A,P")
     seen = [sorted((c["rule"], c["cause"]) for c in report["triage"]["causes"] if c["verdict"] == "confirmed")]
-    for future in others:
-        _, report, _ = future.result()
+    for seed in (1, 2):
+        _, report, _ = kept_triage(tmp_path_factory, name, "--arms", "A,P", "--epochs", "2", "--steps", "5", "--seed",
+                                   str(seed), "--", "--seed", str(seed))
         seen.append(sorted((c["rule"], c["cause"]) for c in report["triage"]["causes"] if c["verdict"] == "confirmed"))
     assert seen[0] and all(s == seen[0] for s in seen), seen
 

@@ -20,7 +20,7 @@ from ddpdoctor.triage.run import TriageConfig, run_triage
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures" / "triage"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_launch]  # its subject is the shared launch itself
 
 
 def _triage(tmp_path: Path, name: str, keep: Path) -> dict:
@@ -171,3 +171,43 @@ def test_an_arm_that_times_out_ends_the_shared_launch_and_the_next_arms_run_alon
     assert "shared_launch" not in lp, lp
     assert any(n.startswith("triage: arm P launched separately") for n in report.notes), report.notes
     assert not any(scratch.iterdir()), list(scratch.iterdir())
+
+
+def test_a_run_of_a_shared_launch_is_started_with_what_a_launch_of_its_own_would_give_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An order carries the run's whole environment and working directory as they are when the run starts, not
+    as they were when the launch started (tests/launchpool.py runs a test's checks in one launch kept for the
+    session); torchrun's own rank variables stay, the TMPDIR is the run's."""
+    import ast
+
+    from ddpdoctor.probe.launcher import run_probe
+    from ddpdoctor.probe.shared import SharedLaunch
+
+    monkeypatch.chdir(REPO)
+    script = (REPO / "fixtures" / "probe" / "launch" / "started_with.py").resolve()
+    cfg = CheckConfig(script=script, nproc=2, timeout=300.0, quiet=True)
+    launch = SharedLaunch(cfg, 2).start()
+    try:
+        seen = []
+        for run, value in enumerate(("first", "second"), start=1):
+            folder = tmp_path / value
+            folder.mkdir()
+            monkeypatch.chdir(folder)  # after the launch started, as the variable below
+            monkeypatch.setenv("STARTED_WITH_NAME", "STARTED_WITH_VALUE")
+            monkeypatch.setenv("STARTED_WITH_VALUE", value)
+            run_dir = tmp_path / f"run-{value}"
+            run_probe(cfg, run_dir, shared=launch)
+            assert json.loads((run_dir / "launcher.json").read_text(encoding="utf-8"))["shared_launch"]["run"] \
+                == run
+            for rank in (0, 1):
+                line = next(x for x in (run_dir / "logs" / f"rank{rank}.stdout").read_text().splitlines()
+                            if x.startswith("started_with "))
+                got = ast.literal_eval(line.split(" ", 1)[1])
+                assert got["value"] == value and got["cwd"] == str(folder)
+                assert (got["rank"], got["local_rank"], got["world_size"]) == (str(rank), str(rank), "2")
+                assert Path(got["tmpdir"]).parent == Path(launch.scratch)  # the run's own, in the launch's
+                seen.append(got)
+    finally:
+        launch.close()
+    assert not Path(launch.scratch).exists()

@@ -420,8 +420,8 @@ def _run_probe(
     neighbours = Neighbours()
     neighbours.look()
     before = fingerprint(roots, skip=[str(run_dir)])
-    record = shared.run(run_dir, settings, deadline, progress, neighbours) \
-        if shared is not None and shared.usable(settings.mode) else None
+    record = shared.run(run_dir, settings, deadline, progress, neighbours, cfg=cfg) \
+        if shared is not None and shared.usable(settings.mode, cfg) else None
     if record is None:  # launched alone (or the shared launch was gone before this run started)
         record = _launch(cfg, run_dir, settings, deadline, progress, neighbours)
     relaunch = _relaunch_request(run_dir, record) if plan.mode.starts_once else None

@@ -57,7 +57,7 @@ class SharedLaunch:
             raise
 
     def _start(self) -> SharedLaunch:
-        from ddpdoctor.probe.zygote import SHARED_ENV
+        from ddpdoctor.probe.zygote import SHARED_ENV, launch_env_file, write_atomic
 
         cfg = self.cfg
         self.ctrl = Path(self.scratch) / "ctrl"
@@ -70,6 +70,8 @@ class SharedLaunch:
                                 log_dir=self.ctrl / "elastic")
         env = _environment(settings, port, self.scratch)
         env[SHARED_ENV] = "1"
+        # what the agent starts from: the zygotes tell torchrun's own variables (RANK, WORLD_SIZE...) from it
+        write_atomic(launch_env_file(self.ctrl), env)
         # the last-resort deadline: every run it may hold, each with its own timeout
         deadline = time.time() + self.runs * (cfg.timeout + STACK_WAIT + 5.0)
         self.supervisor = Supervisor(
@@ -81,21 +83,25 @@ class SharedLaunch:
         self.supervisor.start()
         return self
 
-    def usable(self, mode: LaunchMode) -> bool:
+    def usable(self, mode: LaunchMode, cfg: CheckConfig | None = None) -> bool:
+        """Whether a run in `mode` (of `cfg`, when given) can be the launch's next order: torchrun's mode on as
+        many ranks and the same device, while the launch lasts."""
         return self.ended is None and self.supervisor is not None and mode is LaunchMode.TORCHRUN \
-            and self.k < self.runs
+            and self.k < self.runs and (cfg is None or (cfg.nproc == self.cfg.nproc and cfg.device == self.cfg.device))
 
     def _alive(self) -> bool:
         sup = self.supervisor
         return sup is not None and sup.running and sup.poll()[0] is None
 
     def run(self, run_dir: Path, settings: ProbeSettings, deadline: float, progress: Any = None,
-            neighbours: Neighbours | None = None) -> LaunchRecord | None:
-        """The run as one order of this launch; None when the launch had ended before any rank started it (the
-        agent failed to start, e.g. its port was taken): the caller launches it alone."""
+            neighbours: Neighbours | None = None, cfg: CheckConfig | None = None) -> LaunchRecord | None:
+        """The run (of `cfg`'s script and arguments; the launch's own by default) as one order of this launch;
+        None when the launch had ended before any rank started it (the agent failed to start, e.g. its port was
+        taken): the caller launches it alone. The order carries the run's whole environment and working directory,
+        as a launch of its own would give them to its agent, so a run is the same whatever ran before it."""
         from ddpdoctor.probe.zygote import done_file, order_file, read_json, started_file, write_atomic
 
-        cfg, k, ctrl = self.cfg, self.k, self.ctrl
+        cfg, k, ctrl = cfg or self.cfg, self.k, self.ctrl
         self.k += 1
         port = free_port()
         timeout_at = time.time() + max(0.0, deadline - time.monotonic())
@@ -104,12 +110,10 @@ class SharedLaunch:
         settings = replace(settings, run_tag=self.tag, rendezvous_port=free_port(avoid=port),
                            stacks_at=timeout_at - STACK_LEAD, scratch=str(scratch))
         env = _environment(settings, port, str(scratch))
-        order_env = {key: value for key, value in env.items()
-                     if key.startswith("DDPDOCTOR_") or key in ("TMPDIR", "TEMP", "TMP", "MASTER_PORT")}
         started = time.time()
         t0 = time.monotonic()
         self.in_flight = True
-        write_atomic(order_file(ctrl, k), {"env": order_env, "script": str(cfg.script),
+        write_atomic(order_file(ctrl, k), {"env": env, "cwd": os.getcwd(), "script": str(cfg.script),
                                            "args": list(cfg.script_args), "logs": str(run_dir / LOGS_DIR)})
         ends: dict[int, dict[str, Any]] = {}
         failures: list[dict[str, Any]] = []

@@ -93,16 +93,31 @@ def preload() -> list[str]:
     return sorted(set(sys.modules) - before)
 
 
-def _child_environment(order_env: dict[str, str]) -> dict[str, str]:
-    """torchrun's contract for this rank as the zygote got it, with the run's own settings, TMPDIR and rendezvous
-    port in place of the launch's (the agent's store belongs to no run)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+def launch_env_file(ctrl: Path) -> Path:
+    return ctrl / "launch-env.json"
+
+
+def _child_environment(order_env: dict[str, str], launch_env: dict[str, str] | None) -> dict[str, str]:
+    """The run's own environment (what a launch of its own would give its agent: its settings, TMPDIR, rendezvous
+    port) with what torchrun's agent gave this rank on top: the variables the agent set or changed (RANK,
+    LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_*...), told from the environment the launch started the agent with. The
+    agent's store belongs to no run."""
+    if launch_env is None:  # an older launch: its orders carry the run's settings alone
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+        env.update(order_env)
+    else:
+        env = dict(order_env)
+        env.update({k: v for k, v in os.environ.items()
+                    if launch_env.get(k) != v and not k.startswith(ENV_PREFIX) and k != SHARED_ENV})
+        for key in ("TMPDIR", "TEMP", "TMP", "MASTER_PORT"):
+            if key in order_env:
+                env[key] = order_env[key]
     env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-    env.update(order_env)
     return env
 
 
-def _run_child(order: dict[str, Any], rank: int, zygote: int, preloaded: list[str]) -> None:
+def _run_child(order: dict[str, Any], rank: int, zygote: int, preloaded: list[str],
+               launch_env: dict[str, str] | None) -> None:
     """In the forked child: become the rank of this run, run the script; never returns."""
     code = 1
     try:
@@ -110,10 +125,12 @@ def _run_child(order: dict[str, Any], rank: int, zygote: int, preloaded: list[st
 
         procs.die_with_parent(zygote)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        env = _child_environment(order["env"])
+        env = _child_environment(order["env"], launch_env)
         env[procs.PARENT_ENV] = str(zygote)
         os.environ.clear()
         os.environ.update(env)
+        if order.get("cwd"):
+            os.chdir(order["cwd"])
         logs = Path(order["logs"])
         for fd, name in ((1, f"rank{rank}.stdout"), (2, f"rank{rank}.stderr")):
             out = os.open(logs / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -190,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))
     preloaded = preload()
+    launch_env = read_json(launch_env_file(ctrl))
     me = os.getpid()
     k = 0
     while True:
@@ -205,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run_child(order, rank, me, preloaded)
+            _run_child(order, rank, me, preloaded, launch_env)
         write_atomic(started_file(ctrl, k, rank), {"pid": pid, "t": time.time()})
         while True:
             try:
