@@ -13,11 +13,13 @@ What is NOT pooled, and so still launched exactly as a user's `ddpdoctor check` 
 - every run of a `ddpdoctor` started as a subprocess (the CLI, signal, process-lifecycle and CI tests);
 - a test marked `own_launch` (its subject is the launch itself);
 - a run that torchrun does not start (a script that spawns its own ranks, or runs as one process), a run on
-  another number of ranks or with --device cuda, and a run under another TMPDIR than the pool's (a test that
+  another number of ranks or with --device cuda, a run under another TMPDIR than the pool's (a test that
   watches where the run's temporary files go);
 - everything, with DDPDOCTOR_TEST_POOL=0 in the environment (the suite as every user's check runs).
 
-A run that times out or is interrupted ends the launch (as in triage); the next run starts a new one."""
+A run that times out or is interrupted ends the launch (as in triage); the next run starts a new one. So does a run
+whose environment differs from the launch's in what an interpreter or torch reads as it starts (PYTHONPATH,
+OMP_NUM_THREADS...: a forked child keeps what its zygote read)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,14 @@ from dataclasses import replace
 from typing import Any
 
 POOL_ENV = "DDPDOCTOR_TEST_POOL"
+# read when an interpreter starts or torch is imported: a forked child keeps what its zygote read
+_STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "LD_", "CUDA_", "NCCL_", "GLOO_", "MALLOC")
+
+
+def _startup_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_STARTUP_PREFIXES)}
+
+
 _TEST_ENV_PREFIX = "DDPD_TEST_"  # marks a test gives the processes of its own runs (not the pool's)
 
 
@@ -35,6 +45,7 @@ class Pool:
         self.shared_launch = _originals()["SharedLaunch"]
         self.home = home  # the working directory the launch starts in (each run has its own)
         self.launch: Any = None
+        self.started_with: dict[str, str] = {}
         # the pool's launch keeps its scratch folder (and each run's TMPDIR) in the session's temporary directory
         self.tmpdir = (tempfile.gettempdir(), os.environ.get("TMPDIR"))
 
@@ -47,8 +58,11 @@ class Pool:
         launch = self.launch
         if launch is not None and (launch.ended is not None or launch.supervisor is None):
             self.close()  # a run timed out or was interrupted: that launch is over
+        elif launch is not None and _startup_env() != self.started_with:
+            self.close()  # e.g. a test's own PYTHONPATH: the ranks start with it, in a launch started with it
         if self.launch is None:
             self.launch = self._start(cfg)
+            self.started_with = _startup_env()
         return self.launch if self.launch.usable(LaunchMode.TORCHRUN, cfg) else None
 
     def _start(self, cfg: Any) -> Any:

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from ddpdoctor.fixes.command import fixed_path
 from ddpdoctor.fixes.engine import Edit, apply, plan
@@ -187,13 +188,10 @@ def test_overlapping_fixes_conflict_and_the_same_edit_is_made_once() -> None:
 
 @pytest.mark.slow
 def test_fix_verify_on_the_demo_says_which_measurement_changed(tmp_path: Path) -> None:
-    """One real 2-rank probe of the demo and one of its fixed copy (the only launches of this file)."""
-    import sys
-
+    """One real 2-rank probe of the demo and one of its fixed copy (in this process: conftest's run_cli)."""
     shutil.copy(REPO / "fixtures" / "demo" / "train.py", tmp_path / "train.py")
-    res = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "train.py", "--fix", "--verify", "-q",
-                          "--base-lr", "0.1", "--base-batch", "32", "--format", "json"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    res = run_cli("check", "train.py", "--fix", "--verify", "-q", "--base-lr", "0.1", "--base-batch", "32", "--format",
+                  "json", cwd=tmp_path)
     assert res.returncode in (0, 1), res.stderr
     import json
 

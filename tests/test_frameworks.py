@@ -87,13 +87,10 @@ def needs(module: str):  # noqa: ANN201
 
 
 def _check(name: str, *options: str, tmp_path: Path) -> tuple[int, dict]:
-    """`ddpdoctor check` as the user runs it, in its own process, on 2 CPU ranks."""
+    """`ddpdoctor check` as the user runs it from `tmp_path` (in this process: conftest's run_cli), on 2 CPU ranks."""
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2",
-         "--timeout", "600", "--format", "json", "-o", str(out), *options],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900,
-    )
+    proc = run_cli("check", str(PROBE_FIXTURES / f"{name}.py"), "--nproc", "2", "--timeout", "600", "--format", "json",
+                   "-o", str(out), *options, cwd=tmp_path)
     assert out.is_file(), proc.stderr[-2000:]
     return proc.returncode, json.loads(out.read_text(encoding="utf-8"))
 
@@ -166,11 +163,8 @@ def test_triage_confirms_the_conversion_lightning_performs_first(tmp_path: Path)
     BN+ReLU subclass it replaced is the confirmed first cause (DD208). The arms pair (same weights, same batches):
     the DDP wrapper Lightning leaves in eval mode after its sanity check still counts as training."""
     out = tmp_path / "triage.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "triage", str(PROBE_FIXTURES / "lightning_bad.py"), "--epochs", "2",
-         "--steps", "4", "--format", "json", "-o", str(out)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900,
-    )
+    proc = run_cli("triage", str(PROBE_FIXTURES / "lightning_bad.py"), "--epochs", "2", "--steps", "4", "--format",
+                   "json", "-o", str(out), cwd=tmp_path)
     assert out.is_file(), proc.stderr[-2000:]
     tri = json.loads(out.read_text(encoding="utf-8"))["triage"]
     assert (tri["causes"][0]["rule"], tri["causes"][0]["verdict"]) == ("DD208", "confirmed")
