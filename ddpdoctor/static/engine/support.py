@@ -6,10 +6,10 @@ Nothing here knows about PyTorch: these are pieces of a Python interpreter over 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ddpdoctor.static.plain import Record, ValueRecord
 from ddpdoctor.static.semantic import Obj, Value, union
 
 MAX_DEPTH = 24
@@ -22,15 +22,24 @@ DEAD: Any = object()  # ControlMixin.narrowed: no object of the variable a test 
 VISIT_BUDGET = 400_000
 
 
-@dataclass
-class Args:
+class Args(ValueRecord):
     """The arguments of one call, evaluated."""
 
-    pos: list[Value] = field(default_factory=list)
-    pos_nodes: list[ast.AST] = field(default_factory=list)
-    kw: dict[str, Value] = field(default_factory=dict)
-    kw_nodes: dict[str, ast.AST] = field(default_factory=dict)
-    opaque: bool = False  # *args / **kwargs whose content is not known
+    __match_args__ = ("pos", "pos_nodes", "kw", "kw_nodes", "opaque")
+
+    def __init__(
+        self,
+        pos: list[Value] | None = None,
+        pos_nodes: list[ast.AST] | None = None,
+        kw: dict[str, Value] | None = None,
+        kw_nodes: dict[str, ast.AST] | None = None,
+        opaque: bool = False,  # *args / **kwargs whose content is not known
+    ) -> None:
+        self.pos: list[Value] = [] if pos is None else pos
+        self.pos_nodes: list[ast.AST] = [] if pos_nodes is None else pos_nodes
+        self.kw: dict[str, Value] = {} if kw is None else kw
+        self.kw_nodes: dict[str, ast.AST] = {} if kw_nodes is None else kw_nodes
+        self.opaque = opaque
 
     def get(self, index: int | None, name: str | None) -> Value | None:
         if name is not None and name in self.kw:
@@ -200,13 +209,15 @@ class SourceIndex:
         return " ".join(self._parts).lower()
 
 
-@dataclass(eq=False)
-class SourceFile:
+class SourceFile(Record):
     """One parsed file: its path as reported in findings, its text, its tree, and the index of its tree."""
 
-    path: str
-    source: str
-    tree: ast.Module
+    __match_args__ = ("path", "source", "tree")
+
+    def __init__(self, path: str, source: str, tree: ast.Module) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
 
     @cached_property
     def index(self) -> SourceIndex:
