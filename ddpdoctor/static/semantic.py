@@ -53,6 +53,9 @@ class Family(Record):
         return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
 
 
+_bare_obj = object.__new__
+
+
 class Obj:
     """An abstract object: what a name or expression may hold.
 
@@ -106,6 +109,41 @@ class Obj:
     def __repr__(self) -> str:  # compact, for debugging and test failure messages
         extra = self.qual or self.label or ""
         return f"<{self.kind} {extra} L{self.line}>"
+
+
+def new_obj(
+    kind: str,
+    line: int,
+    node: ast.AST | None,
+    file: str,
+    qual: str | None,
+    label: str | None,
+    tags: frozenset[str],
+    const: bool,
+    value: Any,
+    fields: dict[str, Value] | None,
+    items: tuple[Value, ...] | None,
+    props: dict[str, Any] | None,
+    family: Family | None,
+) -> Obj:
+    """`Obj(kind, line, node, qual, ..., file=file)`, every field given in order: what `Interpreter.new` makes
+    each object the walk creates with (tens of thousands on a large script). Setting the slots directly skips the
+    class call's protocol (an argument tuple and a keyword dict handed to `__init__`): a third of the cost."""
+    o = _bare_obj(Obj)
+    o.kind = kind
+    o.line = line
+    o.node = node
+    o.qual = qual
+    o.label = label
+    o.tags = tags
+    o.const = const
+    o.value = value
+    o.fields = {} if fields is None else fields
+    o.items = items
+    o.props = {} if props is None else props
+    o.family = family
+    o.file = file
+    return o
 
 
 def union(*values: Iterable[Obj]) -> Value:
@@ -200,6 +238,27 @@ class Event(Record):
         self.data = data
         self.file = file
         self.chain = chain
+
+    @classmethod
+    def made(
+        cls, kind: str, node: ast.AST, line: int, seq: int, ctx: tuple[Ctx, ...], frames: tuple[int, ...], func: str,
+        reached: bool, data: dict[str, Any], file: str, chain: tuple[tuple[str, int, str], ...],
+    ) -> Event:
+        """`Event(...)` with every field given in order, its slots set directly (see `new_obj`): how the walk
+        records each event."""
+        ev = _bare_obj(cls)
+        ev.kind = kind
+        ev.node = node
+        ev.line = line
+        ev.seq = seq
+        ev.ctx = ctx
+        ev.frames = frames
+        ev.func = func
+        ev.reached = reached
+        ev.data = data
+        ev.file = file
+        ev.chain = chain
+        return ev
 
     @property
     def frame(self) -> int:

@@ -43,7 +43,7 @@ from ddpdoctor.static.engine.support import (
     target_ident,
 )
 from ddpdoctor.static.project import ModuleFile, Project
-from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
+from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value, new_obj
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
@@ -211,10 +211,26 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
     def frame(self) -> Frame:
         return self.frames[-1]
 
-    def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
+    def new(
+        self,
+        kind: str,
+        node: ast.AST | None,
+        *,
+        qual: str | None = None,
+        label: str | None = None,
+        tags: frozenset[str] = frozenset(),
+        const: bool = False,
+        value: Any = None,
+        fields: dict[str, Value] | None = None,
+        items: tuple[Value, ...] | None = None,
+        props: dict[str, Any] | None = None,
+        family: Any = None,
+    ) -> Obj:
+        """A new object made at `node` (its line, its file), with the fields of `Obj` given."""
         frames = self.frames
-        obj = Obj(
-            kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw
+        obj = new_obj(
+            kind, getattr(node, "lineno", 0) or 0, node, frames[-1].file if frames else self.source.path,
+            qual, label, tags, const, value, fields, items, props, family,
         )
         if self.ctx:
             if kind in self.PATH_KINDS:
@@ -266,18 +282,9 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         top = frames[-1]
         if top.stack is None:  # the frames under a frame never change while it is on the stack: computed once
             top.stack = (tuple(f.id for f in frames), tuple(f.call_site for f in frames if f.call_site is not None))
-        ev = Event(
-            kind=kind,
-            node=node,
-            line=getattr(node, "lineno", 0) or 0,
-            seq=next(self._seq),
-            ctx=tuple(self.ctx),
-            frames=top.stack[0],
-            func=top.name,
-            reached=self.reached,
-            data=data,
-            file=top.file,
-            chain=top.stack[1],
+        ev = Event.made(
+            kind, node, getattr(node, "lineno", 0) or 0, next(self._seq), tuple(self.ctx), top.stack[0], top.name,
+            self.reached, data, top.file, top.stack[1],
         )
         self.events.append(ev)
         return ev

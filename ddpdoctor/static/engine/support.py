@@ -22,6 +22,9 @@ DEAD: Any = object()  # ControlMixin.narrowed: no object of the variable a test 
 VISIT_BUDGET = 400_000
 
 
+_bare = object.__new__
+
+
 class Args(ValueRecord):
     """The arguments of one call, evaluated."""
 
@@ -40,6 +43,18 @@ class Args(ValueRecord):
         self.kw: dict[str, Value] = {} if kw is None else kw
         self.kw_nodes: dict[str, ast.AST] = {} if kw_nodes is None else kw_nodes
         self.opaque = opaque
+
+    @classmethod
+    def none(cls) -> Args:
+        """`Args()`, its fields set directly (the class call's protocol is most of its cost): a call's arguments
+        before they are evaluated (`build_args`, thousands on a large script), or a call with none."""
+        args = _bare(cls)
+        args.pos = []
+        args.pos_nodes = []
+        args.kw = {}
+        args.kw_nodes = {}
+        args.opaque = False
+        return args
 
     def get(self, index: int | None, name: str | None) -> Value | None:
         if name is not None and name in self.kw:
