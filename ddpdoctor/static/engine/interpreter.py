@@ -380,9 +380,10 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
 
     def stmt(self, st: ast.stmt) -> bool:
         self._visits += 1
-        handler = self._st_handlers.get(st.__class__, False)
+        t = type(st)  # not st.__class__: CPython 3.11 never specialises an attribute read on an AST node
+        handler = self._st_handlers.get(t, False)
         if handler is False:
-            handler = self._st_handlers[st.__class__] = getattr(self, "st_" + st.__class__.__name__, None)
+            handler = self._st_handlers[t] = getattr(self, "st_" + t.__name__, None)
         if handler is None:
             return False
         depth = (len(self.ctx), len(self.frames), len(self._active), self.save_state())
