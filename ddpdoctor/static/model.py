@@ -18,6 +18,7 @@ from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.apis.optim import optimizer_like
 from ddpdoctor.static.engine import SourceFile, SourceIndex
+from ddpdoctor.static.engine.support import simple_text
 from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
@@ -281,10 +282,12 @@ class ScriptModel(ValueRecord):
     def text(self, node: ast.AST | None, limit: int = 70) -> str:
         if node is None:
             return "?"
-        try:
-            s = ast.unparse(node)
-        except Exception:  # pragma: no cover
-            return "?"
+        s = simple_text(node)
+        if s is None:
+            try:
+                s = ast.unparse(node)
+            except Exception:  # pragma: no cover
+                return "?"
         s = " ".join(s.split())
         return s if len(s) <= limit else s[: limit - 1] + "…"
 

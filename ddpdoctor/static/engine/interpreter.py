@@ -40,6 +40,7 @@ from ddpdoctor.static.engine.support import (
     dotted_name,
     merge_env,
     merge_loop_env,
+    simple_text,
     target_ident,
 )
 from ddpdoctor.static.project import ModuleFile, Project
@@ -309,11 +310,12 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         return cached if len(cached) <= limit else cached[: limit - 1] + "…"
 
     def source_text(self, node: ast.AST) -> str:
-        """`ast.unparse(node)`, once per node; a name or a chain of attributes on one (most of what is asked)
-        is joined directly, as unparse would write it, without building an unparser."""
+        """`ast.unparse(node)`, once per node; a name or a chain of attributes on one (most of what is asked),
+        and the other small expressions `simple_text` knows, are written directly, as unparse would write them,
+        without building an unparser."""
         cached = self._texts.get(id(node))
         if cached is None:
-            cached = dotted_name(node)
+            cached = simple_text(node)
             if cached is None:
                 try:
                     cached = ast.unparse(node)

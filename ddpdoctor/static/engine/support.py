@@ -385,6 +385,96 @@ def dotted_name(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+_CMP_TEXT = {
+    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Is: "is",
+    ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in",
+}
+
+
+def _atom_text(node: ast.AST) -> str | None:
+    """`ast.unparse` of a name, an attribute chain on one, a plain literal (an int, True/False/None, a string
+    with nothing to escape or quote) or a call of a dotted name with such arguments; None for anything else."""
+    t = type(node)
+    if t is ast.Name or t is ast.Attribute:
+        return dotted_name(node)
+    if t is ast.Constant:
+        v = node.value
+        tv = type(v)
+        if tv is int or tv is bool or v is None:
+            return repr(v)
+        if tv is str and node.kind is None and v.isprintable() and "'" not in v and '"' not in v and "\\" not in v:
+            return "'" + v + "'"
+        return None
+    if t is ast.Call:
+        func = dotted_name(node.func)
+        if func is None:
+            return None
+        parts = []
+        for a in node.args:
+            text = _atom_text(a)
+            if text is None:
+                return None
+            parts.append(text)
+        for k in node.keywords:
+            text = _atom_text(k.value) if k.arg is not None else None
+            if text is None:
+                return None
+            parts.append(k.arg + "=" + text)
+        return func + "(" + ", ".join(parts) + ")"
+    return None
+
+
+def _operand_text(node: ast.AST, compare: bool = True) -> str | None:
+    """An operand of `and` / `or` / `not` as `ast.unparse` writes it there: an atom, or (where `compare`) a
+    comparison of atoms, which binds tighter than the three and so needs no parentheses."""
+    if type(node) is ast.Compare:
+        return simple_text(node) if compare else None
+    return _atom_text(node)
+
+
+def simple_text(node: ast.AST) -> str | None:
+    """Exactly what `ast.unparse(node)` writes, for the small expressions the walk names most (a call of a dotted
+    name, a tuple of names, a comparison, `a or b`, `not x`, over atoms: see `_atom_text`), without building an
+    unparser (tens of thousands of instructions each); None for anything else, which `ast.unparse` then writes.
+    tests/test_static.py holds it to `ast.unparse` on every expression of the fixtures and of ddpdoctor itself."""
+    t = type(node)
+    if t is ast.Compare:
+        left = _atom_text(node.left)
+        if left is None:
+            return None
+        parts = [left]
+        for op, right in zip(node.ops, node.comparators):
+            text = _atom_text(right)
+            if text is None:
+                return None
+            parts.append(_CMP_TEXT[type(op)])
+            parts.append(text)
+        return " ".join(parts)
+    if t is ast.Tuple:
+        parts = []
+        for e in node.elts:
+            text = _atom_text(e)
+            if text is None:
+                return None
+            parts.append(text)
+        return "(" + parts[0] + ",)" if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+    if t is ast.BoolOp:
+        # unparse raises the precedence it writes each further operand at by one level: from the third operand of
+        # `or` (the second of `and`) on, a comparison gets parentheses; those are left to unparse
+        conj = type(node.op) is ast.And
+        parts = []
+        for i, v in enumerate(node.values):
+            text = _operand_text(v, compare=i < (2 if conj else 3))
+            if text is None:
+                return None
+            parts.append(text)
+        return (" and " if conj else " or ").join(parts)
+    if t is ast.UnaryOp and type(node.op) is ast.Not:
+        text = _operand_text(node.operand)
+        return None if text is None else "not " + text
+    return _atom_text(node)
+
+
 def dotted_last(node: ast.AST) -> str | None:
     d = dotted(node)
     return d.rsplit(".", 1)[-1] if d else None
@@ -411,6 +501,7 @@ __all__ = [
     "is_main_guard",
     "merge_env",
     "merge_loop_env",
+    "simple_text",
     "target_ident",
 ]
 
