@@ -4,7 +4,6 @@ produced somewhere — on the fixtures, or on the small script below that exerci
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from ddpdoctor.errors import UsageError
 from ddpdoctor.static import build_model
 from ddpdoctor.static.events import EVENT_FIELDS, STATIC_EVENT_KINDS
+from ddpdoctor.static.plain import fields_of
 from ddpdoctor.static.semantic import Event
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -104,8 +104,22 @@ def test_every_documented_kind_and_field_is_produced(corpus) -> None:
 
 
 def test_event_attributes_are_the_documented_ones() -> None:
-    attributes = {f.name for f in dataclasses.fields(Event)} - {"data"}
+    attributes = set(fields_of(Event)) - {"data"}
     assert attributes == set(EVENT_FIELDS)
     for kind in STATIC_EVENT_KINDS.values():
         assert kind.doc and all(kind.fields.values()), kind.kind
         assert kind.optional <= set(kind.fields), kind.kind
+
+
+def test_fast_constructors_set_every_field_as_the_class_call_does() -> None:
+    """`new_obj`, `Event.made` and `Args.none` set the slots directly (the walk's hot path): each field the class's
+    own `__init__` sets, to the same value."""
+    from ddpdoctor.static.engine.support import Args
+    from ddpdoctor.static.semantic import Obj, new_obj
+
+    fields = ("k", 3, None, "f.py", "q", "l", frozenset({"rank"}), True, 7, None, None, None, None)
+    made, called = new_obj(*fields), Obj("k", 3, None, "q", "l", frozenset({"rank"}), True, 7, file="f.py")
+    assert [getattr(made, n) for n in fields_of(Obj)] == [getattr(called, n) for n in fields_of(Obj)]
+    ev = ("call", None, 4, 1, (), (1,), "main", True, {"a": 1}, "f.py", ())
+    assert repr(Event.made(*ev)) == repr(Event(*ev))
+    assert Args.none() == Args() and vars(Args.none()) == vars(Args())

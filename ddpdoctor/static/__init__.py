@@ -14,7 +14,6 @@ import ast
 import functools
 import gc
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
@@ -24,6 +23,7 @@ from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.engine.support import is_main_guard
 from ddpdoctor.static.model import ScriptModel
+from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.project import Limits, LoadedFile, Project, select_files
 
 __all__ = [
@@ -55,13 +55,17 @@ def without_gc(fn: Callable) -> Callable:
     return run
 
 
-@dataclass
-class StaticResult:
+class StaticResult(ValueRecord):
     """Findings of a static analysis, the notes it has about what it could not read, and the files it read."""
 
-    findings: list[Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
+    __match_args__ = ("findings", "notes", "files")
+
+    def __init__(
+        self, findings: list[Finding] | None = None, notes: list[str] | None = None, files: list[str] | None = None
+    ) -> None:
+        self.findings: list[Finding] = [] if findings is None else findings
+        self.notes: list[str] = [] if notes is None else notes
+        self.files: list[str] = [] if files is None else files
 
 
 def read_source(path: Path, shown: str | None = None) -> SourceFile:

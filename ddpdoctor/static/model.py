@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -19,23 +18,43 @@ from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.apis.optim import optimizer_like
 from ddpdoctor.static.engine import SourceFile, SourceIndex
+from ddpdoctor.static.engine.support import simple_text
+from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
 
 
-@dataclass
-class ScriptModel:
-    filename: str
-    source: str
-    tree: ast.Module
-    events: list[Event]
-    cli_args: dict[str, CliArg]
-    errors: list[str] = field(default_factory=list)
-    truncated: bool = False
-    file: SourceFile | None = None
-    # every file the walk read (display path → file), the script first; notes about the ones it could not
-    sources: dict[str, SourceFile] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+class ScriptModel(ValueRecord):
+    """What the walk of a script found: its events in order, its command-line options, and what it could not
+    follow (`errors`, `truncated`); `sources`: every file the walk read (display path → file), the script first;
+    `notes`: about the ones it could not."""
+
+    __match_args__ = ("filename", "source", "tree", "events", "cli_args", "errors", "truncated", "file", "sources",
+                      "notes")
+
+    def __init__(
+        self,
+        filename: str,
+        source: str,
+        tree: ast.Module,
+        events: list[Event],
+        cli_args: dict[str, CliArg],
+        errors: list[str] | None = None,
+        truncated: bool = False,
+        file: SourceFile | None = None,
+        sources: dict[str, SourceFile] | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
+        self.filename = filename
+        self.source = source
+        self.tree = tree
+        self.events = events
+        self.cli_args = cli_args
+        self.errors: list[str] = [] if errors is None else errors
+        self.truncated = truncated
+        self.file = file
+        self.sources: dict[str, SourceFile] = {} if sources is None else sources
+        self.notes: list[str] = [] if notes is None else notes
 
     @classmethod
     def build(cls, tree: ast.Module, source: str, filename: str, assume: dict[str, Any] | None = None) -> ScriptModel:
@@ -263,10 +282,12 @@ class ScriptModel:
     def text(self, node: ast.AST | None, limit: int = 70) -> str:
         if node is None:
             return "?"
-        try:
-            s = ast.unparse(node)
-        except Exception:  # pragma: no cover
-            return "?"
+        s = simple_text(node)
+        if s is None:
+            try:
+                s = ast.unparse(node)
+            except Exception:  # pragma: no cover
+                return "?"
         s = " ".join(s.split())
         return s if len(s) <= limit else s[: limit - 1] + "…"
 

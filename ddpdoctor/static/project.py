@@ -19,12 +19,13 @@ import fnmatch
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine.support import SourceFile
+from ddpdoctor.static.plain import Record, ValueRecord
 
 # never resolved to a project file: the library the models stand for
 NEVER_PROJECT = frozenset({"torch"})
@@ -64,24 +65,30 @@ class Limits:
     max_depth: int = 16
 
 
-@dataclass(eq=False)
-class ModuleFile:
+class ModuleFile(Record):
     """A module of the project: its dotted name as imported, its file (absolute), and whether it is a package."""
 
-    name: str
-    path: Path
-    is_package: bool = False
-    namespace: bool = False  # a directory without __init__.py (PEP 420): no code of its own
+    __match_args__ = ("name", "path", "is_package", "namespace")
+
+    def __init__(self, name: str, path: Path, is_package: bool = False, namespace: bool = False) -> None:
+        self.name = name
+        self.path = path
+        self.is_package = is_package
+        self.namespace = namespace  # a directory without __init__.py (PEP 420): no code of its own
 
     @property
     def directory(self) -> Path:
         return self.path if self.namespace else self.path.parent
 
 
-@dataclass
-class LoadedFile:
-    source: SourceFile | None
-    note: str | None = None
+class LoadedFile(ValueRecord):
+    """A file of the project as `Project.load` read it: parsed, or None with the note that says why not."""
+
+    __match_args__ = ("source", "note")
+
+    def __init__(self, source: SourceFile | None, note: str | None = None) -> None:
+        self.source = source
+        self.note = note
 
 
 def _installed_prefixes() -> tuple[str, ...]:
@@ -339,12 +346,14 @@ class Project:
 # ---------------------------------------------------------------------- many files at once
 
 
-@dataclass
-class Selection:
+class Selection(ValueRecord):
     """The Python files a `check --static PATH...` covers, after `exclude`."""
 
-    files: list[Path] = field(default_factory=list)
-    excluded: int = 0
+    __match_args__ = ("files", "excluded")
+
+    def __init__(self, files: list[Path] | None = None, excluded: int = 0) -> None:
+        self.files: list[Path] = [] if files is None else files
+        self.excluded = excluded
 
 
 def _excluded(path: Path, patterns: tuple[str, ...], base: Path) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from ddpdoctor.static.plain import Record
 
 Value = tuple["Obj", ...]
 EMPTY: Value = ()
@@ -22,18 +23,26 @@ PER_RANK_TAGS = frozenset({"rank", "local_rank"})
 WORLD_TAGS = frozenset({"world_size", "device_count"})
 
 
-@dataclass(eq=False)
-class Family:
+class Family(Record):
     """One model, whichever handle the script holds: the nn.Module and the DDP/DataParallel wrappers around it.
 
     Train/eval mode, BatchNorm presence and SyncBN conversion belong to the model, not to a handle: `model.eval()`
     on the wrapper and `model.module.eval()` change the same layers.
     """
 
-    mode: str | None = "train"  # "train" | "eval" | None (unknown)
-    has_bn: bool | None = None
-    syncbn_line: int | None = None
-    members: list[Obj] = field(default_factory=list)
+    __match_args__ = ("mode", "has_bn", "syncbn_line", "members")
+
+    def __init__(
+        self,
+        mode: str | None = "train",  # "train" | "eval" | None (unknown)
+        has_bn: bool | None = None,
+        syncbn_line: int | None = None,
+        members: list[Obj] | None = None,
+    ) -> None:
+        self.mode = mode
+        self.has_bn = has_bn
+        self.syncbn_line = syncbn_line
+        self.members: list[Obj] = [] if members is None else members
 
     @property
     def wrappers(self) -> list[Obj]:
@@ -44,7 +53,9 @@ class Family:
         return any(m.props.get("wrapper") == "ddp" for m in self.wrappers)
 
 
-@dataclass(eq=False, repr=False, slots=True)  # its own compact __repr__ (one generated and thrown away cost an exec)
+_bare_obj = object.__new__
+
+
 class Obj:
     """An abstract object: what a name or expression may hold.
 
@@ -53,19 +64,39 @@ class Obj:
     loader | dataset | params | param | state_dict | dict | tuple | device | ctx | cli_args | parser | builtin…
     """
 
-    kind: str
-    line: int = 0
-    node: ast.AST | None = None
-    qual: str | None = None
-    label: str | None = None
-    tags: frozenset[str] = frozenset()
-    const: bool = False
-    value: Any = None
-    fields: dict[str, Value] = field(default_factory=dict)
-    items: tuple[Value, ...] | None = None
-    props: dict[str, Any] = field(default_factory=dict)
-    family: Family | None = None
-    file: str = ""  # the file `node` is in
+    __slots__ = ("kind", "line", "node", "qual", "label", "tags", "const", "value", "fields", "items", "props",
+                 "family", "file")
+    __match_args__ = __slots__
+
+    def __init__(
+        self,
+        kind: str,
+        line: int = 0,
+        node: ast.AST | None = None,
+        qual: str | None = None,
+        label: str | None = None,
+        tags: frozenset[str] = frozenset(),
+        const: bool = False,
+        value: Any = None,
+        fields: dict[str, Value] | None = None,
+        items: tuple[Value, ...] | None = None,
+        props: dict[str, Any] | None = None,
+        family: Family | None = None,
+        file: str = "",  # the file `node` is in
+    ) -> None:
+        self.kind = kind
+        self.line = line
+        self.node = node
+        self.qual = qual
+        self.label = label
+        self.tags = tags
+        self.const = const
+        self.value = value
+        self.fields: dict[str, Value] = {} if fields is None else fields
+        self.items = items
+        self.props: dict[str, Any] = {} if props is None else props
+        self.family = family
+        self.file = file
 
     @property
     def is_module(self) -> bool:
@@ -78,6 +109,41 @@ class Obj:
     def __repr__(self) -> str:  # compact, for debugging and test failure messages
         extra = self.qual or self.label or ""
         return f"<{self.kind} {extra} L{self.line}>"
+
+
+def new_obj(
+    kind: str,
+    line: int,
+    node: ast.AST | None,
+    file: str,
+    qual: str | None,
+    label: str | None,
+    tags: frozenset[str],
+    const: bool,
+    value: Any,
+    fields: dict[str, Value] | None,
+    items: tuple[Value, ...] | None,
+    props: dict[str, Any] | None,
+    family: Family | None,
+) -> Obj:
+    """`Obj(kind, line, node, qual, ..., file=file)`, every field given in order: what `Interpreter.new` makes
+    each object the walk creates with (tens of thousands on a large script). Setting the slots directly skips the
+    class call's protocol (an argument tuple and a keyword dict handed to `__init__`): a third of the cost."""
+    o = _bare_obj(Obj)
+    o.kind = kind
+    o.line = line
+    o.node = node
+    o.qual = qual
+    o.label = label
+    o.tags = tags
+    o.const = const
+    o.value = value
+    o.fields = {} if fields is None else fields
+    o.items = items
+    o.props = {} if props is None else props
+    o.family = family
+    o.file = file
+    return o
 
 
 def union(*values: Iterable[Obj]) -> Value:
@@ -141,21 +207,58 @@ class Ctx(NamedTuple):
     file: str = ""  # the file `node` is in
 
 
-@dataclass(eq=False, slots=True)
-class Event:
+class Event(Record):
     """Something the script does, in execution order, with the context it happens in."""
 
-    kind: str
-    node: ast.AST
-    line: int
-    seq: int
-    ctx: tuple[Ctx, ...]
-    frames: tuple[int, ...]
-    func: str
-    reached: bool
-    data: dict[str, Any]
-    file: str = ""  # the file `node` is in
-    chain: tuple[tuple[str, int, str], ...] = ()  # (file, line, function called) of each call that led here
+    __slots__ = ("kind", "node", "line", "seq", "ctx", "frames", "func", "reached", "data", "file", "chain")
+    __match_args__ = __slots__
+
+    def __init__(
+        self,
+        kind: str,
+        node: ast.AST,
+        line: int,
+        seq: int,
+        ctx: tuple[Ctx, ...],
+        frames: tuple[int, ...],
+        func: str,
+        reached: bool,
+        data: dict[str, Any],
+        file: str = "",  # the file `node` is in
+        chain: tuple[tuple[str, int, str], ...] = (),  # (file, line, function called) of each call that led here
+    ) -> None:
+        self.kind = kind
+        self.node = node
+        self.line = line
+        self.seq = seq
+        self.ctx = ctx
+        self.frames = frames
+        self.func = func
+        self.reached = reached
+        self.data = data
+        self.file = file
+        self.chain = chain
+
+    @classmethod
+    def made(
+        cls, kind: str, node: ast.AST, line: int, seq: int, ctx: tuple[Ctx, ...], frames: tuple[int, ...], func: str,
+        reached: bool, data: dict[str, Any], file: str, chain: tuple[tuple[str, int, str], ...],
+    ) -> Event:
+        """`Event(...)` with every field given in order, its slots set directly (see `new_obj`): how the walk
+        records each event."""
+        ev = _bare_obj(cls)
+        ev.kind = kind
+        ev.node = node
+        ev.line = line
+        ev.seq = seq
+        ev.ctx = ctx
+        ev.frames = frames
+        ev.func = func
+        ev.reached = reached
+        ev.data = data
+        ev.file = file
+        ev.chain = chain
+        return ev
 
     @property
     def frame(self) -> int:
@@ -192,28 +295,50 @@ class Event:
         return False
 
 
-@dataclass(eq=False, slots=True)
-class Frame:
-    """The local names of one function call (or of the module body, or of a class body)."""
+class Frame(Record):
+    """The local names of one function call (or of the module body, or of a class body).
 
-    id: int
-    name: str
-    locals: dict[str, Value]
-    lexical: Frame | None
-    node: ast.AST | None = None
-    returns: list[Value] = field(default_factory=list)
-    globals_declared: set[str] = field(default_factory=set)
-    nonlocal_declared: set[str] = field(default_factory=set)
-    cls: Obj | None = None
-    ctx_base: int = 0
-    is_class_body: bool = False
-    file: str = ""  # the file the frame's code is in
-    call_site: tuple[str, int, str] | None = None  # (file, line, function) of the call that made it, if any
-    stars: list[Any] = field(default_factory=list)  # modules a global scope imported with `from m import *`
-    lazy: set[str] = field(default_factory=set)  # names bound by `from m import name` not yet resolved
-    yields: list[Value] = field(default_factory=list)  # what a generator's body yields
-    generator: bool = False  # the body yielded
-    stack: tuple[tuple[int, ...], tuple[Any, ...]] | None = None  # (frame ids, call sites) of the stack up to here
-    # the names bound in `locals` since the innermost loop or branch of this frame being walked began (None when
-    # none is): where the paths join, only these can differ (`Interpreter.merge`)
-    written: set[str] | None = None
+    Besides what `__init__` takes: `returns` (what its `return`s gave), `globals_declared` / `nonlocal_declared`,
+    `stars` (modules a global scope imported with `from m import *`), `lazy` (names bound by `from m import name`
+    not yet resolved), `yields` (what a generator's body yields), `generator` (the body yielded), `stack` ((frame
+    ids, call sites) of the stack up to here, once computed) and `written`: the names bound in `locals` since the
+    innermost loop or branch of this frame being walked began (None when none is): where the paths join, only
+    these can differ (`Interpreter.merge`)."""
+
+    __slots__ = ("id", "name", "locals", "lexical", "node", "returns", "globals_declared", "nonlocal_declared", "cls",
+                 "ctx_base", "is_class_body", "file", "call_site", "stars", "lazy", "yields", "generator", "stack",
+                 "written")
+    __match_args__ = __slots__
+
+    def __init__(
+        self,
+        id: int,  # noqa: A002 - the field's name
+        name: str,
+        locals: dict[str, Value],  # noqa: A002 - the field's name
+        lexical: Frame | None,
+        node: ast.AST | None = None,
+        cls: Obj | None = None,
+        ctx_base: int = 0,
+        is_class_body: bool = False,
+        file: str = "",  # the file the frame's code is in
+        call_site: tuple[str, int, str] | None = None,  # (file, line, function) of the call that made it, if any
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.locals = locals
+        self.lexical = lexical
+        self.node = node
+        self.returns: list[Value] = []
+        self.globals_declared: set[str] = set()
+        self.nonlocal_declared: set[str] = set()
+        self.cls = cls
+        self.ctx_base = ctx_base
+        self.is_class_body = is_class_body
+        self.file = file
+        self.call_site = call_site
+        self.stars: list[Any] = []
+        self.lazy: set[str] = set()
+        self.yields: list[Value] = []
+        self.generator = False
+        self.stack: tuple[tuple[int, ...], tuple[Any, ...]] | None = None
+        self.written: set[str] | None = None

@@ -9,26 +9,31 @@ value as a constant.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.static.apis.registry import Call, method
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
+from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.semantic import PER_RANK_TAGS, Obj, Value, tags_of
 
 
-@dataclass
-class CliArg:
+class CliArg(ValueRecord):
     """One `parser.add_argument(...)` of the script."""
 
-    flags: tuple[str, ...]
-    dest: str
-    default: Value | None
-    line: int
-    node: ast.AST
-    args: Args | None = None
-    file: str = ""
+    __match_args__ = ("flags", "dest", "default", "line", "node", "args", "file")
+
+    def __init__(
+        self, flags: tuple[str, ...], dest: str, default: Value | None, line: int, node: ast.AST,
+        args: Args | None = None, file: str = "",
+    ) -> None:
+        self.flags = flags
+        self.dest = dest
+        self.default = default
+        self.line = line
+        self.node = node
+        self.args = args
+        self.file = file
 
 
 class Unknown:

@@ -209,7 +209,7 @@ class CallsMixin:
         return fobj
 
     def no_args(self) -> Args:
-        return Args()
+        return Args.none()
 
     def call_function(self, fobj: Obj, args: Args, node: ast.AST, self_obj: Value | None = None) -> Value:
         fnode = fobj.props["node"]
@@ -322,7 +322,7 @@ class CallsMixin:
     # ------------------------------------------------------------------ calls
 
     def build_args(self, node: ast.Call) -> Args:
-        args = Args()
+        args = Args.none()
         for a in node.args:
             if isinstance(a, ast.Starred):
                 v = self.eval(a.value)

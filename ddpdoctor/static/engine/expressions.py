@@ -77,10 +77,11 @@ class ExpressionsMixin:
         if node is None:
             return EMPTY
         self._visits += 1
-        handler = self._ex_handlers.get(node.__class__)
+        t = type(node)  # not node.__class__: CPython 3.11 never specialises an attribute read on an AST node
+        handler = self._ex_handlers.get(t)
         if handler is None:
-            handler = getattr(self, "ex_" + node.__class__.__name__, None) or self._ex_unmodelled
-            self._ex_handlers[node.__class__] = handler
+            handler = getattr(self, "ex_" + t.__name__, None) or self._ex_unmodelled
+            self._ex_handlers[t] = handler
         return handler(node)
 
     def _ex_unmodelled(self, node: ast.AST) -> Value:

@@ -40,10 +40,11 @@ from ddpdoctor.static.engine.support import (
     dotted_name,
     merge_env,
     merge_loop_env,
+    simple_text,
     target_ident,
 )
 from ddpdoctor.static.project import ModuleFile, Project
-from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value
+from ddpdoctor.static.semantic import EMPTY, Ctx, Event, Frame, Obj, Value, new_obj
 
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
 VALUE_CAP = 12
@@ -54,6 +55,19 @@ KEPT_CAP = 48
 
 class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, ExpressionsMixin, Hooks):
     """Walks one parsed file and records its events (see the module docstring)."""
+
+    # Its own attributes are slots. Those of a subclass (the API models' state) stay in the instance's dict, which
+    # then holds few enough names to keep CPython 3.11's compact form: one of over 30 names became an ordinary
+    # dict, and then no `self.method(...)` call of the walk could use the interpreter's specialised method lookup
+    # (~3 % of `check --static` on a 4,000-line script).
+    __slots__ = (
+        "source", "tree", "project", "events", "ctx", "frames", "errors", "_error_files", "truncated", "reached",
+        "_seq", "_frame_ids", "_visits", "_ex_handlers", "_st_handlers", "_active", "_walked", "_function_objs",
+        "_classes", "_instances", "_placeholders", "_guard", "_trailing_guard", "_cond_keys", "_texts", "_literals",
+        "_counters", "_field_counters", "_inlined", "_summaries", "_method_class", "_bare_calls", "sources",
+        "_module_of_file", "_file_frames", "_module_frames", "_pymodules", "_resolving", "_import_depth",
+        "_module_depth", "module_frame",
+    )
 
     def __init__(self, source: SourceFile, project: Project | None = None) -> None:
         self.source = source
@@ -211,10 +225,26 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
     def frame(self) -> Frame:
         return self.frames[-1]
 
-    def new(self, kind: str, node: ast.AST | None, **kw: Any) -> Obj:
+    def new(
+        self,
+        kind: str,
+        node: ast.AST | None,
+        *,
+        qual: str | None = None,
+        label: str | None = None,
+        tags: frozenset[str] = frozenset(),
+        const: bool = False,
+        value: Any = None,
+        fields: dict[str, Value] | None = None,
+        items: tuple[Value, ...] | None = None,
+        props: dict[str, Any] | None = None,
+        family: Any = None,
+    ) -> Obj:
+        """A new object made at `node` (its line, its file), with the fields of `Obj` given."""
         frames = self.frames
-        obj = Obj(
-            kind, getattr(node, "lineno", 0) or 0, node, file=frames[-1].file if frames else self.source.path, **kw
+        obj = new_obj(
+            kind, getattr(node, "lineno", 0) or 0, node, frames[-1].file if frames else self.source.path,
+            qual, label, tags, const, value, fields, items, props, family,
         )
         if self.ctx:
             if kind in self.PATH_KINDS:
@@ -266,18 +296,9 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         top = frames[-1]
         if top.stack is None:  # the frames under a frame never change while it is on the stack: computed once
             top.stack = (tuple(f.id for f in frames), tuple(f.call_site for f in frames if f.call_site is not None))
-        ev = Event(
-            kind=kind,
-            node=node,
-            line=getattr(node, "lineno", 0) or 0,
-            seq=next(self._seq),
-            ctx=tuple(self.ctx),
-            frames=top.stack[0],
-            func=top.name,
-            reached=self.reached,
-            data=data,
-            file=top.file,
-            chain=top.stack[1],
+        ev = Event.made(
+            kind, node, getattr(node, "lineno", 0) or 0, next(self._seq), tuple(self.ctx), top.stack[0], top.name,
+            self.reached, data, top.file, top.stack[1],
         )
         self.events.append(ev)
         return ev
@@ -289,11 +310,12 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
         return cached if len(cached) <= limit else cached[: limit - 1] + "…"
 
     def source_text(self, node: ast.AST) -> str:
-        """`ast.unparse(node)`, once per node; a name or a chain of attributes on one (most of what is asked)
-        is joined directly, as unparse would write it, without building an unparser."""
+        """`ast.unparse(node)`, once per node; a name or a chain of attributes on one (most of what is asked),
+        and the other small expressions `simple_text` knows, are written directly, as unparse would write them,
+        without building an unparser."""
         cached = self._texts.get(id(node))
         if cached is None:
-            cached = dotted_name(node)
+            cached = simple_text(node)
             if cached is None:
                 try:
                     cached = ast.unparse(node)
@@ -360,9 +382,10 @@ class Interpreter(ImportsMixin, ControlMixin, BindingMixin, CallsMixin, Expressi
 
     def stmt(self, st: ast.stmt) -> bool:
         self._visits += 1
-        handler = self._st_handlers.get(st.__class__, False)
+        t = type(st)  # not st.__class__: CPython 3.11 never specialises an attribute read on an AST node
+        handler = self._st_handlers.get(t, False)
         if handler is False:
-            handler = self._st_handlers[st.__class__] = getattr(self, "st_" + st.__class__.__name__, None)
+            handler = self._st_handlers[t] = getattr(self, "st_" + t.__name__, None)
         if handler is None:
             return False
         depth = (len(self.ctx), len(self.frames), len(self._active), self.save_state())

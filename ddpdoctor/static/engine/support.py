@@ -6,10 +6,10 @@ Nothing here knows about PyTorch: these are pieces of a Python interpreter over 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ddpdoctor.static.plain import Record, ValueRecord
 from ddpdoctor.static.semantic import Obj, Value, union
 
 MAX_DEPTH = 24
@@ -22,15 +22,39 @@ DEAD: Any = object()  # ControlMixin.narrowed: no object of the variable a test 
 VISIT_BUDGET = 400_000
 
 
-@dataclass
-class Args:
+_bare = object.__new__
+
+
+class Args(ValueRecord):
     """The arguments of one call, evaluated."""
 
-    pos: list[Value] = field(default_factory=list)
-    pos_nodes: list[ast.AST] = field(default_factory=list)
-    kw: dict[str, Value] = field(default_factory=dict)
-    kw_nodes: dict[str, ast.AST] = field(default_factory=dict)
-    opaque: bool = False  # *args / **kwargs whose content is not known
+    __match_args__ = ("pos", "pos_nodes", "kw", "kw_nodes", "opaque")
+
+    def __init__(
+        self,
+        pos: list[Value] | None = None,
+        pos_nodes: list[ast.AST] | None = None,
+        kw: dict[str, Value] | None = None,
+        kw_nodes: dict[str, ast.AST] | None = None,
+        opaque: bool = False,  # *args / **kwargs whose content is not known
+    ) -> None:
+        self.pos: list[Value] = [] if pos is None else pos
+        self.pos_nodes: list[ast.AST] = [] if pos_nodes is None else pos_nodes
+        self.kw: dict[str, Value] = {} if kw is None else kw
+        self.kw_nodes: dict[str, ast.AST] = {} if kw_nodes is None else kw_nodes
+        self.opaque = opaque
+
+    @classmethod
+    def none(cls) -> Args:
+        """`Args()`, its fields set directly (the class call's protocol is most of its cost): a call's arguments
+        before they are evaluated (`build_args`, thousands on a large script), or a call with none."""
+        args = _bare(cls)
+        args.pos = []
+        args.pos_nodes = []
+        args.kw = {}
+        args.kw_nodes = {}
+        args.opaque = False
+        return args
 
     def get(self, index: int | None, name: str | None) -> Value | None:
         if name is not None and name in self.kw:
@@ -200,13 +224,15 @@ class SourceIndex:
         return " ".join(self._parts).lower()
 
 
-@dataclass(eq=False)
-class SourceFile:
+class SourceFile(Record):
     """One parsed file: its path as reported in findings, its text, its tree, and the index of its tree."""
 
-    path: str
-    source: str
-    tree: ast.Module
+    __match_args__ = ("path", "source", "tree")
+
+    def __init__(self, path: str, source: str, tree: ast.Module) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
 
     @cached_property
     def index(self) -> SourceIndex:
@@ -359,6 +385,96 @@ def dotted_name(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+_CMP_TEXT = {
+    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Is: "is",
+    ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in",
+}
+
+
+def _atom_text(node: ast.AST) -> str | None:
+    """`ast.unparse` of a name, an attribute chain on one, a plain literal (an int, True/False/None, a string
+    with nothing to escape or quote) or a call of a dotted name with such arguments; None for anything else."""
+    t = type(node)
+    if t is ast.Name or t is ast.Attribute:
+        return dotted_name(node)
+    if t is ast.Constant:
+        v = node.value
+        tv = type(v)
+        if tv is int or tv is bool or v is None:
+            return repr(v)
+        if tv is str and node.kind is None and v.isprintable() and "'" not in v and '"' not in v and "\\" not in v:
+            return "'" + v + "'"
+        return None
+    if t is ast.Call:
+        func = dotted_name(node.func)
+        if func is None:
+            return None
+        parts = []
+        for a in node.args:
+            text = _atom_text(a)
+            if text is None:
+                return None
+            parts.append(text)
+        for k in node.keywords:
+            text = _atom_text(k.value) if k.arg is not None else None
+            if text is None:
+                return None
+            parts.append(k.arg + "=" + text)
+        return func + "(" + ", ".join(parts) + ")"
+    return None
+
+
+def _operand_text(node: ast.AST, compare: bool = True) -> str | None:
+    """An operand of `and` / `or` / `not` as `ast.unparse` writes it there: an atom, or (where `compare`) a
+    comparison of atoms, which binds tighter than the three and so needs no parentheses."""
+    if type(node) is ast.Compare:
+        return simple_text(node) if compare else None
+    return _atom_text(node)
+
+
+def simple_text(node: ast.AST) -> str | None:
+    """Exactly what `ast.unparse(node)` writes, for the small expressions the walk names most (a call of a dotted
+    name, a tuple of names, a comparison, `a or b`, `not x`, over atoms: see `_atom_text`), without building an
+    unparser (tens of thousands of instructions each); None for anything else, which `ast.unparse` then writes.
+    tests/test_static.py holds it to `ast.unparse` on every expression of the fixtures and of ddpdoctor itself."""
+    t = type(node)
+    if t is ast.Compare:
+        left = _atom_text(node.left)
+        if left is None:
+            return None
+        parts = [left]
+        for op, right in zip(node.ops, node.comparators):
+            text = _atom_text(right)
+            if text is None:
+                return None
+            parts.append(_CMP_TEXT[type(op)])
+            parts.append(text)
+        return " ".join(parts)
+    if t is ast.Tuple:
+        parts = []
+        for e in node.elts:
+            text = _atom_text(e)
+            if text is None:
+                return None
+            parts.append(text)
+        return "(" + parts[0] + ",)" if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+    if t is ast.BoolOp:
+        # unparse raises the precedence it writes each further operand at by one level: from the third operand of
+        # `or` (the second of `and`) on, a comparison gets parentheses; those are left to unparse
+        conj = type(node.op) is ast.And
+        parts = []
+        for i, v in enumerate(node.values):
+            text = _operand_text(v, compare=i < (2 if conj else 3))
+            if text is None:
+                return None
+            parts.append(text)
+        return (" and " if conj else " or ").join(parts)
+    if t is ast.UnaryOp and type(node.op) is ast.Not:
+        text = _operand_text(node.operand)
+        return None if text is None else "not " + text
+    return _atom_text(node)
+
+
 def dotted_last(node: ast.AST) -> str | None:
     d = dotted(node)
     return d.rsplit(".", 1)[-1] if d else None
@@ -385,6 +501,7 @@ __all__ = [
     "is_main_guard",
     "merge_env",
     "merge_loop_env",
+    "simple_text",
     "target_ident",
 ]
 
