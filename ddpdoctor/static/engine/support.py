@@ -409,12 +409,9 @@ def _atom_text(node: ast.AST) -> str | None:
         func = dotted_name(node.func)
         if func is None:
             return None
-        parts = []
-        for a in node.args:
-            text = _atom_text(a)
-            if text is None:
-                return None
-            parts.append(text)
+        parts = _atom_texts(node.args)
+        if parts is None:
+            return None
         for k in node.keywords:
             text = _atom_text(k.value) if k.arg is not None else None
             if text is None:
@@ -422,6 +419,17 @@ def _atom_text(node: ast.AST) -> str | None:
             parts.append(k.arg + "=" + text)
         return func + "(" + ", ".join(parts) + ")"
     return None
+
+
+def _atom_texts(nodes: list[ast.expr]) -> list[str] | None:
+    """Each node's `_atom_text`, or None when one of them is not an atom."""
+    parts = []
+    for node in nodes:
+        text = _atom_text(node)
+        if text is None:
+            return None
+        parts.append(text)
+    return parts
 
 
 def _operand_text(node: ast.AST, compare: bool = True) -> str | None:
@@ -451,12 +459,9 @@ def simple_text(node: ast.AST) -> str | None:
             parts.append(text)
         return " ".join(parts)
     if t is ast.Tuple:
-        parts = []
-        for e in node.elts:
-            text = _atom_text(e)
-            if text is None:
-                return None
-            parts.append(text)
+        parts = _atom_texts(node.elts)
+        if parts is None:
+            return None
         return "(" + parts[0] + ",)" if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     if t is ast.BoolOp:
         # unparse raises the precedence it writes each further operand at by one level: from the third operand of
