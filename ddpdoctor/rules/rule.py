@@ -12,9 +12,11 @@ has (`static.py`, `probe.py`), so the documentation cannot claim a half that doe
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -116,10 +118,13 @@ class Setting:
 
 @lru_cache(maxsize=None)
 def has_hook(package: str, hook: str) -> bool:
-    """Whether the rule package has the module `hook` ("static" or "probe"), without importing it."""
+    """Whether the rule package has the module `hook` ("static" or "probe"), without importing either: looked up
+    in the package's directory, so `hooks("static")` never imports a rule that has no static half."""
     if not package:
         return False
-    return importlib.util.find_spec(f"{package}.{hook}") is not None
+    parent, _, name = package.rpartition(".")
+    where = [os.path.join(entry, name) for entry in sys.modules[parent].__path__] if parent else None
+    return importlib.machinery.PathFinder.find_spec(hook, where) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
