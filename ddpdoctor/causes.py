@@ -28,22 +28,28 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.findings import Consequence, Finding, rank_findings
+from ddpdoctor.plain import FrozenRecord
 from ddpdoctor.rules import setting
 
 Check = Callable[[Finding, Finding, Sequence[Finding]], "str | None"]
 
 
-@dataclass(frozen=True)
-class Explains:
+class Explains(FrozenRecord):
     """`cause` (a rule code) can explain `consequence` (a rule code); `when` decides it for one run."""
 
+    __match_args__ = ("cause", "consequence", "when")
     cause: str
     consequence: str
     when: Check
+
+    def __init__(self, cause: str, consequence: str, when: Check) -> None:
+        object.__setattr__(self, "cause", cause)
+        object.__setattr__(self, "consequence", consequence)
+        object.__setattr__(self, "when", when)
 
 
 # ------------------------------------------------------------------------------------------- per-run checks

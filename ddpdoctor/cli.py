@@ -477,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.disable()
         _reopen_closed_std_streams()
         _stop_signals_interrupt()
-    command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
+    command = _click_command(args)
     _RAW_ARGS[:] = args
     try:
         rv = command.main(args=args, prog_name="ddpdoctor", standalone_mode=False)
@@ -501,6 +501,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         _exit(code)
     return code
+
+
+def _click_command(args: list[str]) -> "typer.core.TyperGroup":
+    """The click group `app` is run as. typer converts each command's parameters on every run; a command line that
+    starts with a command's name (`ddpdoctor check ...`, as the pre-commit hook runs it) gets a group of that command
+    alone, which runs, parses, refuses and helps exactly as in the whole group (a command's own options and help
+    never depend on the others). Anything else (no command, root options first, an unknown name that click
+    answers with the names it knows) gets the whole group."""
+    if args:
+        for info in app.registered_commands:
+            if args[0] == (info.name or typer.main.get_command_name(info.callback.__name__)):
+                every = app.registered_commands
+                app.registered_commands = [info]
+                try:
+                    return typer.main.get_command(app)
+                finally:
+                    app.registered_commands = every
+    return typer.main.get_command(app)
 
 
 def _reopen_closed_std_streams() -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from os import PathLike
 from pathlib import Path
 from typing import Any, Sequence
 
+from ddpdoctor import rules
 from ddpdoctor.errors import UsageError
 from ddpdoctor.levels import Severity
-from ddpdoctor.rules import SETTINGS, setting
+from ddpdoctor.rules import setting
 
 OUTPUT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 DEVICES = ("auto", "cpu", "cuda")
@@ -23,26 +25,42 @@ LR_SCALINGS = ("auto", "linear", "sqrt", "none")
 MAX_NPROC = 64  # ranks on one machine: each is a Python process with torch (~300 MB before the model)
 MAX_TIMEOUT = 7 * 24 * 3600.0
 # [tool.ddpdoctor] keys and the TOML types they take (a TOML float for an integer option is refused: nproc = 1e9)
-_TABLE_TYPES: dict[str, tuple[type, ...]] = {
+_FIXED_TABLE_TYPES: dict[str, tuple[type, ...]] = {
     "fail_on": (str,),
     "lr_scaling": (str,),
     "base_lr": (int, float),
     "base_batch": (int,),
     "nproc": (int,),
-    # the rules' settings the user can change (`Setting.option`)
-    **{s.name: (int,) if isinstance(s.default, int) else (int, float) for s in SETTINGS.values() if s.option},
 }
-PYPROJECT_KEYS = {
-    "select",
-    "ignore",
-    "fail_on",
-    "base_lr",
-    "base_batch",
-    "lr_scaling",
-    "nproc",
-    "exclude",
-    *(s.name for s in SETTINGS.values() if s.option),
-}
+
+
+@lru_cache(maxsize=None)
+def _table_types() -> dict[str, tuple[type, ...]]:
+    """The keys that take a value and its TOML types: the fixed ones and the rules' settings the user can change
+    (`Setting.option`), read from the whole catalog when a table is read (not at import: `check --static`
+    imports only the rules it runs)."""
+    return {
+        **_FIXED_TABLE_TYPES,
+        **{
+            s.name: (int,) if isinstance(s.default, int) else (int, float)
+            for s in rules.SETTINGS.values()
+            if s.option
+        },
+    }
+
+
+_FIXED_KEYS = frozenset({"select", "ignore", "exclude", *_FIXED_TABLE_TYPES})
+
+
+def _pyproject_keys() -> frozenset[str]:
+    return _FIXED_KEYS | set(_table_types())
+
+
+def __getattr__(attr: str) -> Any:
+    """`PYPROJECT_KEYS`: every key [tool.ddpdoctor] takes."""
+    if attr == "PYPROJECT_KEYS":
+        return set(_pyproject_keys())
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,12 +137,14 @@ def load_tool_table(pyproject: Path | None) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise UsageError(f"{pyproject}: [tool.ddpdoctor] must be a table")
     table = {k.replace("-", "_"): v for k, v in table.items()}
-    unknown = set(table) - PYPROJECT_KEYS
+    # a table of the fixed keys only needs no rule's settings (nor the catalog imported for them)
+    table_types = _table_types() if set(table) - _FIXED_KEYS else _FIXED_TABLE_TYPES
+    unknown = set(table) - _FIXED_KEYS - set(table_types)
     if unknown:
         raise UsageError(
             f"{pyproject}: unknown key(s) in [tool.ddpdoctor]: {', '.join(sorted(unknown))}"
         )
-    for key, types in _TABLE_TYPES.items():
+    for key, types in table_types.items():
         value = table.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
             kind = "an integer" if types == (int,) else "a number" if float in types else "a string"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ddpdoctor.levels import Confidence, Severity
+from ddpdoctor.plain import FrozenRecord
 from ddpdoctor.rules import get_rule
 
 __all__ = ["SOURCES", "Clearance", "Confidence", "Finding", "Measurement", "Measures", "Severity", "merge_findings",
@@ -102,12 +103,16 @@ class Finding:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Consequence:
+class Consequence(FrozenRecord):
     """A finding explained by another one (its cause), and why this run's evidence says so."""
 
+    __match_args__ = ("finding", "because")
     finding: Finding
     because: str
+
+    def __init__(self, *, finding: Finding, because: str) -> None:
+        object.__setattr__(self, "finding", finding)
+        object.__setattr__(self, "because", because)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.finding.to_json(), "because": self.because}
@@ -286,8 +291,7 @@ def merge_same_site(findings: Iterable[Finding]) -> list[Finding]:
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class Measures:
+class Measures(FrozenRecord):
     """What the probe half of a rule that also has a static half measures of the condition the static half
     suspects: `probe.py`'s module-level `MEASURES`, required of every rule with both halves (tests/test_measured.py).
 
@@ -298,16 +302,18 @@ class Measures:
     `RunContext.not_measured` where it could not (the code did not run, too few steps), and the report follows:
     a static suspicion measured and not found is dropped with the numbers (`resolve_measurements`)."""
 
+    __match_args__ = ("scope", "what")
     scope: str
     what: str
 
-    def __post_init__(self) -> None:
+    def __init__(self, *, scope: str, what: str) -> None:
+        object.__setattr__(self, "scope", scope)
+        object.__setattr__(self, "what", what)
         if self.scope not in ("site", "run"):
             raise ValueError(f"Measures.scope must be 'site' or 'run', not {self.scope!r}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Measurement:
+class Measurement(FrozenRecord):
     """One rule's condition measured on the ranks (`measured`), or not measurable in this run (`reason` says why),
     at a place in the code (`file`/`line`) or for the whole run (`file` None).
 
@@ -317,13 +323,26 @@ class Measurement:
     carries the measurement and merges with the static one. `about` narrows which static suspicions of the rule
     the measurement speaks to: evidence keys a static finding must have one of (empty: all of them)."""
 
+    __match_args__ = ("rule", "reason", "measured", "file", "line", "about", "evidence")
+    __compared__ = ("rule", "reason", "measured", "file", "line", "about")  # not the evidence
     rule: str
     reason: str
-    measured: bool = True
-    file: str | None = None
-    line: int | None = None
-    about: tuple[str, ...] = ()
-    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    measured: bool
+    file: str | None
+    line: int | None
+    about: tuple[str, ...]
+    evidence: dict[str, Any]
+
+    def __init__(self, *, rule: str, reason: str, measured: bool = True, file: str | None = None,
+                 line: int | None = None, about: tuple[str, ...] = (), evidence: dict[str, Any] | None = None
+                 ) -> None:
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "measured", measured)
+        object.__setattr__(self, "file", file)
+        object.__setattr__(self, "line", line)
+        object.__setattr__(self, "about", about)
+        object.__setattr__(self, "evidence", {} if evidence is None else evidence)
 
     def in_scope(self, f: Finding) -> bool:
         """Whether probe finding `f` is this measurement's rule at its place: the condition was found there."""
@@ -370,8 +389,7 @@ def resolve_measurements(
     return clearances, unmeasured
 
 
-@dataclass(frozen=True, kw_only=True)
-class Clearance:
+class Clearance(FrozenRecord):
     """A rule's condition measured on the ranks and found absent at a place in the code.
 
     Static analysis flags what *may* go wrong from the source (padding "unless len(dataset) is a multiple of the
@@ -382,12 +400,23 @@ class Clearance:
     only static findings whose evidence has one of these keys (empty: any).
     """
 
+    __match_args__ = ("rule", "reason", "file", "line", "about", "evidence")
+    __compared__ = ("rule", "reason", "file", "line", "about")  # not the evidence
     rule: str
     reason: str
-    file: str | None = None
-    line: int | None = None
-    about: tuple[str, ...] = ()
-    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    file: str | None
+    line: int | None
+    about: tuple[str, ...]
+    evidence: dict[str, Any]
+
+    def __init__(self, *, rule: str, reason: str, file: str | None = None, line: int | None = None,
+                 about: tuple[str, ...] = (), evidence: dict[str, Any] | None = None) -> None:
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "file", file)
+        object.__setattr__(self, "line", line)
+        object.__setattr__(self, "about", about)
+        object.__setattr__(self, "evidence", {} if evidence is None else evidence)
 
     def covers(self, f: Finding) -> bool:
         return (

@@ -24,10 +24,10 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.plain import FrozenRecord
 
 # names of an already open descriptor of this process: written through it, never reopened (compiled by `re` on
 # the first `--output FILE`, not when the module is imported: `check --static` writes to stdout)
@@ -35,14 +35,19 @@ _OWN_FD = (r"^(?:/dev/(?:fd/(?P<fd>\d+)|(?P<std>stdout|stderr))|/proc/(?:self|th
            r"(?P<pfd>\d+))$")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(FrozenRecord):
     """Where a report goes: `fd` (an open descriptor of this process), `node` (a non-regular file written in
     place), else `path` (a regular file, replaced atomically)."""
 
+    __match_args__ = ("path", "fd", "node")
     path: Path
-    fd: int | None = None
-    node: bool = False
+    fd: int | None
+    node: bool
+
+    def __init__(self, path: Path, fd: int | None = None, node: bool = False) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "fd", fd)
+        object.__setattr__(self, "node", node)
 
 
 def is_stdout(output: Path | str | None) -> bool:

@@ -131,3 +131,30 @@ def test_catalog_and_renderers_never_import_torch():
     proc = _python("-c", code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "torch not imported"
+
+
+def _params(command) -> list[tuple]:
+    return [(p.name, p.opts, p.secondary_opts, p.type.name, p.required, repr(p.default), p.nargs, p.multiple,
+             getattr(p, "help", None), p.is_eager, p.callback is None) for p in command.params]
+
+
+def test_a_command_line_naming_a_command_runs_that_command_as_the_whole_group_does():
+    """`ddpdoctor CMD ...` builds a group of CMD alone (typer converts every command on every run): each command
+    converts to the same parameters and help as in the whole group; anything else gets the whole group."""
+    import typer
+
+    from ddpdoctor import cli
+
+    whole = typer.main.get_command(cli.app)
+    assert len(whole.commands) == len(cli.app.registered_commands) > 1
+    for name, command in whole.commands.items():
+        group = cli._click_command([name, "--help"])
+        assert list(group.commands) == [name]
+        alone = group.commands[name]
+        ctx = typer.Context(command, info_name=name, parent=typer.Context(whole, info_name="ddpdoctor"))
+        alone_ctx = typer.Context(alone, info_name=name, parent=typer.Context(group, info_name="ddpdoctor"))
+        assert _params(alone) == _params(command), name
+        assert alone.get_help(alone_ctx) == command.get_help(ctx), name
+    assert list(typer.main.get_command(cli.app).commands) == list(whole.commands)  # the app is left whole
+    for args in ([], ["--help"], ["--version"], ["chek"], ["-h", "check"]):
+        assert list(cli._click_command(args).commands) == list(whole.commands), args

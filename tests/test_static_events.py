@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.plain import fields_of
 from ddpdoctor.static import build_model
 from ddpdoctor.static.events import EVENT_FIELDS, STATIC_EVENT_KINDS
-from ddpdoctor.static.plain import fields_of
 from ddpdoctor.static.semantic import Event
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

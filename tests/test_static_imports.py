@@ -23,8 +23,9 @@ NEVER = ("torch", "numpy", "scipy")  # measuring and training libraries: never o
 RICH = "rich"
 
 
-def imported_modules(args: list[str], cwd: Path) -> tuple[int, set[str], str]:
-    """(exit code, top-level names of every module the process imported, the rest of stderr)."""
+def imported_modules(args: list[str], cwd: Path, *, full: bool = False) -> tuple[int, set[str], str]:
+    """(exit code, top-level names (`full`: whole names) of every module the process imported, the rest of
+    stderr)."""
     env = dict(os.environ)
     env.pop("PYTHONIMPORTTIME", None)
     done = subprocess.run(
@@ -36,7 +37,7 @@ def imported_modules(args: list[str], cwd: Path) -> tuple[int, set[str], str]:
         if line.startswith("import time:"):
             name = line.rsplit("|", 1)[-1].strip()
             if name != "imported package":  # the header line
-                modules.add(name.split(".")[0])
+                modules.add(name if full else name.split(".")[0])
         else:
             other.append(line)
     return done.returncode, modules, "\n".join(other)
@@ -76,3 +77,41 @@ def test_pre_commit_path_several_files_and_a_report_file(tmp_path: Path) -> None
     assert code == 0, err
     assert out.read_text(encoding="utf-8").startswith("{")
     assert not modules & {*NEVER, RICH}, sorted(modules & {*NEVER, RICH})
+
+
+
+def _rule_modules(code: str, cwd: Path) -> set[str]:
+    """The rule modules (`ddpdoctor.rules.ddNNN_*`, their halves included) a fresh process running `code` imported:
+    read from `sys.modules`, as the catalog imports them with `importlib.import_module`, which `-X importtime`
+    does not log."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\nprint(*(m for m in sys.modules if m.startswith("
+         "'ddpdoctor.rules.dd')), file=sys.stderr)"],
+        cwd=cwd, capture_output=True, text=True, check=True, timeout=300,
+    )
+    return set(done.stderr.split())
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "sarif"])
+def test_static_check_imports_every_static_rule_and_no_probe_half(fmt: str, tmp_path: Path) -> None:
+    """The catalog is imported as far as it is used (ddpdoctor.rules): `check --static` runs the static half of
+    every rule that has one (all of them, whatever the script), imports no probe half, and of the rules without a
+    static half only the packages that reading the settings it needs imports. Derived from the registry: a rule
+    added to it is in the expectation without a word here. (A pyproject with a [tool.ddpdoctor] table reads
+    every rule's settings: there is none above tmp_path.)"""
+    from ddpdoctor.rules import NAMES, RULES
+
+    script = tmp_path / "train.py"
+    script.write_text(DEMO.read_text(encoding="utf-8"), encoding="utf-8")
+    args = ["check", "--static", str(script), "--format", fmt]
+    rules = _rule_modules(
+        f"import io, contextlib, ddpdoctor.cli as c\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert c.main({args!r}) == 1", tmp_path)
+    assert [r.package for r in RULES] == [f"ddpdoctor.rules.{n}" for n in NAMES]
+    static_halves = {f"{r.package}.static" for r in RULES if r.static}
+    assert static_halves and static_halves <= rules, sorted(static_halves - rules)
+    assert not {m for m in rules if m.endswith(".probe")}, sorted(m for m in rules if m.endswith(".probe"))
+    probe_only = {r.package for r in RULES if not r.static}
+    for_settings = _rule_modules("from ddpdoctor.config import CheckConfig", tmp_path)
+    assert rules & probe_only <= for_settings, sorted(rules & probe_only - for_settings)
+    assert len(rules & probe_only) < len(probe_only)  # the probe's own rules stay out

@@ -13,7 +13,7 @@ Creates, in the checkout that holds this file:
     fixtures/probe/ddNNN/{bad,good}_<name>.py    (--probe) 2-rank scripts: tests/test_probe_rule_fixtures.py
                                                  holds the probe to firing on bad_*, silent on good_*
 
-and edits `ddpdoctor/rules/__init__.py` (the package in `PACKAGES`, code order), the contract's rule table in
+and edits `ddpdoctor/rules/__init__.py` (the package in `NAMES`, code order), the contract's rule table in
 `docs/contract.md` (the row no longer pending, or added: the tests read the contract from there), the README
 rule table and, for a rule with both halves, the index of the rules' evidence (`ddpdoctor/dev/evidence.py`: no
 recorded run yet that clears or confirms its static suspicion, tests/test_measured.py). The templates follow
@@ -283,9 +283,8 @@ def _insert_sorted(text: str, start: str, end: str, line: str, key: re.Pattern[s
 
 
 def _registry(text: str, r: NewRule) -> str:
-    key = re.compile(r"^    (dd\d{3})_\w+,$")
-    text = _insert_sorted(text, "from ddpdoctor.rules import (", ")", f"    {r.package},", key)
-    return _insert_sorted(text, "PACKAGES: tuple[ModuleType, ...] = (", ")", f"    {r.package},", key)
+    key = re.compile(r'^    "(dd\d{3})_\w+",$')
+    return _insert_sorted(text, "NAMES: tuple[str, ...] = (", ")", f'    "{r.package}",', key)
 
 
 def _contract_page(text: str, r: NewRule) -> str:

@@ -8,7 +8,6 @@ from pathlib import Path
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report import Report
 from ddpdoctor.report.jsonfmt import dumps
-from ddpdoctor.rules import RULES
 
 REPORT_FORMATS = ("text", "json", "sarif", "github", "concise", "markdown")
 RULES_FORMATS = ("text", "json")
@@ -51,5 +50,7 @@ def render_rules(fmt: str, *, color: bool) -> str:
 
         return render_rules_text(color=color)
     if fmt == "json":
+        from ddpdoctor.rules import RULES  # the whole catalog, which a report never needs
+
         return dumps([rule.to_json() for rule in RULES])
     raise UsageError(f"--format: {fmt!r} is not one of {', '.join(RULES_FORMATS)}")

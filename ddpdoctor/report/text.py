@@ -25,7 +25,7 @@ from ddpdoctor.formatting import fmt_rank_spans as format_ranks
 from ddpdoctor.formatting import format_value
 from ddpdoctor.report import Report
 from ddpdoctor.report.layout import layout, report_width
-from ddpdoctor.rules import RULES, get_rule
+from ddpdoctor.rules import get_rule
 
 PLAIN_WIDTH = 100
 INDENT = 4
@@ -198,6 +198,8 @@ def _triage(console: Lines, report: Report) -> None:
 
 def render_rules_text(*, color: bool, width: int | None = None) -> str:
     """`ddpdoctor rules`: the catalog as a table, one section per category."""
+    from ddpdoctor.rules import RULES  # the whole catalog, which a report never needs
+
     console = make_console(color=color, width=width)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     table.add_column("code", no_wrap=True, style="bold")

@@ -12,15 +12,17 @@ has (`static.py`, `probe.py`), so the documentation cannot claim a half that doe
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import re
+import sys
 import textwrap
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping
 
 from ddpdoctor.levels import Severity
+from ddpdoctor.plain import FrozenRecord
 
 CATEGORIES = {
     "1": "setup",
@@ -92,8 +94,7 @@ def snippet(text: str) -> str:
     return "\n".join(line[len(margin) :] for line in lines).strip("\n")
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(FrozenRecord):
     """A rule's parameter (a threshold, a tunable), declared once by the rule that owns it (`Rule.settings`).
 
     `name` is its one name everywhere (unique in the catalog; for an `option`, the `[tool.ddpdoctor]` key, the
@@ -102,11 +103,19 @@ class Setting:
     reads it through the catalog (`ddpdoctor.rules.setting(name)`), never by importing a rule package.
     """
 
+    __match_args__ = ("name", "default", "unit", "meaning", "option")
     name: str
     default: int | float
     unit: str
     meaning: str
-    option: bool = False  # the user can change it (`[tool.ddpdoctor]`, the command line, the run records it)
+    option: bool  # the user can change it (`[tool.ddpdoctor]`, the command line, the run records it)
+
+    def __init__(self, name: str, default: int | float, unit: str, meaning: str, option: bool = False) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "default", default)
+        object.__setattr__(self, "unit", unit)
+        object.__setattr__(self, "meaning", meaning)
+        object.__setattr__(self, "option", option)
 
     def line(self) -> str:
         """One line of a rule's documentation: `name = default unit: meaning`."""
@@ -116,14 +125,16 @@ class Setting:
 
 @lru_cache(maxsize=None)
 def has_hook(package: str, hook: str) -> bool:
-    """Whether the rule package has the module `hook` ("static" or "probe"), without importing it."""
+    """Whether the rule package has the module `hook` ("static" or "probe"), without importing either: looked up
+    in the package's directory, so `hooks("static")` never imports a rule that has no static half."""
     if not package:
         return False
-    return importlib.util.find_spec(f"{package}.{hook}") is not None
+    parent, _, name = package.rpartition(".")
+    where = [os.path.join(entry, name) for entry in sys.modules[parent].__path__] if parent else None
+    return importlib.machinery.PathFinder.find_spec(hook, where) is not None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Rule:
+class Rule(FrozenRecord):
     """One rule: its catalog entry and documentation.
 
     `package` is the rule's package (`__name__` in its `__init__.py`): the hooks are found there. `fix` is the
@@ -134,6 +145,10 @@ class Rule:
     why the severity differs from what the measured cost (ddpdoctor/data/consequences.json) would give.
     """
 
+    __match_args__ = ("package", "code", "name", "severity", "summary", "what", "why", "example", "fix",
+                      "fix_variants", "fix_names", "run_only", "example_context", "settings", "cost_note")
+    # compared and hashed: the entry, not its documentation's extras
+    __compared__ = ("package", "code", "name", "severity", "summary", "what", "why", "example", "fix", "run_only")
     package: str
     code: str
     name: str
@@ -143,25 +158,40 @@ class Rule:
     why: str
     example: str
     fix: str
-    fix_variants: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    fix_variants: Mapping[str, str]
     # names in the fix that stand for one of the script's own objects: {name as written in `fix`: the evidence key
     # holding the script's name for it}. `Save ddp.module.state_dict()` becomes `Save model.module.state_dict()`
     # in a finding whose evidence says the wrapper is `model` (see `named`).
-    fix_names: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
-    run_only: str | None = None
+    fix_names: Mapping[str, str]
+    run_only: str | None
     # The lines the example assumes and does not show (the names it uses, the training around it), written after
     # EXAMPLE_PRELUDE: each half of the example takes the place of the context's `...` line (indented as that
     # line), or follows the context where it has none. tests/test_rule_examples.py holds a static rule to its
     # example: static analysis of the Bad half's script finds the rule, of the Good half's does not. None: the
     # example shows a case only the probe can find (the rule's probe.py documents it; the static half's own cases
     # are in its fixtures).
-    example_context: str | None = field(default="", hash=False, compare=False)
+    example_context: str | None
     # the rule's parameters (thresholds), each declared once here with its default, unit and meaning
-    settings: tuple[Setting, ...] = field(default=(), hash=False, compare=False)
+    settings: tuple[Setting, ...]
     # why the severity is not what the measured accuracy cost on digits alone would give (the cost grows with the
     # number of ranks, or depends on what the defect touches): `tests/test_consequences.py` holds every other
     # rule's severity to the order of the costs measured by benchmarks/consequences/
-    cost_note: str | None = field(default=None, hash=False, compare=False)
+    cost_note: str | None
+
+    def __init__(
+        self, *, package: str, code: str, name: str, severity: Severity, summary: str, what: str, why: str,
+        example: str, fix: str, fix_variants: Mapping[str, str] | None = None,
+        fix_names: Mapping[str, str] | None = None, run_only: str | None = None, example_context: str | None = "",
+        settings: tuple[Setting, ...] = (), cost_note: str | None = None,
+    ) -> None:
+        for key, value in (
+            ("package", package), ("code", code), ("name", name), ("severity", severity), ("summary", summary),
+            ("what", what), ("why", why), ("example", example), ("fix", fix),
+            ("fix_variants", {} if fix_variants is None else fix_variants),
+            ("fix_names", {} if fix_names is None else fix_names), ("run_only", run_only),
+            ("example_context", example_context), ("settings", settings), ("cost_note", cost_note),
+        ):
+            object.__setattr__(self, key, value)
 
     @property
     def static(self) -> bool:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.findings import Finding, rank_findings
+from ddpdoctor.plain import ValueRecord
 from ddpdoctor.rules import hooks
 from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine import SourceFile
 from ddpdoctor.static.engine.support import is_main_guard
 from ddpdoctor.static.model import ScriptModel
-from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.project import Limits, LoadedFile, Project, select_files
 
 __all__ = [

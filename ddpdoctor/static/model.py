@@ -15,11 +15,11 @@ from typing import Any
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Confidence, Finding, Severity, new_finding
+from ddpdoctor.plain import ValueRecord
 from ddpdoctor.static.apis import CliArg, TorchInterpreter, scaled_up_by_world
 from ddpdoctor.static.apis.optim import optimizer_like
 from ddpdoctor.static.engine import SourceFile, SourceIndex
 from ddpdoctor.static.engine.support import simple_text
-from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.project import ModuleFile, Project
 from ddpdoctor.static.semantic import Ctx, Event, Family, Obj, Value, union
 

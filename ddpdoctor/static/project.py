@@ -19,13 +19,12 @@ import fnmatch
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.plain import FrozenRecord, Record, ValueRecord
 from ddpdoctor.sourcefile import decode_source, read_source_bytes
 from ddpdoctor.static.engine.support import SourceFile
-from ddpdoctor.static.plain import Record, ValueRecord
 
 # never resolved to a project file: the library the models stand for
 NEVER_PROJECT = frozenset({"torch"})
@@ -56,13 +55,18 @@ SKIPPED_DIRS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(FrozenRecord):
     """Bounds on what one analysis reads: files, bytes of source, and how deep imports nest."""
 
-    max_files: int = 400
-    max_bytes: int = 8_000_000
-    max_depth: int = 16
+    __match_args__ = ("max_files", "max_bytes", "max_depth")
+    max_files: int
+    max_bytes: int
+    max_depth: int
+
+    def __init__(self, max_files: int = 400, max_bytes: int = 8_000_000, max_depth: int = 16) -> None:
+        object.__setattr__(self, "max_files", max_files)
+        object.__setattr__(self, "max_bytes", max_bytes)
+        object.__setattr__(self, "max_depth", max_depth)
 
 
 class ModuleFile(Record):

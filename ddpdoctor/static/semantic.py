@@ -12,7 +12,7 @@ import ast
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ddpdoctor.static.plain import Record
+from ddpdoctor.plain import Record
 
 Value = tuple["Obj", ...]
 EMPTY: Value = ()

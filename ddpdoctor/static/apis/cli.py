@@ -11,10 +11,10 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from ddpdoctor.plain import ValueRecord
 from ddpdoctor.static.apis.registry import Call, method
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
-from ddpdoctor.static.plain import ValueRecord
 from ddpdoctor.static.semantic import PER_RANK_TAGS, Obj, Value, tags_of
 
 

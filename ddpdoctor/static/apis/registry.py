@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple
 
+from ddpdoctor.plain import FrozenRecord
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.support import Args
 from ddpdoctor.static.semantic import Obj, Value
@@ -44,12 +44,16 @@ EventHandler = Callable[[TorchState, Obj, str, ast.Call, Args], bool]
 BuiltinHandler = Callable[[TorchState, str, ast.Call, Args], Value | None]
 
 
-@dataclass(frozen=True)
-class Method:
+class Method(FrozenRecord):
     """A method model: `kinds` restricts the receivers (None: any)."""
 
+    __match_args__ = ("handler", "kinds")
     handler: MethodHandler
-    kinds: frozenset[str] | None = None
+    kinds: frozenset[str] | None
+
+    def __init__(self, handler: MethodHandler, kinds: frozenset[str] | None = None) -> None:
+        object.__setattr__(self, "handler", handler)
+        object.__setattr__(self, "kinds", kinds)
 
 
 def method(handler: MethodHandler, *kinds: str) -> Method:

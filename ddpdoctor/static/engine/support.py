@@ -9,7 +9,7 @@ import ast
 from functools import cached_property
 from typing import Any
 
-from ddpdoctor.static.plain import Record, ValueRecord
+from ddpdoctor.plain import Record, ValueRecord
 from ddpdoctor.static.semantic import Obj, Value, union
 
 MAX_DEPTH = 24
