@@ -7,12 +7,11 @@ rank, nothing is reported. Slow: one 2-rank check per case, made once and shared
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "fixtures" / "probe" / "fsdp2_same_batches.py"
@@ -24,10 +23,10 @@ def _check(*script_args: str) -> tuple[int, dict]:
 
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-test-fsdp2-") as tmp:
         out = Path(tmp) / "r.json"
-        argv = [sys.executable, "-m", "ddpdoctor", "check", str(SCRIPT), "--quiet", "--format", "json", "-o", str(out)]
+        argv = ["check", str(SCRIPT), "--quiet", "--format", "json", "-o", str(out)]
         if script_args:
             argv += ["--", *script_args]
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+        done = run_cli(*argv)
         assert out.is_file(), done.stderr[-3000:]
         return done.returncode, json.loads(out.read_text(encoding="utf-8"))
 

@@ -5,11 +5,10 @@ stepped with. Slow: one 2-rank check."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_scheduled_default_lr_is_quoted_as_measured(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     script = ROOT / "fixtures" / "probe" / "optim" / "lr_default_scheduled.py"
-    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", str(script), "--quiet", "--format", "json",
-                           "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    done = run_cli("check", str(script), "--quiet", "--format", "json", "-o", str(out))
     assert out.is_file(), done.stderr[-3000:]
     report = json.loads(out.read_text(encoding="utf-8"))
     dd401 = [f for f in report["findings"] if f["rule"] == "DD401"]

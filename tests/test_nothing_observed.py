@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from test_analyses_synthetic import SCRIPT, SITE, Run
 
 from ddpdoctor.analyses import analyze_run
@@ -107,8 +108,7 @@ def test_probe_of_a_script_resumed_past_its_last_epoch(tmp_path: Path) -> None:
     model = nn.Linear(8, 3)
     torch.save({"model": model.state_dict(), "optimizer": torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
                 "epoch": 9}, folder / "ckpt" / "last.pt")
-    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "train.py", "--format", "json"], cwd=folder,
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = run_cli("check", "train.py", "--format", "json", cwd=folder)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     [f] = [f for f in report["findings"] if f["rule"] == "DD904"]
@@ -118,9 +118,7 @@ def test_probe_of_a_script_resumed_past_its_last_epoch(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_probe_of_a_script_that_updates_its_parameters_by_hand(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "fixtures/probe/manual_sgd.py", "--format",
-                           "json", "-o", str(out), "-q"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = run_cli("check", "fixtures/probe/manual_sgd.py", "--format", "json", "-o", str(out), "-q")
     assert done.returncode == 0, done.stderr
     [f] = [f for f in json.loads(out.read_text())["findings"] if f["rule"] == "DD904"]
     assert f["severity"] == "low" and f["evidence"]["backward_passes"] == 16, f

@@ -467,9 +467,10 @@ def test_a_stall_after_the_probe_ended_the_peers_is_not_called_the_scripts_hang(
     """Rank 0's rank-only eval forward through DDP pairs, in the script's own run, with the other ranks' next
     training forward; the probe's epoch limit ends rank 1 first, so rank 0 waits in the last one until the
     timeout (issue 20: DD901 critical, first, on KAIR's trainer, above the run's real sampler finding)."""
-    def rank1_ended(report: dict) -> bool:  # under load the timeout can hit while rank 1 still steps or exits
+    def rank1_ended(report: dict) -> bool:  # under load the timeout can hit while rank 1 still steps or exits,
+        # or soon after rank 0 reached its last step, before it had waited long enough to be told stuck
         rows = {row[0]: row for row in report.get("tables", {}).get("ranks", {}).get("rows", [])}
-        return _stepped(report) and str(rows[1][2]).startswith("finished")
+        return _stepped(report) and str(rows[1][2]).startswith("finished") and rows[0][2] == "stuck"
 
     report, _, _, _ = _once_the_ranks_stepped(probe, "rank0_eval_through_ddp", (15, 45, 135), until=rank1_ended)
     rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures" / "probe" / "files"
@@ -30,11 +31,16 @@ def tree(folder: Path) -> dict[str, str]:
     return out
 
 
-def check(folder: Path, script: str, *args: str, env: dict | None = None) -> tuple[int, dict]:
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "check", script, "--format", "json", "--timeout", "600", *args],
-        cwd=folder, capture_output=True, text=True, timeout=900, check=False, env=env,
-    )
+def check(folder: Path, script: str, *args: str, env: dict | None = None, alone: bool = False) -> tuple[int, dict]:
+    """`ddpdoctor check SCRIPT --format json` from `folder`: in this process (a real 2-rank run, what the user's files
+    go through is the run's, not the command's), or as its own `python -m ddpdoctor` process where the test is
+    about that process (its environment, or what its working directory puts on its sys.path: `alone`)."""
+    command = ["check", script, "--format", "json", "--timeout", "600", *args]
+    if env is None and not alone:
+        done = run_cli(*command, cwd=folder)
+    else:
+        done = subprocess.run([sys.executable, "-m", "ddpdoctor", *command], cwd=folder, capture_output=True,
+                              text=True, timeout=900, check=False, env=env)
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -232,7 +238,7 @@ def test_modules_of_the_users_working_directory_are_never_imported_by_ddpdoctor(
     helped = subprocess.run([sys.executable, "-m", "ddpdoctor", "--help"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, check=False)
     assert helped.returncode == 0, helped.stderr
-    code, report = check(tmp_path, "sub/train.py")
+    code, report = check(tmp_path, "sub/train.py", alone=True)
     assert steps(report) == [8, 8], report
     assert not any(f["rule"] in ("DD902", "DD904") for f in report["findings"])
 
