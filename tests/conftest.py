@@ -96,13 +96,13 @@ def _interruptible() -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules with multi-rank tests first, the others after them (file order kept within each kind).
 
-    `make test` runs two pytest-xdist workers with `--dist loadgroup`: a module grouped with `xdist_group` (its
-    tests share runs that a module-scoped fixture makes once) is one unit of work, scheduled largest first; every
-    other test is a unit of its own, handed out in collection order. A multi-rank test takes seconds to minutes, an
-    in-process one milliseconds: collected last (test_user_files.py, test_usertree.py...), multi-rank tests kept one
-    worker busy alone after the other had finished; collected first, the in-process modules' 1,500 tests fill the
-    end and both workers finish together. Whole modules move, never single tests: a module's tests stay together,
-    so a module-scoped fixture is made once per worker as before."""
+    `make test` runs pytest-xdist workers (one per core, one more) with `--dist loadgroup`: a module grouped with
+    `xdist_group` (its tests share runs that a module-scoped fixture makes once) is one unit of work, scheduled
+    largest first; every other test is a unit of its own, handed out in collection order. A multi-rank test takes
+    seconds to minutes, an in-process one milliseconds: collected last (test_user_files.py, test_usertree.py...),
+    multi-rank tests kept one worker busy alone after the other had finished; collected first, the in-process
+    modules' 1,500 tests fill the end and the workers finish together. Whole modules move, never single tests: a
+    module's tests stay together, so a module-scoped fixture is made once per worker as before."""
     heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in heavy)
     _groups_reach_the_scheduler(config, items)
