@@ -790,3 +790,25 @@ def test_simple_text_writes_what_ast_unparse_writes() -> None:
                 answered += 1
                 assert fast == ast.unparse(node), ast.dump(node)
     assert answered > 1000
+
+
+def test_source_index_walks_the_tree_in_walks_order() -> None:
+    """`SourceIndex` gathers its facts in its own copy of `walk`'s loop (one pass over the nodes): its `nodes` are
+    `walk`'s list, node for node in the same order, on every fixture and on the static analysis's own source."""
+    import ast
+
+    from ddpdoctor.static.engine.support import SourceIndex, walk
+
+    root = Path(__file__).resolve().parent.parent
+    paths = sorted((root / "fixtures").rglob("*.py")) + sorted((root / "ddpdoctor" / "static").rglob("*.py"))
+    compared = 0
+    for path in paths:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        indexed, walked = SourceIndex(tree).nodes, walk(tree)
+        assert len(indexed) == len(walked), path
+        assert all(a is b for a, b in zip(indexed, walked)), path
+        compared += 1
+    assert compared > 100
