@@ -814,9 +814,10 @@ def test_source_index_walks_the_tree_in_walks_order() -> None:
     assert compared > 100
 
 
-def test_loaders_of_and_iterations_of_answer_as_the_scans_they_replace() -> None:
-    """`ScriptModel.loaders_of` / `iterations_of` (two maps built once) give the lists the data rules used to build
-    by scanning every loader and every iteration per sampler, on every fixture: same objects, same order."""
+def test_loaders_of_and_iterate_of_loaders_answer_as_the_scans_they_replace() -> None:
+    """`ScriptModel.loaders_of` / `of("iterate", loaders=...)` (two maps built once) give the lists the data rules
+    used to build by scanning every loader and every iteration per sampler, on every fixture: same objects, same
+    order."""
     from ddpdoctor.static import build_project_model
 
     root = Path(__file__).resolve().parent.parent
@@ -833,9 +834,9 @@ def test_loaders_of_and_iterations_of_answer_as_the_scans_they_replace() -> None
             scanned = [ld for ld in loaders if any(s is sampler for s in ld.fields.get("sampler", ()))]
             assert [id(x) for x in model.loaders_of(sampler)] == [id(x) for x in scanned], path
             its = [it for it in iterations if any(ld in scanned for ld in it.data["loaders"])]
-            assert [id(x) for x in model.iterations_of(scanned)] == [id(x) for x in its], path
+            assert [id(x) for x in model.of("iterate", loaders=scanned)] == [id(x) for x in its], path
             checked += 1
         for loader in loaders:
             its = [it for it in iterations if loader in it.data["loaders"]]
-            assert [id(x) for x in model.iterations_of((loader,))] == [id(x) for x in its], path
+            assert [id(x) for x in model.of("iterate", loaders=(loader,))] == [id(x) for x in its], path
     assert checked > 20

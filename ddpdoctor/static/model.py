@@ -103,13 +103,19 @@ class ScriptModel(ValueRecord):
             out.setdefault(ev.kind, []).append(ev)
         return out
 
-    def of(self, *kinds: str) -> list[Event]:
-        """Events of these kinds, in execution order."""
+    def of(self, *kinds: str, loaders: Iterable[Obj] | None = None) -> list[Event]:
+        """Events of these kinds, in execution order; with `loaders` (for `iterate` only), the iterations that may
+        draw from any of these loaders, each once."""
+        if loaders is not None:
+            if kinds != ("iterate",):
+                raise ValueError("loaders= selects iterate events only")
+            return self._iterations_of(loaders)
         if len(kinds) == 1:
             return list(self._by_kind.get(kinds[0], ()))
         return sorted((ev for k in kinds for ev in self._by_kind.get(k, ())), key=lambda e: e.seq)
 
-    # The data rules ask, for each sampler, which loaders draw from it and which loops iterate those loaders:
+    # The data rules ask, for each sampler, which loaders draw from it and which loops iterate those loaders
+    # (`loaders_of`, `of("iterate", loaders=...)`):
     # answered from two maps built once, instead of every rule scanning every loader and every iteration per
     # sampler (quadratic in a script with many loaders). Objects are matched by identity, as `in` does for Obj.
 
@@ -127,8 +133,8 @@ class ScriptModel(ValueRecord):
                 out.setdefault(key, []).append(loader)
         return out
 
-    def iterations_of(self, loaders: Iterable[Obj]) -> list[Event]:
-        """The `iterate` events that may draw from any of these loaders, each once, in execution order."""
+    def _iterations_of(self, loaders: Iterable[Obj]) -> list[Event]:
+        """`of("iterate", loaders=loaders)`: each iteration once, in execution order."""
         by_loader = self._iterations_by_loader
         found = sorted({i for ld in loaders for i in by_loader.get(id(ld), ())})
         iterations = self._by_kind.get("iterate", [])

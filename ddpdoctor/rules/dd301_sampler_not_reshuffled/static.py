@@ -38,7 +38,9 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if shuffle and is_constant(shuffle) and not any(constant_values(shuffle)):
             continue
         repeated = [
-            it for it in script.iterations_of(script.loaders_of(sampler)) if it.loops and script.iteration_trains(it)
+            it
+            for it in script.of("iterate", loaders=script.loaders_of(sampler))
+            if it.loops and script.iteration_trains(it)
         ]
         if not repeated:
             continue

@@ -63,7 +63,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         datasets = loader.fields.get("dataset", ())
         if any(d.kind == "iterable_dataset" for d in datasets) or any(_dataset_is_sharded(d) for d in datasets):
             continue
-        its = script.iterations_of((loader,))
+        its = script.of("iterate", loaders=(loader,))
         training = [it for it in its if script.iteration_trains(it) and not it.rank_ctx]
         if not training:
             continue

@@ -28,7 +28,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             continue
         if True in constant_values(sampler.props.get("drop_last") or ()):
             continue
-        its = [it for it in script.iterations_of(script.loaders_of(sampler)) if it.data.get("loop") is not None]
+        its = [it for it in script.of("iterate", loaders=script.loaders_of(sampler)) if it.data.get("loop") is not None]
         if (
             not its
             or any(script.iteration_trains(it) for it in its)
