@@ -16,11 +16,12 @@ from ddpdoctor.causes import fold_consequences
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError, require_analysis_packages, require_torch
 from ddpdoctor.findings import Clearance, Finding, Measurement, apply_clearances, merge_findings
+from ddpdoctor.plain import LazyPattern
 from ddpdoctor.report import Report
 from ddpdoctor.rules import select_codes
 from ddpdoctor.sourcefile import check_source_path
 
-_SUPPRESS = re.compile(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
+_SUPPRESS = LazyPattern(r"#\s*ddpdoctor:\s*ignore\[([A-Za-z0-9_,\s]+)\]", re.I)
 
 
 def inline_suppressions(source: str) -> dict[int, set[str]]:

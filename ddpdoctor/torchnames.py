@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from ddpdoctor.plain import LazyPattern
+
 DDP = "torch.nn.parallel.DistributedDataParallel"
 APEX_DDP = "apex.parallel.DistributedDataParallel"
 DATA_PARALLEL = "torch.nn.parallel.DataParallel"
@@ -197,7 +199,7 @@ DEFAULT_LR = {
 # schedulers that can ramp the lr up from a small value
 WARMUP_SCHEDULERS = frozenset({"LinearLR", "OneCycleLR", "ConstantLR"})
 
-_TORCHVISION_WITHOUT_BN = re.compile(r"^(alexnet|squeezenet|vit_|swin_|convnext|vgg\d+$|maxvit)")
+_TORCHVISION_WITHOUT_BN = LazyPattern(r"^(alexnet|squeezenet|vit_|swin_|convnext|vgg\d+$|maxvit)")
 
 
 def torchvision_model_has_bn(name: str) -> bool:

@@ -92,3 +92,35 @@ def test_defaults_are_the_dataclasses_defaults() -> None:
         Measures(scope="file", what="w")
     with pytest.raises(TypeError):
         Clearance("DD303", "r")  # keyword-only, as kw_only=True
+
+
+def test_lazy_pattern_answers_as_the_compiled_pattern() -> None:
+    """`LazyPattern` compiles on first use and answers `match`/`search`/`fullmatch` exactly as `re.compile` does,
+    for the lazily compiled patterns of the package (their own text and flags) on strings that hit and miss."""
+    import re
+
+    from ddpdoctor import check, torchnames
+    from ddpdoctor.plain import LazyPattern
+    from ddpdoctor.rules.dd106_data_parallel import static as dd106
+    from ddpdoctor.rules.dd504_unreduced_metric import static as dd504
+    from ddpdoctor.static.apis import ranks
+
+    lazy = [
+        check._SUPPRESS, torchnames._TORCHVISION_WITHOUT_BN, ranks._DISTRIBUTED_FLAG, ranks._DISTRIBUTED_CALL,
+        dd504._WRITES, dd106._DISTRIBUTED_WORDS,
+    ]
+    texts = [
+        "", "x = 1  # ddpdoctor: ignore[DD301, dd1]", "#DDPDOCTOR:ignore[DD3]", "vgg16", "vgg16_bn", "resnet50",
+        "vit_b_16", "is_distributed", "use_ddp", "args_dist_mode", "distributed", "is_dist_avail_and_initialized",
+        "dist_is_initialized", "is_initialized", "torch.save", "json.dump", "WRITER", "world_size", "NPROC", "load",
+    ]
+    for pat in lazy:
+        assert isinstance(pat, LazyPattern)
+        eager = re.compile(pat.pattern, pat.flags)
+        for text in texts:
+            for how in ("match", "search", "fullmatch"):
+                got, want = getattr(pat, how)(text), getattr(eager, how)(text)
+                assert (got and (got.span(), got.groups())) == (want and (want.span(), want.groups())), (pat, text)
+    fresh = LazyPattern(r"a(b)?", re.I)
+    assert fresh._compiled is None  # nothing compiled until used
+    assert fresh.search("xAB").group(1) == "B" and fresh._compiled is not None

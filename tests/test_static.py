@@ -790,3 +790,53 @@ def test_simple_text_writes_what_ast_unparse_writes() -> None:
                 answered += 1
                 assert fast == ast.unparse(node), ast.dump(node)
     assert answered > 1000
+
+
+def test_source_index_walks_the_tree_in_walks_order() -> None:
+    """`SourceIndex` gathers its facts in its own copy of `walk`'s loop (one pass over the nodes): its `nodes` are
+    `walk`'s list, node for node in the same order, on every fixture and on the static analysis's own source."""
+    import ast
+
+    from ddpdoctor.static.engine.support import SourceIndex, walk
+
+    root = Path(__file__).resolve().parent.parent
+    paths = sorted((root / "fixtures").rglob("*.py")) + sorted((root / "ddpdoctor" / "static").rglob("*.py"))
+    compared = 0
+    for path in paths:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        indexed, walked = SourceIndex(tree).nodes, walk(tree)
+        assert len(indexed) == len(walked), path
+        assert all(a is b for a, b in zip(indexed, walked)), path
+        compared += 1
+    assert compared > 100
+
+
+def test_loaders_of_and_iterate_of_loaders_answer_as_the_scans_they_replace() -> None:
+    """`ScriptModel.loaders_of` / `of("iterate", loaders=...)` (two maps built once) give the lists the data rules
+    used to build by scanning every loader and every iteration per sampler, on every fixture: same objects, same
+    order."""
+    from ddpdoctor.static import build_project_model
+
+    root = Path(__file__).resolve().parent.parent
+    checked = 0
+    for path in sorted((root / "fixtures").rglob("*.py")):
+        try:
+            model = build_project_model(path)
+        except (UsageError, SyntaxError):
+            continue
+        loaders = [ev.data["obj"] for ev in model.of("loader")]
+        iterations = model.of("iterate")
+        for sev in model.of("sampler"):
+            sampler = sev.data["obj"]
+            scanned = [ld for ld in loaders if any(s is sampler for s in ld.fields.get("sampler", ()))]
+            assert [id(x) for x in model.loaders_of(sampler)] == [id(x) for x in scanned], path
+            its = [it for it in iterations if any(ld in scanned for ld in it.data["loaders"])]
+            assert [id(x) for x in model.of("iterate", loaders=scanned)] == [id(x) for x in its], path
+            checked += 1
+        for loader in loaders:
+            its = [it for it in iterations if loader in it.data["loaders"]]
+            assert [id(x) for x in model.of("iterate", loaders=(loader,))] == [id(x) for x in its], path
+    assert checked > 20

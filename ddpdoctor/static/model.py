@@ -103,11 +103,51 @@ class ScriptModel(ValueRecord):
             out.setdefault(ev.kind, []).append(ev)
         return out
 
-    def of(self, *kinds: str) -> list[Event]:
-        """Events of these kinds, in execution order."""
+    def of(self, *kinds: str, loaders: Iterable[Obj] | None = None) -> list[Event]:
+        """Events of these kinds, in execution order; with `loaders` (for `iterate` only), the iterations that may
+        draw from any of these loaders, each once."""
+        if loaders is not None:
+            if kinds != ("iterate",):
+                raise ValueError("loaders= selects iterate events only")
+            return self._iterations_of(loaders)
         if len(kinds) == 1:
             return list(self._by_kind.get(kinds[0], ()))
         return sorted((ev for k in kinds for ev in self._by_kind.get(k, ())), key=lambda e: e.seq)
+
+    # The data rules ask, for each sampler, which loaders draw from it and which loops iterate those loaders
+    # (`loaders_of`, `of("iterate", loaders=...)`):
+    # answered from two maps built once, instead of every rule scanning every loader and every iteration per
+    # sampler (quadratic in a script with many loaders). Objects are matched by identity, as `in` does for Obj.
+
+    def loaders_of(self, sampler: Obj) -> list[Obj]:
+        """The loaders whose `sampler` argument may be this sampler, in the order of their `loader` events (a
+        loader listed once per event that made it, as `[ev.data["obj"] for ev in of("loader")]` lists it)."""
+        return self._loaders_by_sampler.get(id(sampler), [])
+
+    @cached_property
+    def _loaders_by_sampler(self) -> dict[int, list[Obj]]:
+        out: dict[int, list[Obj]] = {}
+        for ev in self._by_kind.get("loader", ()):
+            loader = ev.data["obj"]
+            for key in dict.fromkeys(id(s) for s in loader.fields.get("sampler", ())):
+                out.setdefault(key, []).append(loader)
+        return out
+
+    def _iterations_of(self, loaders: Iterable[Obj]) -> list[Event]:
+        """`of("iterate", loaders=loaders)`: each iteration once, in execution order."""
+        by_loader = self._iterations_by_loader
+        found = sorted({i for ld in loaders for i in by_loader.get(id(ld), ())})
+        iterations = self._by_kind.get("iterate", [])
+        return [iterations[i] for i in found]
+
+    @cached_property
+    def _iterations_by_loader(self) -> dict[int, list[int]]:
+        """id of a loader -> the positions in `of("iterate")` of the iterations over it."""
+        out: dict[int, list[int]] = {}
+        for i, it in enumerate(self._by_kind.get("iterate", ())):
+            for key in dict.fromkeys(id(ld) for ld in it.data["loaders"]):
+                out.setdefault(key, []).append(i)
+        return out
 
     @cached_property
     def ddp_wraps(self) -> list[Event]:

@@ -30,11 +30,12 @@ def _optimised(script: ScriptModel) -> list[Obj] | None:
     return [o for found in owners for o in found] if owners and all(owners) else None
 
 
-def _wrapped_only_to_broadcast(obj: Obj, forwards: list[Event], optimised: list[Obj] | None) -> bool:
-    """A model that no forward runs through its DDP wrapper and that no optimizer trains (`optimised`): the wrap
-    only broadcast rank 0's weights at construction (StyleGAN2 wraps its EMA generator so, and throws the wrapper
-    away); a forward of the model itself bypasses nothing."""
-    if optimised is None or any(t.kind == "wrapper" and _holds(t, obj) for f in forwards for t in f.data["target"]):
+def _wrapped_only_to_broadcast(obj: Obj, run_through: set[int], optimised: list[Obj] | None) -> bool:
+    """A model that no forward runs through its DDP wrapper (`run_through`: the ids of the objects inside the
+    wrappers that forwards run through) and that no optimizer trains (`optimised`): the wrap only broadcast rank
+    0's weights at construction (StyleGAN2 wraps its EMA generator so, and throws the wrapper away); a forward of
+    the model itself bypasses nothing."""
+    if optimised is None or id(obj) in run_through:
         return False
     # by identity, not by family: a loop that wraps several models (`for m in [G, G_ema]: DDP(m)`) gives them one
     # family in the walk, and G's optimizer does not train G_ema
@@ -47,7 +48,8 @@ def _holds(wrapper: Obj, obj: Obj) -> bool:
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     forwards = script.of("forward")
-    through_wrapper: list | None = None  # forwards of a DDP wrapper, listed at the first hit
+    through_wrapper: list[Event] | None = None  # forwards of a DDP wrapper, listed at the first hit
+    run_through: set[int] = set()  # ids of the objects inside those wrappers
     optimised = _optimised(script)
     for fw in forwards:
         if fw.data["inside_forward"] or fw.data["detached"] or fw.grad_off is not False:
@@ -68,7 +70,13 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         if hit is None or all(m == "eval" for m in fw.data["modes"]):
             continue
         obj, wrap = hit
-        if _wrapped_only_to_broadcast(obj, forwards, optimised):
+        if through_wrapper is None:
+            through_wrapper = [f for f in forwards if any(t.kind == "wrapper" for t in f.data["target"])]
+            run_through = {
+                id(i) for f in through_wrapper for t in f.data["target"] if t.kind == "wrapper"
+                for i in t.props.get("inner", ())
+            }
+        if _wrapped_only_to_broadcast(obj, run_through, optimised):
             continue
         fw_loops = {c.node for c in fw.loops}
         backward_after = [
@@ -76,16 +84,13 @@ def check(script: ScriptModel) -> Iterator[Finding]:
             for b in script.backward_events
             if b.seq > fw.seq and (b.frame == fw.frame or any(c.node in fw_loops for c in b.loops))
         ]
-        if through_wrapper is None:
-            through_wrapper = [f for f in forwards if any(t.kind == "wrapper" for t in f.data["target"])]
-        ddp_forward_same_loop = [
-            f
-            for f in through_wrapper
-            if f is not fw
+        innermost = fw.loops[-1].node if fw.loops else None
+        ddp_forward_same_loop = innermost is not None and any(
+            f is not fw
+            and any(c.node is innermost for c in f.loops)
             and any(t.kind == "wrapper" and t.family is obj.family for t in f.data["target"])
-            and fw.loops
-            and any(c.node is fw.loops[-1].node for c in f.loops)
-        ]
+            for f in through_wrapper
+        )
         if backward_after and wrap.frame == fw.frame:
             confidence = Confidence.CERTAIN
         elif backward_after:

@@ -16,10 +16,11 @@ import re
 from typing import Iterator
 
 from ddpdoctor.findings import Confidence, Finding, Severity
+from ddpdoctor.plain import LazyPattern
 from ddpdoctor.rules.dd106_data_parallel import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
-_DISTRIBUTED_WORDS = re.compile(r"distributed|ddp|world|rank|nproc", re.I)
+_DISTRIBUTED_WORDS = LazyPattern(r"distributed|ddp|world|rank|nproc", re.I)
 
 
 def check(script: ScriptModel) -> Iterator[Finding]:

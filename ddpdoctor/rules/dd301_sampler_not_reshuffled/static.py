@@ -37,11 +37,10 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         shuffle = sampler.props.get("shuffle")
         if shuffle and is_constant(shuffle) and not any(constant_values(shuffle)):
             continue
-        its_loaders = [ld for ld in loaders if any(s is sampler for s in ld.fields.get("sampler", ()))]
         repeated = [
             it
-            for it in script.of("iterate")
-            if it.loops and any(ld in its_loaders for ld in it.data["loaders"]) and script.iteration_trains(it)
+            for it in script.of("iterate", loaders=script.loaders_of(sampler))
+            if it.loops and script.iteration_trains(it)
         ]
         if not repeated:
             continue

@@ -51,7 +51,6 @@ def _bound_name(datasets) -> str | None:  # noqa: ANN001 - the loader's dataset 
 def check(script: ScriptModel) -> Iterator[Finding]:
     if not script.distributed:
         return
-    iterations = script.of("iterate")
     for lev in script.of("loader"):
         loader = lev.data["obj"]
         if loader.fields.get("batch_sampler") or script.single_process_path(lev):
@@ -64,7 +63,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
         datasets = loader.fields.get("dataset", ())
         if any(d.kind == "iterable_dataset" for d in datasets) or any(_dataset_is_sharded(d) for d in datasets):
             continue
-        its = [it for it in iterations if loader in it.data["loaders"]]
+        its = script.of("iterate", loaders=(loader,))
         training = [it for it in its if script.iteration_trains(it) and not it.rank_ctx]
         if not training:
             continue

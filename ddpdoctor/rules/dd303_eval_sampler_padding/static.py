@@ -22,18 +22,13 @@ from ddpdoctor.static.semantic import constant_values
 
 def check(script: ScriptModel) -> Iterator[Finding]:
     loaders = [ev.data["obj"] for ev in script.of("loader")]
-    iterations = script.of("iterate")
     for sev in script.of("sampler"):
         sampler = sev.data["obj"]
         if not sampler.props.get("distributed") or sampler.props.get("custom"):
             continue
         if True in constant_values(sampler.props.get("drop_last") or ()):
             continue
-        its_loaders = [ld for ld in loaders if any(s is sampler for s in ld.fields.get("sampler", ()))]
-        its = [
-            it for it in iterations
-            if any(ld in its_loaders for ld in it.data["loaders"]) and it.data.get("loop") is not None
-        ]
+        its = [it for it in script.of("iterate", loaders=script.loaders_of(sampler)) if it.data.get("loop") is not None]
         if (
             not its
             or any(script.iteration_trains(it) for it in its)

@@ -148,7 +148,7 @@ def check(script: ScriptModel) -> Iterator[Finding]:
     training_loaders = [
         lev.data["obj"]
         for lev in script.of("loader")
-        if any(lev.data["obj"] in it.data["loaders"] and script.iteration_trains(it) for it in script.of("iterate"))
+        if any(script.iteration_trains(it) for it in script.of("iterate", loaders=(lev.data["obj"],)))
     ]
     if not training_loaders:
         return  # no DataLoader feeds the training loop: the per-process batch is not visible

@@ -26,6 +26,7 @@ from typing import Iterator
 
 from ddpdoctor import torchnames as N
 from ddpdoctor.findings import Confidence, Finding
+from ddpdoctor.plain import LazyPattern
 from ddpdoctor.rules.dd504_unreduced_metric import CODE
 from ddpdoctor.static.model import ScriptModel, cap_unreached
 
@@ -124,7 +125,7 @@ def _reduces_across_ranks(ev) -> bool:  # noqa: ANN001
     return True
 
 
-_WRITES = re.compile(r"dump|save|write", re.I)
+_WRITES = LazyPattern(r"dump|save|write", re.I)
 
 
 def _gathered_through_files(script: ScriptModel, it, eval_frame: int, caller: int | None) -> bool:  # noqa: ANN001

@@ -10,10 +10,10 @@ runs on a subset of ranks: its context is `rank` with a polarity ("main" | "nonm
 from __future__ import annotations
 
 import ast
-import re
 from typing import Any
 
 from ddpdoctor import torchnames as N
+from ddpdoctor.plain import LazyPattern
 from ddpdoctor.static.apis.state import TorchState
 from ddpdoctor.static.engine.expressions import CMP_OPS
 from ddpdoctor.static.semantic import PER_RANK_TAGS, WORLD_TAGS, Obj, Value, tags_of, union
@@ -303,8 +303,8 @@ def grad_owners(value: Value, depth: int = 0) -> Value:
     return union(out)
 
 
-_DISTRIBUTED_FLAG = re.compile(r"^(is_|use_|enable_|args_)?(distributed|ddp|dist_?mode)$")
-_DISTRIBUTED_CALL = re.compile(r"^(is_)?dist(ributed)?(_avail(able)?_and)?_?(is_)?initiali[sz]ed$|^is_distributed$")
+_DISTRIBUTED_FLAG = LazyPattern(r"^(is_|use_|enable_|args_)?(distributed|ddp|dist_?mode)$")
+_DISTRIBUTED_CALL = LazyPattern(r"^(is_)?dist(ributed)?(_avail(able)?_and)?_?(is_)?initiali[sz]ed$|^is_distributed$")
 
 
 def asks_distributed(state: TorchState, node: ast.expr) -> bool:
