@@ -408,8 +408,11 @@ def test_a_rank_that_raises_is_the_root_cause(probe) -> None:
     root = f["evidence"]["root_cause"]
     assert root["type"] == "ValueError" and "corrupt sample in batch 2 on rank 1" in root["message"]
     assert root["steps"] == 2 and any("check_batch" in line for line in root["traceback"])
+    # rank 0, waiting in the next step's all-reduce, fails of the lost peer (gloo: connection closed), unless the
+    # launcher's SIGTERM after rank 1's failure reaches it first (as torchrun's agent, it lists only the failed
+    # rank): a loaded machine decides which. Either way it is never a root cause.
     consequences = [x for x in f["evidence"]["failures"] if not x["root_cause"]]
-    assert [x["rank"] for x in consequences] == [0] and consequences[0]["peer_caused"]
+    assert [x["rank"] for x in consequences] in ([0], []) and all(x["peer_caused"] for x in consequences)
     assert "DD901" not in _by_rule(report) and not _timed_out(run_dir)  # the failure ended the run
 
 
