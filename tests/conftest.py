@@ -96,7 +96,7 @@ def _interruptible() -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules with multi-rank tests first, the others after them (file order kept within each kind).
 
-    `make test` runs pytest-xdist workers (one per core, one more) with `--dist loadgroup`: a module grouped with
+    `make test` runs pytest-xdist workers (one per core) with `--dist loadgroup`: a module grouped with
     `xdist_group` (its tests share runs that a module-scoped fixture makes once) is one unit of work, scheduled
     largest first; every other test is a unit of its own, handed out in collection order. A multi-rank test takes
     seconds to minutes, an in-process one milliseconds: collected last (test_user_files.py, test_usertree.py...),
