@@ -346,6 +346,9 @@ def test_a_ddpdoctor_suspended_past_the_timeout_still_reports_the_hang(marked, t
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        rows = (json.loads(out) if out.strip() else {}).get("tables", {}).get("ranks", {}).get("rows", [])
+        if timeout != 135 and "stuck" not in {row[2] for row in rows}:
+            continue  # the steps came so near the timeout that no rank had waited long enough to be told stuck
         break
     assert proc.returncode == 1, err[-3000:]
     report = json.loads(out)
