@@ -455,7 +455,12 @@ def _once_the_ranks_stepped(probe, name: str, timeouts: tuple[int, ...], until: 
 
 
 def test_a_rank_stuck_in_a_collective_is_a_hang_with_stacks(probe) -> None:
-    report, run_dir, wall, timeout = _once_the_ranks_stepped(probe, "stuck_collective", (15, 45, 135))
+    def both_waited(report: dict) -> bool:  # not only stepped: the steps came long enough before the timeout
+        rows = report.get("tables", {}).get("ranks", {}).get("rows", [])
+        return _stepped(report) and {row[2] for row in rows} == {"stuck"}
+
+    report, run_dir, wall, timeout = _once_the_ranks_stepped(probe, "stuck_collective", (15, 45, 135),
+                                                             until=both_waited)
     f = _by_rule(report)["DD901"]
     stuck = {s["rank"]: s for s in f["evidence"]["stuck"]}
     assert set(stuck) == {0, 1}
