@@ -14,6 +14,36 @@ from ddpdoctor.probe.procs import PARENT_ENV
 from ddpdoctor.probe.settings import RUN_DIR_ENV
 
 AGENT_FILE = "agent.json"
+# options ddpdoctor passes for tidiness that older torchruns lack (--shutdown-timeout: torch 2.12+): dropped, with
+# their value, where this torch's launcher does not know them; its own default applies
+OPTIONAL = {"--shutdown-timeout": 1}
+
+
+class LaunchArgsError(Exception):
+    """This torch's torch.distributed.run rejected the arguments ddpdoctor built (a ddpdoctor bug, never the user's)."""
+
+
+def compatible_args(argv: list[str], parser: Any) -> list[str]:
+    """argv without the OPTIONAL options `parser` does not know; then checked against it, so that a rejection is
+    a LaunchArgsError with argparse's message rather than a bare exit 2."""
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    # only the launcher's own options, before `-m MODULE` (ddpdoctor always launches a module): what follows is the
+    # user's script and its arguments, passed through untouched
+    end = next((i for i, arg in enumerate(argv) if arg in ("-m", "--module")), len(argv))
+    out, i = [], 0
+    while i < len(argv):
+        if i < end and argv[i] in OPTIONAL and argv[i] not in known:
+            i += 1 + OPTIONAL[argv[i]]
+            continue
+        out.append(argv[i])
+        i += 1
+
+    def error(message: str) -> None:
+        raise LaunchArgsError(message)
+
+    parser.error = error
+    parser.parse_args(out)
+    return out
 
 
 def _failures(exc: Any) -> list[dict[str, Any]]:
@@ -47,8 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     code = 1
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import get_args_parser
         from torch.distributed.run import main as torchrun_main
 
+        try:
+            argv = compatible_args(argv, get_args_parser())
+        except LaunchArgsError as exc:
+            import torch
+
+            outcome["error"] = (f"torch {torch.__version__}'s torch.distributed.run rejected ddpdoctor's launch "
+                                f"arguments (a ddpdoctor bug, please report it): {exc}")
+            outcome["launch_args_rejected"] = True
+            raise SystemExit(2) from None
         try:
             torchrun_main(argv)
             outcome["ok"] = True
@@ -56,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         except ChildFailedError as exc:
             outcome["failures"] = _failures(exc)
     except SystemExit as exc:
-        outcome["error"] = f"torch.distributed.run exited with {exc.code}"
+        outcome.setdefault("error", f"torch.distributed.run exited with {exc.code}")
     except BaseException as exc:  # the agent's own failure (rendezvous, port in use): recorded for the report
         outcome["error"] = f"{type(exc).__name__}: {exc}"[:4000]
     outcome["ended"] = time.time()

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from ddpdoctor import WITHOUT_CWD
 from ddpdoctor.config import CheckConfig
-from ddpdoctor.errors import UsageError
+from ddpdoctor.errors import InternalError, UsageError
 from ddpdoctor.events import (
     EVENTS_DIR,
     LAUNCHER_FILE,
@@ -136,7 +136,9 @@ def meta_for(cfg: CheckConfig, plan: LaunchPlan, mode: LaunchMode) -> RunMeta:
     )
 
 
-def _require_cuda(timeout: float = 120.0) -> None:
+def _require_cuda(ranks: int, timeout: float = 120.0) -> None:
+    """--device cuda runs each rank on a GPU of its own (NCCL refuses two ranks on one device): this node must see
+    one per rank, else a one-line usage error before anything is launched."""
     try:
         probe = subprocess.run(
             [sys.executable, "-c", WITHOUT_CWD + "import torch; print(torch.cuda.device_count())"],
@@ -146,6 +148,10 @@ def _require_cuda(timeout: float = 120.0) -> None:
         raise UsageError(f"--device cuda: checking for CUDA devices took more than {timeout:.0f} s") from None
     if probe.returncode != 0 or not probe.stdout.strip().isdigit() or int(probe.stdout.strip()) == 0:
         raise UsageError("--device cuda: no CUDA device is visible (use --device cpu to emulate CUDA on CPU)")
+    visible = int(probe.stdout.strip())
+    if visible < ranks:
+        raise UsageError(f"--device cuda --nproc {ranks}: {visible} CUDA device(s) visible, one per rank is needed "
+                         f"(use --nproc {visible}, or --device cpu/auto to emulate CUDA on CPU)")
 
 
 def _command(mode: LaunchMode, cfg: CheckConfig, run_dir: Path, port: int,
@@ -388,7 +394,7 @@ def _run_probe(
     shared: Any = None,  # ddpdoctor.probe.shared.SharedLaunch (which imports this module)
 ) -> ProbeOutcome:
     if cfg.device == "cuda":
-        _require_cuda(max(1.0, deadline - time.monotonic()))
+        _require_cuda(cfg.nproc, max(1.0, deadline - time.monotonic()))
     plan = plan_for_file(Path(cfg.script), cfg.script_args, cfg.nproc)
     settings = ProbeSettings(
         run_dir=str(run_dir),
@@ -471,5 +477,7 @@ def _launch(
         record = _launch_once(cfg, run_dir, settings, deadline, progress, neighbours)
         if not _port_clash(record, run_dir) or record.end is LaunchEnd.INTERRUPTED:
             break
+    if (record.agent or {}).get("launch_args_rejected"):  # nothing ran: ddpdoctor's fault, not a rank's failure
+        raise InternalError(str(record.agent.get("error")))
     return record
 
