@@ -88,8 +88,13 @@ def test_deferred_recording_writes_the_same_events(tmp_path: Path) -> None:
 
     _attach_run(tmp_path / "now", defer=False)
     _attach_run(tmp_path / "later", defer=True)
-    for kind in ("bn_step", "train_step", "params", "optimizer_step"):
+    for kind in ("bn_step", "train_step", "params", "optimizer_step", "ddp_input_digest"):
         assert _events(tmp_path / "now", kind) == _events(tmp_path / "later", kind), kind
+    # the DDP input digests, gathered on the device and read back later, are the same digests
+    digests = {name: [(e["step"], e["digest"], e["rows"]) for r in (0, 1)
+                      for e in read_run(tmp_path / name).rank_processes[r].of("ddp_input_digest")]
+               for name in ("now", "later")}
+    assert digests["now"] == digests["later"] and len(digests["now"]) == 8, digests
     # the BN moments, read back later, are the same numbers
     now, later = read_run(tmp_path / "now"), read_run(tmp_path / "later")
     for r in (0, 1):

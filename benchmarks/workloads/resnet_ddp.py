@@ -101,10 +101,14 @@ def main() -> None:
         if "synchronizing" not in str(message):
             return
         syncs["total"] += 1
-        ours = [f for f in traceback.extract_stack() if f"{os.sep}ddpdoctor{os.sep}" in f.filename]
-        if ours:
+        # who made the call: the innermost frame outside torch and this handler (under the probe, the script's
+        # own frames run inside ddpdoctor's bootstrap: only a ddpdoctor frame as the caller is ddpdoctor's)
+        stack = [f for f in traceback.extract_stack()[:-1] if f"{os.sep}torch{os.sep}" not in f.filename
+                 and not f.filename.endswith(f"{os.sep}warnings.py")]
+        caller = stack[-1] if stack else None
+        if caller is not None and f"{os.sep}ddpdoctor{os.sep}" in caller.filename:
             syncs["ddpdoctor"] += 1
-            site = f"{ours[-1].filename.rsplit(os.sep, 3)[-1]}:{ours[-1].lineno} {ours[-1].name}"
+            site = f"{caller.filename.rsplit(os.sep, 3)[-1]}:{caller.lineno} {caller.name}"
             if site not in syncs["sites"] and len(syncs["sites"]) < 8:
                 syncs["sites"].append(site)
 

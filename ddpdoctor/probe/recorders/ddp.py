@@ -29,6 +29,10 @@ def install(probe: Probe) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from ddpdoctor.probe import readback
+
+    readback.for_probe(probe)  # now, not in a forward: it adds a step hook (the input digests read back through it)
+
     signature = probe.signatures.get("DDP.__init__")
     if signature is None:
         try:
@@ -234,25 +238,33 @@ ROW_DIGESTS = 64  # samples of each digested input digested one by one (does one
 
 def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, wrapper: str = "ddp") -> None:
     """A digest of the first input tensor of the n-th training forward: equal digests at every step mean the model
-    is fed one fixed batch (a synthetic benchmark), not batches drawn from data."""
-    import hashlib
-
+    is fed one fixed batch (a synthetic benchmark), not batches drawn from data. The values sampled are gathered
+    on the input's device and read back without a host synchronisation (ddpdoctor.probe.readback)."""
     tensor = _first_tensor(list(inputs) + list(kwargs.values()))
     if tensor is None:
         return
-    flat = tensor.detach().reshape(-1)
-    flat = flat[:: max(1, flat.numel() // DIGEST_VALUES)].cpu().contiguous()
-    h = hashlib.blake2b(digest_size=12)
-    h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
-    h.update(flat.float().numpy().tobytes() if flat.numel() else b"")
-    rows = []
-    if tensor.dim() >= 1:
-        for row in tensor.detach()[:ROW_DIGESTS]:
-            values = row.reshape(-1)
-            values = values[:: max(1, values.numel() // DIGEST_VALUES)].cpu().contiguous()
-            rows.append(hashlib.blake2b(values.float().numpy().tobytes(), digest_size=6).hexdigest())
-    probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=probe.steps, digest=h.hexdigest(),
-               rows=rows, **({"wrapper": wrapper} if wrapper != "ddp" else {}))
+    from ddpdoctor.probe.readback import for_probe
+
+    t = tensor.detach()
+    flat = t.reshape(-1)
+    sampled = [flat[:: max(1, flat.numel() // DIGEST_VALUES)].float()]
+    if t.dim() >= 1 and t.shape[0] and flat.numel():
+        rows = t[:ROW_DIGESTS].reshape(min(ROW_DIGESTS, t.shape[0]), -1)
+        sampled.append(rows[:, :: max(1, rows.shape[1] // DIGEST_VALUES)].float())
+    shape, step = (tuple(tensor.shape), str(tensor.dtype)), probe.steps
+
+    def then(host: list[Any]) -> None:
+        import hashlib
+
+        h = hashlib.blake2b(digest_size=12)
+        h.update(str(shape).encode())
+        h.update(host[0].contiguous().numpy().tobytes())
+        rows = [hashlib.blake2b(row.contiguous().numpy().tobytes(), digest_size=6).hexdigest()
+                for row in (host[1] if len(host) > 1 else ())]
+        probe.emit("ddp_input_digest", ddp=probe.registry.id_of(ddp), n=n, step=step, digest=h.hexdigest(),
+                   rows=rows, **({"wrapper": wrapper} if wrapper != "ddp" else {}))
+
+    for_probe(probe).read(sampled, then, where="ddp_input_digest")
 
 
 def _inputs(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict) -> None:
