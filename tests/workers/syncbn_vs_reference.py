@@ -1,5 +1,9 @@
-"""Worker of tests/test_gpu.py (run under torchrun on GPUs, NCCL): real `nn.SyncBatchNorm` against ddpdoctor's
-reference implementation on the same inputs.
+"""Worker of tests/test_gpu.py (run under torchrun on GPUs): real `nn.SyncBatchNorm` against ddpdoctor's reference
+implementation on the same inputs.
+
+A GPU per rank: NCCL. Fewer GPUs than ranks: the ranks share the visible GPUs and gloo carries SyncBN's all_gather
+(NCCL refuses two ranks on one device); the statistics are still computed by the real CUDA SyncBN kernels, which
+is what is compared.
 
 Every rank builds every rank's inputs from one seed (uneven batches, channels offset far from zero), runs K training
 steps of a CUDA nn.SyncBatchNorm and of a twin module through ddpdoctor.bn.syncbn.sync_batch_norm_forward on its
@@ -9,6 +13,7 @@ ddpdoctor.bn.stats.replay_running_stats over the per-rank float64 moments).
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -23,8 +28,10 @@ STEPS, CHANNELS = 4, 8
 
 
 def main(out: str) -> None:
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = int(os.environ["WORLD_SIZE"])
+    backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
     local = rank % torch.cuda.device_count()
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
@@ -62,6 +69,7 @@ def main(out: str) -> None:
     reference = replay_running_stats(counts, means, variances, momentum=0.1)
     result = {
         "world": world,
+        "backend": backend,
         "errors_vs_ddpdoctor_syncbn": errors,
         "running_mean": relative_error(real.running_mean.double().cpu().numpy(), reference.running_mean),
         "running_var": relative_error(real.running_var.double().cpu().numpy(), reference.running_var),
