@@ -14,13 +14,16 @@ import sys
 from ddpdoctor.probe.agent import LaunchArgsError, compatible_args
 
 
-def _old_torchrun_parser() -> argparse.ArgumentParser:
-    """torch.distributed.run's parser as torch 2.11 has it, in the parts ddpdoctor uses: no --shutdown-timeout."""
+def _parser(shutdown_timeout: bool) -> argparse.ArgumentParser:
+    """This torch's torch.distributed.run parser, with or without --shutdown-timeout (torch 2.12+ has it, 2.11 not)."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    action = next(a for a in parser._actions if "--shutdown-timeout" in a.option_strings)
-    parser._handle_conflict_resolve(None, [(opt, action) for opt in action.option_strings])
+    action = next((a for a in parser._actions if "--shutdown-timeout" in a.option_strings), None)
+    if action is not None and not shutdown_timeout:
+        parser._handle_conflict_resolve(None, [(opt, action) for opt in action.option_strings])
+    elif action is None and shutdown_timeout:
+        parser.add_argument("--shutdown-timeout", type=int, default=30)
     return parser
 
 
@@ -30,13 +33,11 @@ AGENT_ARGS = ["--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.
 
 
 def test_an_option_this_torchrun_knows_is_kept() -> None:
-    from torch.distributed.run import get_args_parser
-
-    assert compatible_args(list(AGENT_ARGS), get_args_parser()) == AGENT_ARGS
+    assert compatible_args(list(AGENT_ARGS), _parser(shutdown_timeout=True)) == AGENT_ARGS
 
 
 def test_an_option_an_older_torchrun_lacks_is_dropped_and_the_scripts_arguments_are_untouched() -> None:
-    parser = _old_torchrun_parser()
+    parser = _parser(shutdown_timeout=False)
     assert "--shutdown-timeout" not in {o for a in parser._actions for o in a.option_strings}
     out = compatible_args(list(AGENT_ARGS), parser)
     assert out == AGENT_ARGS[:10] + ["-m", "ddpdoctor.probe.bootstrap", "train.py", "--shutdown-timeout",
