@@ -82,13 +82,16 @@ EMULATED_ORDINAL = "CUDA error: invalid device ordinal (cuda:{index}; this run e
 _EMULATED_ORDINAL_PATTERN = r"invalid device ordinal \(cuda:(\d+); this run emulates (\d+) CUDA devices\)"
 # What a CPU machine says where a GPU machine would have a device: raised in a run whose CUDA was emulated, it is a
 # call the emulation does not reproduce (`torch.Generator("cuda")`, `torch.cuda.FloatTensor(...)`, a C++ path that
-# asks for the accelerator), not an error of the script, which runs on the GPUs it was written for (DD902).
+# asks for the accelerator; CPU builds of torch and CUDA builds on a machine without a driver say it differently),
+# not an error of the script, which runs on the GPUs it was written for (DD902).
 _EMULATION_LIMIT_PATTERN = (
     r"Torch not compiled with CUDA enabled|Cannot access accelerator device when none is available|"
     r"No CUDA GPUs are available|Found no NVIDIA driver|CUDA driver initialization failed|"
     r"no CUDA-capable device is detected|Could not run '[^']+' with arguments from the 'CUDA' backend|"
     r"device type at start of device string: cuda|type torch\.cuda\.\w+Tensor not available|"
-    r"Cannot get CUDA generator without ATen_cuda library"
+    r"Cannot get CUDA generator without ATen_cuda library|"
+    # a CUDA build of torch on a machine without a GPU driver (torch 2.11+cu130 on a CPU machine)
+    r"CUDA driver version is insufficient for CUDA runtime version"
 )
 _LAZY_PATTERNS = {"EMULATED_ORDINAL_RE": _EMULATED_ORDINAL_PATTERN, "EMULATION_LIMIT_RE": _EMULATION_LIMIT_PATTERN}
 

@@ -81,14 +81,17 @@ def run_in_terminal(args: list[str], stream: str = "stdout", timeout: float = 60
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _RULE = re.compile(r"[─━═]+")
+# the local part of torch's version (`2.13.0+cpu`, `2.11.0+cu130`): the build the pictures were taken with, not the tool
+_TORCH_BUILD = re.compile(r"(\d)\+(?:cpu|cu\d+|rocm[\d.]+|xpu)\b")
 
 
 def comparable(ansi: str) -> list[str]:
     """The captured output as words to compare across runs of the same command: no colour codes, every number
-    `#` (the demo's data are not seeded: its measurements, timings and pids differ from run to run), table rules
+    `#` (the demo's data are not seeded: its measurements, timings and pids differ from run to run), torch's build
+    suffix (`+cpu`, `+cu130`) dropped, table rules
     and line breaks aside (a number's width moves columns and wraps). What is left is what drifts when the tool
     changes: the findings, their wording and order, the tables' columns and rows."""
-    text = _RULE.sub("─", _NUMBER.sub("#", _ANSI.sub("", ansi)))
+    text = _RULE.sub("─", _NUMBER.sub("#", _TORCH_BUILD.sub(r"\1", _ANSI.sub("", ansi))))
     return text.split()
 
 

@@ -422,7 +422,10 @@ def test_a_native_abort_is_the_root_cause_not_the_peer(probe) -> None:
     assert f["ranks"] == [0] and f["line"] == 23
     assert f["evidence"]["root_cause"]["signal"] == "SIGABRT"
     assert "collective mismatch" in f["message"]
-    assert [x["rank"] for x in f["evidence"]["failures"] if x["peer_caused"]] == [1]
+    # rank 1 fails of the aborted peer unless the launcher's SIGTERM reaches it first (a loaded machine decides;
+    # seen in a run of the suite on torch 2.11): listed, it is peer-caused; never a root cause
+    others = [x for x in f["evidence"]["failures"] if x["rank"] != 0]
+    assert [x["rank"] for x in others] in ([1], []) and all(x["peer_caused"] for x in others), others
 
 
 def _timed_out(run_dir: Path) -> bool:
