@@ -285,9 +285,22 @@ def test_torch_device_of_an_int_runs_under_emulation_and_an_emulation_gap_is_its
     assert not {"DD902", "DD105", "DD904"} & set(_by_rule(report)), [f["rule"] for f in report["findings"]]
     rows = {row[0]: row for row in report["tables"]["ranks"]["rows"]}
     assert rows[0][3] == 8 and rows[1][3] == 8
-    gap, _, _ = probe("cuda_generator")
+    gap, run_dir, _ = probe("cuda_generator")
     f = _by_rule(gap)["DD902"]
     assert "a limit of ddpdoctor's CUDA emulation" in f["message"] and f["line"] == 17, f["message"]
+    # the same run as a torch the emulation cannot be installed on records it (torch 2.1 has no
+    # torch.amp.grad_scaler): the script's CUDA call failing there is ddpdoctor's limit too, never the script's bug
+    import json
+
+    for log in (run_dir / "events").glob("*.jsonl"):
+        events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        for e in events:
+            if e["kind"] == "torch_ready":
+                e.update(cuda_emulated=False, emulation_error="ImportError: cannot import name 'grad_scaler'")
+        log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    f = _by_rule(report_run(run_dir).to_json())["DD902"]
+    assert "CUDA emulation could not be installed on this torch (ImportError" in f["message"], f["message"]
+    assert "not a bug of the script" in f["message"] and f["severity"] == "high"
 
 
 def test_a_custom_batch_sampler_is_the_index_source(probe) -> None:

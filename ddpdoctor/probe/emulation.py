@@ -1439,6 +1439,20 @@ def install_cuda_emulation(
     return undo
 
 
+def _accelerator_modules() -> list[Any]:
+    """`torch.accelerator` (torch 2.6+) and its `memory` module (later still), where this torch has them: a script
+    on an older torch cannot call what is not there."""
+    import importlib
+
+    modules = []
+    for name in ("torch.accelerator", "torch.accelerator.memory"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            break
+    return modules
+
+
 def _install_all(state: _Emulation, patches: Patcher) -> None:
     import torch.cuda.memory
     import torch.cuda.nvtx
@@ -1453,10 +1467,9 @@ def _install_all(state: _Emulation, patches: Patcher) -> None:
     for name in ("range_push", "range_pop", "range_start", "range_end", "mark"):
         patches.setattr(torch.cuda.nvtx, name, lambda *args, **kwargs: 0)
 
-    import torch.accelerator.memory
-
-    for name, value in _accelerator_functions(state, cuda).items():
-        patches.setattr_everywhere([torch.accelerator, torch.accelerator.memory], name, value)
+    accelerator = _accelerator_modules()
+    for name, value in _accelerator_functions(state, cuda).items() if accelerator else ():
+        patches.setattr_everywhere(accelerator, name, value)
 
     if dist.is_available():
         _install_distributed(state, patches)

@@ -107,12 +107,17 @@ def analyze(ctx: RunContext) -> list[Finding]:
         variant, fix_args, severity = "emulated_devices", {"needed": needed}, Severity.HIGH
         evidence["emulated_devices"] = int(beyond.group(2))
     limit = EMULATION_LIMIT_RE.search(first.message) if beyond is None else None
-    if limit is not None and any(e.get("cuda_emulated") for _, e in ctx.run.events("torch_ready")):
-        # not the script's error either: a CUDA call the CPU emulation does not reproduce
+    ready = [e for _, e in ctx.run.events("torch_ready")]
+    not_installed = next((e["emulation_error"] for e in ready if e.get("emulation_error")), None)
+    if limit is not None and (not_installed or any(e.get("cuda_emulated") for e in ready)):
+        # not the script's error either: a CUDA call the CPU emulation does not reproduce, or, where the
+        # emulation could not be installed on this torch, any CUDA call
+        error = str(not_installed).removeprefix("CUDA emulation failed: ")
+        what = (f"ddpdoctor's CUDA emulation could not be installed on this torch ({error})"
+                if not_installed else "a limit of ddpdoctor's CUDA emulation on this CPU machine")
         message += (
-            f" — a limit of ddpdoctor's CUDA emulation on this CPU machine, not a bug of the script: the call "
-            f"raised \"{limit.group(0)}\" because no GPU is here, and on the GPUs the script is written for it "
-            "runs; nothing after this line was measured"
+            f" — {what}, not a bug of the script: the call raised \"{limit.group(0)}\" because no GPU is here, "
+            "and on the GPUs the script is written for it runs; nothing after this line was measured"
         )
         variant, severity = "emulation_limit", Severity.HIGH
         evidence["emulation_limit"] = limit.group(0)
