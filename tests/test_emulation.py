@@ -32,6 +32,7 @@ from ddpdoctor.probe.emulation import (
     install_cuda_emulation,
 )
 
+HAS_ACCELERATOR = hasattr(torch, "accelerator")  # the device-generic API, torch 2.6+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures" / "probe" / "emulation"
 
@@ -86,10 +87,11 @@ def test_cuda_queries_answer_for_the_emulated_devices(emulated):
     torch.cuda.nvtx.range_pop()
     with torch.cuda.nvtx.range("epoch {}", 1):
         pass
-    # The device-generic API describes the same machine.
-    assert torch.accelerator.is_available() and torch.accelerator.device_count() == 2
-    assert torch.accelerator.current_accelerator() == torch.device("cuda")
-    assert torch.distributed.get_default_backend_for_device(torch.accelerator.current_accelerator()) == "nccl"
+    # The device-generic API (torch 2.6+) describes the same machine.
+    if HAS_ACCELERATOR:
+        assert torch.accelerator.is_available() and torch.accelerator.device_count() == 2
+        assert torch.accelerator.current_accelerator() == torch.device("cuda")
+        assert torch.distributed.get_default_backend_for_device(torch.accelerator.current_accelerator()) == "nccl"
     # cudnn / tf32 flags stay harmless.
     torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -98,15 +100,17 @@ def test_cuda_queries_answer_for_the_emulated_devices(emulated):
 def test_current_device_follows_set_device_and_device_contexts(emulated):
     assert torch.cuda.current_device() == 0
     torch.cuda.set_device(1)
-    assert torch.cuda.current_device() == 1 == torch.accelerator.current_device_index()
+    assert torch.cuda.current_device() == 1
+    assert not HAS_ACCELERATOR or torch.accelerator.current_device_index() == 1
     torch.cuda.set_device("cuda:0")
     with torch.cuda.device(1):
         assert torch.cuda.current_device() == 1
         assert emulated_device(torch.ones(1).cuda()) == torch.device("cuda", 1)  # no index: the current device
     assert torch.cuda.current_device() == 0
     assert isinstance(torch.cuda.device(0), torch.cuda.device)  # still a class: torch's isinstance checks use it
-    with torch.accelerator.device_index(1):
-        assert torch.cuda.current_device() == 1
+    if HAS_ACCELERATOR:
+        with torch.accelerator.device_index(1):
+            assert torch.cuda.current_device() == 1
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.cuda.set_device(2)
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
@@ -523,7 +527,6 @@ def test_notify_once_per_kind_and_its_errors_never_reach_the_script():
 
 
 def _snapshot() -> dict[str, dict[str, object]]:
-    import torch.accelerator.memory
     import torch.cuda.memory
     import torch.cuda.nvtx
     import torch.cuda.random
@@ -534,14 +537,18 @@ def _snapshot() -> dict[str, dict[str, object]]:
     namespaces = {
         "torch": torch, "torch.cuda": torch.cuda, "torch.cuda.memory": torch.cuda.memory,
         "torch.cuda.random": torch.cuda.random, "torch.cuda.streams": torch.cuda.streams,
-        "torch.cuda.nvtx": torch.cuda.nvtx, "torch.accelerator": torch.accelerator,
-        "torch.accelerator.memory": torch.accelerator.memory, "torch.distributed": dist,
+        "torch.cuda.nvtx": torch.cuda.nvtx, "torch.distributed": dist,
         "distributed_c10d": dist.distributed_c10d, "torch.amp": torch.amp, "autocast_mode": autocast_mode,
         "torch.serialization": torch.serialization, "Tensor": torch.Tensor, "Module": nn.Module,
         "DDP": nn.parallel.DistributedDataParallel, "SyncBatchNorm": nn.SyncBatchNorm,
         "DataParallel": nn.DataParallel, "autocast": autocast_mode.autocast, "GradScaler": grad_scaler.GradScaler,
         "StorageBase": torch.storage._StorageBase, "Thread": threading.Thread, "DeviceContext": DeviceContext,
     }  # fmt: skip
+    if HAS_ACCELERATOR:
+        import torch.accelerator.memory
+
+        namespaces["torch.accelerator"] = torch.accelerator
+        namespaces["torch.accelerator.memory"] = torch.accelerator.memory
     snap = {name: {k: v for k, v in vars(ns).items() if k != "__warningregistry__"} for name, ns in namespaces.items()}
     snap["registry"] = dict(enumerate(torch.serialization._package_registry))
     return snap

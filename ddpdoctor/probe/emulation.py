@@ -1439,6 +1439,20 @@ def install_cuda_emulation(
     return undo
 
 
+def _register_stream_bases() -> None:
+    """Older torch (2.4.1 here) checks, when torch._dynamo is imported (DDP's constructor imports it), that
+    `torch.cuda.Event` and `torch.cuda.Stream` are subclasses of `torch._streambase`'s abstract bases: the emulated
+    ones are registered as virtual subclasses there (without, every emulated DDP script failed at its DDP(...)
+    line). torch 2.11 no longer checks; torch 2.1 has no such module."""
+    try:
+        from torch._streambase import _EventBase, _StreamBase
+    except ImportError:
+        return
+    if hasattr(_EventBase, "register") and hasattr(_StreamBase, "register"):  # abstract bases (later: torch.Event)
+        _EventBase.register(_EmulatedEvent)
+        _StreamBase.register(_EmulatedStream)
+
+
 def _accelerator_modules() -> list[Any]:
     """`torch.accelerator` (torch 2.6+) and its `memory` module (later still), where this torch has them: a script
     on an older torch cannot call what is not there."""
@@ -1467,6 +1481,7 @@ def _install_all(state: _Emulation, patches: Patcher) -> None:
     for name in ("range_push", "range_pop", "range_start", "range_end", "mark"):
         patches.setattr(torch.cuda.nvtx, name, lambda *args, **kwargs: 0)
 
+    _register_stream_bases()
     accelerator = _accelerator_modules()
     for name, value in _accelerator_functions(state, cuda).items() if accelerator else ():
         patches.setattr_everywhere(accelerator, name, value)
