@@ -1170,7 +1170,11 @@ def _copy_identity(wrapper: Any, wrapped: Any) -> None:
 
 
 def _install_amp(state: _Emulation, patches: Patcher) -> None:
-    from torch.amp import autocast_mode, grad_scaler
+    try:
+        from torch.amp import autocast_mode, grad_scaler
+    except ImportError:  # torch 2.1 and 2.2: GradScaler is CUDA's alone, with nothing to run it on a CPU
+        raise RuntimeError(f"torch {torch.__version__} has no device-generic torch.amp.GradScaler (torch 2.3+), which "
+                           "the emulation runs CUDA's GradScaler on; it is tested on torch 2.4.1 and later") from None
 
     autocast_cls = autocast_mode.autocast
     orig_autocast_init = autocast_cls.__init__
