@@ -15,6 +15,10 @@ from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "fixtures" / "probe" / "fsdp2_same_batches.py"
+try:  # the fixture imports it from there: public since torch 2.6 (2.4 has it under torch.distributed._composable)
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+except ImportError:
+    pytest.skip("the fixture uses torch.distributed.fsdp.fully_shard (torch 2.6+)", allow_module_level=True)
 
 
 @lru_cache(maxsize=None)
