@@ -64,7 +64,8 @@ def analyze(ctx: RunContext) -> list[Finding]:
     said = (first.message + "\n".join(first.stderr_tail)).lower()
     # gloo names it (recent torch), or, older (torch 2.4), enforces that a message is no longer than expected
     if "collective mismatch" in said or "op.preamble.length <= op.nbytes" in said:
-        message += " — a collective mismatch: the ranks called different collectives (one inside a rank-dependent branch?)"
+        message += (" — a collective mismatch: the ranks called different collectives (one inside a rank-dependent "
+                    "branch?)")
     p = ctx.ranks.get(first.rank) if first.rank is not None else None
     last = p.events[-1] if p is not None and p.events else None
     evidence = {
