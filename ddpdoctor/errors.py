@@ -3,7 +3,7 @@ of the errors a process of a distributed run reports when a *peer* went away (`i
 
 from __future__ import annotations
 
-import re
+from ddpdoctor.plain import LazyPattern
 
 
 class UsageError(Exception):
@@ -93,14 +93,10 @@ _EMULATION_LIMIT_PATTERN = (
     # a CUDA build of torch on a machine without a GPU driver (torch 2.11+cu130 on a CPU machine)
     r"CUDA driver version is insufficient for CUDA runtime version"
 )
-_LAZY_PATTERNS = {"EMULATED_ORDINAL_RE": _EMULATED_ORDINAL_PATTERN, "EMULATION_LIMIT_RE": _EMULATION_LIMIT_PATTERN}
-
-
-def __getattr__(name: str) -> re.Pattern[str]:
-    """EMULATED_ORDINAL_RE and EMULATION_LIMIT_RE, compiled when a failed run is first read (DD902's probe half):
-    every command imports this module, and `check --static` never reads a run."""
-    pattern = _LAZY_PATTERNS.get(name)
-    if pattern is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    compiled = globals()[name] = re.compile(pattern)
-    return compiled
+# compiled when a failed run is first read (DD902's probe half): every command imports this module, and `check
+# --static` never reads a run
+EMULATED_ORDINAL_RE = LazyPattern(_EMULATED_ORDINAL_PATTERN)
+EMULATION_LIMIT_RE = LazyPattern(_EMULATION_LIMIT_PATTERN)
+# how the probe words a CUDA emulation that could not be installed (torch_ready's `emulation_error`, shown as a
+# note); DD902 quotes what follows it
+EMULATION_FAILED = "CUDA emulation failed: "

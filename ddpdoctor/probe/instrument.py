@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ddpdoctor.errors import EMULATION_FAILED
 from ddpdoctor.probe import arms, session
 from ddpdoctor.probe.importhook import when_imported
 from ddpdoctor.probe.recorders import EARLY_RECORDERS, TORCH_RECORDERS, install_recorders, snapshot_signatures
@@ -116,7 +117,7 @@ def _install_torch_side(probe: session.Probe) -> None:
                         probe.patcher.add_undo(undo)
                 emulated = bool(emulation.emulation_active())
             except Exception as exc:
-                error = f"CUDA emulation failed: {type(exc).__name__}: {exc}"
+                error = f"{EMULATION_FAILED}{type(exc).__name__}: {exc}"
                 probe.internal_error("emulation", exc)
     debug_dropped = _drop_detail_debug() if emulate else None
     try:

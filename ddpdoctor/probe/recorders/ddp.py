@@ -248,9 +248,10 @@ def _input_digest(probe: Probe, ddp: Any, inputs: tuple, kwargs: dict, n: int, w
     t = tensor.detach()
     flat = t.reshape(-1)
     sampled = [flat[:: max(1, flat.numel() // DIGEST_VALUES)].float()]
-    if t.dim() >= 1 and t.shape[0] and flat.numel():
-        rows = t[:ROW_DIGESTS].reshape(min(ROW_DIGESTS, t.shape[0]), -1)
-        sampled.append(rows[:, :: max(1, rows.shape[1] // DIGEST_VALUES)].float())
+    if t.dim() >= 1:  # each of the first ROW_DIGESTS samples, its values strided as the whole input's are
+        per_row = int(flat.numel() // t.shape[0]) if t.shape[0] else 0
+        rows = t[:ROW_DIGESTS].reshape(min(ROW_DIGESTS, t.shape[0]), per_row)
+        sampled.append(rows[:, :: max(1, per_row // DIGEST_VALUES)].float())
     shape, step = (tuple(tensor.shape), str(tensor.dtype)), probe.steps
 
     def then(host: list[Any]) -> None:

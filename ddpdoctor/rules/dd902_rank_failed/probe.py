@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ddpdoctor.analyses.context import RunContext, fmt_ranks
 from ddpdoctor.analyses.outcome import LAUNCHERS, Failure, crash_text, failures, root_causes
-from ddpdoctor.errors import EMULATED_ORDINAL_RE, EMULATION_LIMIT_RE
+from ddpdoctor.errors import EMULATED_ORDINAL_RE, EMULATION_FAILED, EMULATION_LIMIT_RE
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.rules.dd902_rank_failed import CODE
 
@@ -115,7 +115,7 @@ def analyze(ctx: RunContext) -> list[Finding]:
     if limit is not None and (not_installed or any(e.get("cuda_emulated") for e in ready)):
         # not the script's error either: a CUDA call the CPU emulation does not reproduce, or, where the
         # emulation could not be installed on this torch, any CUDA call
-        error = str(not_installed).removeprefix("CUDA emulation failed: ")
+        error = str(not_installed).removeprefix(EMULATION_FAILED)
         what = (f"ddpdoctor's CUDA emulation could not be installed on this torch ({error})"
                 if not_installed else "a limit of ddpdoctor's CUDA emulation on this CPU machine")
         message += (
